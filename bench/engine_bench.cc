@@ -1,0 +1,123 @@
+// riskkv-bench: prefill of an N-token history (the token replay a migration competes with) and
+// greedy decode speed on one model, medians over repetitions, plus peak resident memory.
+// Prints one JSON object on stdout and a readable summary on stderr.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/model.h"
+#include "common/sampler.h"
+#include "services/cli_args.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
+ABSL_FLAG(std::string, tokens_file, "", "JSON list of token ids for the history (else --text_file)");
+ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "text whose tokens form the history");
+ABSL_FLAG(int, prompt_tokens, 512, "history length to prefill");
+ABSL_FLAG(int, decode_tokens, 128, "greedy decode steps after the prefill");
+ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(int, repetitions, 3, "runs; medians are reported");
+ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
+ABSL_FLAG(bool, json, true, "print the JSON result on stdout");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "riskkv-bench: %s\n", message.c_str());
+  return 1;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("riskkv-bench --model PATH [--prompt-tokens 512] [--decode-tokens 128]");
+  std::vector<std::string> arg_store;
+  std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &arg_store);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  const int n_prompt = absl::GetFlag(FLAGS_prompt_tokens);
+  const int n_decode = absl::GetFlag(FLAGS_decode_tokens);
+  const int reps = absl::GetFlag(FLAGS_repetitions);
+  if (n_prompt < 1 || n_decode < 0 || reps < 1) return Fail("--prompt-tokens >= 1, --decode-tokens >= 0, --repetitions >= 1");
+  const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
+  if (kv != "f32" && kv != "f16") return Fail("--kv-dtype must be f32 or f16");
+
+  riskkv::ModelOptions options;
+  options.threads = absl::GetFlag(FLAGS_threads);
+  auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
+  if (!model.ok()) return Fail(model.status().ToString());
+
+  std::vector<int32_t> tokens;
+  std::string content;
+  const bool from_ids = !absl::GetFlag(FLAGS_tokens_file).empty();
+  std::ifstream in(from_ids ? absl::GetFlag(FLAGS_tokens_file) : absl::GetFlag(FLAGS_text_file), std::ios::binary);
+  if (!in) return Fail("cannot read the history file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  content = ss.str();
+  if (from_ids) {
+    auto j = nlohmann::json::parse(content, nullptr, false);
+    if (!j.is_array()) return Fail("--tokens-file must hold a JSON list of integers");
+    for (const auto& v : j) {
+      if (!v.is_number_integer()) return Fail("--tokens-file must hold a JSON list of integers");
+      tokens.push_back(v.get<int32_t>());
+    }
+  } else {
+    auto ids = (*model)->tokenizer().Encode(content, false, false);
+    if (!ids.ok()) return Fail(ids.status().ToString());
+    tokens = std::move(*ids);
+  }
+  if (static_cast<int>(tokens.size()) < n_prompt) return Fail("history file has fewer tokens than --prompt-tokens");
+  tokens.resize(n_prompt);
+
+  const riskkv::DType dtype = kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32;
+  std::vector<double> prefill_s, decode_s;
+  for (int r = 0; r < reps; ++r) {
+    auto cache = (*model)->NewKvCache(n_prompt + n_decode + 1, dtype);
+    if (!cache.ok()) return Fail(cache.status().ToString());
+    const auto t0 = Clock::now();
+    auto logits = (*model)->Prefill(tokens, **cache);
+    if (!logits.ok()) return Fail(logits.status().ToString());
+    const auto t1 = Clock::now();
+    for (int i = 0; i < n_decode; ++i) {
+      logits = (*model)->Decode(riskkv::Argmax(*logits), **cache);
+      if (!logits.ok()) return Fail(logits.status().ToString());
+    }
+    const auto t2 = Clock::now();
+    prefill_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+    decode_s.push_back(std::chrono::duration<double>(t2 - t1).count());
+    std::fprintf(stderr, "repetition %d/%d: prefill %.3f s, decode %.3f s\n", r + 1, reps,
+                 prefill_s.back(), decode_s.back());
+  }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const double p = Median(prefill_s), d = Median(decode_s);
+  nlohmann::json out = {
+      {"model", (*model)->config().name},
+      {"threads", (*model)->backend().threads()},
+      {"prompt_tokens", n_prompt},
+      {"decode_tokens", n_decode},
+      {"prefill_seconds", p},
+      {"prefill_tokens_per_second", n_prompt / p},
+      {"decode_seconds", d},
+      {"decode_tokens_per_second", n_decode > 0 ? n_decode / d : 0.0},
+      {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},
+  };
+  std::fprintf(stderr, "prefill %d tokens: %.3f s (%.1f tokens/s); decode: %.1f tokens/s; peak RSS %.1f MiB\n",
+               n_prompt, p, n_prompt / p, n_decode > 0 ? n_decode / d : 0.0, usage.ru_maxrss / 1024.0);
+  if (absl::GetFlag(FLAGS_json)) std::printf("%s\n", out.dump().c_str());
+  return 0;
+}

@@ -1,0 +1,96 @@
+// A loaded decoder-only Llama-family model and its forward passes: batched prefill,
+// single-token decode and teacher-forced NLL, all appending to a caller-owned KvCache.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/kv_cache.h"
+#include "common/model_config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "kernels/backend.h"
+
+namespace riskkv {
+
+struct ModelOptions {
+  int threads = 0;  // CPU threads for the backend; <= 0 uses every hardware thread
+};
+
+// Receives, for one layer, the normalised attention input (the output of the layer's input
+// RMSNorm, i.e. the input of its Q/K/V projections) for positions [pos0, pos0 + n):
+// attn_in is [n, hidden] f32, valid only during the call.
+using AttnInputHook =
+    std::function<void(int64_t layer, int64_t pos0, int64_t n, const float* attn_in)>;
+
+struct ForwardOptions {
+  bool all_logits = false;     // logits for every new token instead of only the last one
+  AttnInputHook attn_input_hook;  // optional calibration capture
+};
+
+struct NllResult {
+  std::vector<double> nll;  // per scored token, natural log
+  double mean = 0.0;
+};
+
+class ModelFiles;
+
+class Model {
+ public:
+  // Loads a GGUF file or a Hugging Face directory (config.json, model.safetensors,
+  // tokenizer.json). Every tensor's presence, type and shape is checked.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                                     const ModelOptions& options = {});
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  Backend& backend() { return *backend_; }
+  // Bytes of weights as stored (quantized blocks stay quantized).
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+  // A cache sized for this model; capacity is clamped to the context length.
+  absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int64_t capacity,
+                                                      DType dtype = DType::kF32) const;
+
+  // Runs `tokens` at positions [cache.n_tokens(), cache.n_tokens() + n), writes their K/V into
+  // the cache and advances it. logits receives [1 or n, vocab] f32 (see ForwardOptions).
+  absl::Status Forward(std::span<const int32_t> tokens, KvCache& cache,
+                       const ForwardOptions& options, std::vector<float>* logits);
+  // Last-position logits after appending the tokens.
+  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens, KvCache& cache);
+  absl::StatusOr<std::vector<float>> Decode(int32_t token, KvCache& cache);
+  // Teacher-forced NLL of `continuation` given the history already in the cache. Token i + 1 is
+  // scored from the logits after token i; token 0 is scored from `first_logits` (the logits
+  // the history's last position produced) when given, and only conditions otherwise.
+  absl::StatusOr<NllResult> TeacherForcedNll(std::span<const int32_t> continuation,
+                                             KvCache& cache,
+                                             std::span<const float> first_logits = {});
+
+ private:
+  struct Layer;
+  Model();
+  absl::Status CheckTokens(std::span<const int32_t> tokens, const KvCache& cache) const;
+  // One micro-batch; out_rows selects which rows' logits are produced (all or last).
+  void ForwardBatch(std::span<const int32_t> tokens, KvCache& cache, const ForwardOptions& options,
+                    bool all_logits, float* logits);
+
+  ModelConfig config_;
+  std::unique_ptr<ModelFiles> files_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Backend> backend_;
+  WeightMatrix token_embedding_;
+  WeightMatrix lm_head_;
+  std::vector<float> output_norm_;
+  std::vector<Layer> layers_;
+  int64_t weight_bytes_ = 0;
+};
+
+// -log softmax(logits)[target], computed stably in double.
+double TokenNll(std::span<const float> logits, int32_t target);
+
+}  // namespace riskkv

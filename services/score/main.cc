@@ -1,0 +1,105 @@
+// riskkv-score: teacher-forced scoring of a token sequence (from token ids or text) in one
+// batched pass; writes per-position NLL and argmax as JSON. Used by the llama.cpp peer check.
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/model.h"
+#include "services/cli_args.h"
+#include "common/sampler.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
+ABSL_FLAG(std::string, tokens_file, "", "JSON list of token ids to score");
+ABSL_FLAG(std::string, text_file, "", "UTF-8 text to tokenize (no BOS) and score");
+ABSL_FLAG(int, max_tokens, 0, "score at most this many tokens (0: all)");
+ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(std::string, out, "", "output JSON path (stdout when empty)");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "riskkv-score: %s\n", message.c_str());
+  return 1;
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "riskkv-score --model PATH (--tokens-file F.json | --text-file F.txt) [--out OUT.json]");
+  std::vector<std::string> arg_store;
+  std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &arg_store);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  riskkv::ModelOptions options;
+  options.threads = absl::GetFlag(FLAGS_threads);
+  auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
+  if (!model.ok()) return Fail(model.status().ToString());
+
+  std::vector<int32_t> tokens;
+  std::string content;
+  if (!absl::GetFlag(FLAGS_tokens_file).empty()) {
+    if (!ReadFile(absl::GetFlag(FLAGS_tokens_file), &content)) return Fail("cannot read --tokens_file");
+    auto j = nlohmann::json::parse(content, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_array()) return Fail("--tokens_file must hold a JSON list of integers");
+    for (const auto& v : j) {
+      if (!v.is_number_integer()) return Fail("--tokens_file must hold a JSON list of integers");
+      tokens.push_back(v.get<int32_t>());
+    }
+  } else if (!absl::GetFlag(FLAGS_text_file).empty()) {
+    if (!ReadFile(absl::GetFlag(FLAGS_text_file), &content)) return Fail("cannot read --text_file");
+    auto ids = (*model)->tokenizer().Encode(content, /*add_special=*/false, /*parse_special=*/false);
+    if (!ids.ok()) return Fail(ids.status().ToString());
+    tokens = std::move(*ids);
+  } else {
+    return Fail("one of --tokens_file or --text_file is required");
+  }
+  if (absl::GetFlag(FLAGS_max_tokens) > 0 && static_cast<int>(tokens.size()) > absl::GetFlag(FLAGS_max_tokens)) {
+    tokens.resize(absl::GetFlag(FLAGS_max_tokens));
+  }
+  if (tokens.size() < 2) return Fail("need at least 2 tokens to score");
+
+  auto cache = (*model)->NewKvCache(static_cast<int64_t>(tokens.size()));
+  if (!cache.ok()) return Fail(cache.status().ToString());
+  const int64_t vocab = (*model)->config().vocab;
+  nlohmann::json nll = nlohmann::json::array(), argmax = nlohmann::json::array();
+  // Score in windows so the logits buffer stays bounded for long texts.
+  constexpr size_t kWindow = 256;
+  const auto t0 = std::chrono::steady_clock::now();
+  riskkv::ForwardOptions fwd;
+  fwd.all_logits = true;
+  std::vector<float> logits;
+  for (size_t start = 0; start < tokens.size(); start += kWindow) {
+    const size_t m = std::min(kWindow, tokens.size() - start);
+    auto s = (*model)->Forward(std::span<const int32_t>(tokens).subspan(start, m), **cache, fwd, &logits);
+    if (!s.ok()) return Fail(s.ToString());
+    for (size_t i = 0; i < m && start + i + 1 < tokens.size(); ++i) {
+      std::span<const float> row(logits.data() + i * vocab, vocab);
+      nll.push_back(riskkv::TokenNll(row, tokens[start + i + 1]));
+      argmax.push_back(riskkv::Argmax(row));
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nlohmann::json out = {{"tokens", tokens}, {"nll", nll}, {"argmax", argmax}, {"prefill_seconds", seconds}};
+  if (absl::GetFlag(FLAGS_out).empty()) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::ofstream f(absl::GetFlag(FLAGS_out));
+    f << out.dump() << "\n";
+    if (!f) return Fail("cannot write --out");
+  }
+  return 0;
+}

@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""Writes the tiny random-weight models that the C++ tests load.
+
+Every model is deterministic (seeded NumPy), small enough to run in milliseconds, and exists in the
+file forms the engine reads: HF safetensors directories (F32/BF16/F16) and GGUF files (F32, F16,
+BF16, Q8_0, Q4_0, Q4_1), written the way llama.cpp's convert_hf_to_gguf writes them. The HF and GGUF
+forms of one model hold the same weights, so an engine must produce the same logits from both;
+reference_forward.py checks that the files themselves agree.
+
+Usage: make_tiny_models.py OUT   (needs OUT/tokenizers/{bpe,qwen2,spm}/ from make_tiny_tokenizers.py)
+"""
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import safetensors
+from safetensors import TensorSpec
+
+
+@dataclass(frozen=True)
+class TinyShape:
+    """Hyper-parameters shared by all tiny models (GQA: 2 query heads per KV head)."""
+    vocab: int = 512          # matches the tiny tokenizers
+    hidden: int = 64
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 16
+    ffn: int = 128
+    n_layers: int = 3
+    rms_eps: float = 1e-5
+    rope_base: float = 10000.0
+    context: int = 256
+
+
+SHAPE = TinyShape()
+
+# GGUF file types of the quantized variants: 2-D weights (token_embd and every linear) take the
+# type, 1-D tensors (norms, biases) stay F32, as llama.cpp's converter and quantizer do.
+GGUF_VARIANTS = {
+    "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
+    "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "q4_1": (gguf.GGMLQuantizationType.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[make_tiny_models] {msg}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+
+def random_weights(seed: int, *, qkv_bias: bool, tied: bool) -> dict[str, np.ndarray]:
+    """HF-named float32 weights, [out, in] like nn.Linear.
+
+    Scales keep the residual stream O(1) and the logits spread (std ~1.5) rather than flat:
+    linear weights ~ N(0, (1.2/sqrt(fan_in))^2), so each projection of an RMS-normalised input has
+    entries of order 1 and attention scores have std ~1 (clearly non-uniform, yet not so sharp that
+    float32 rounding in an engine gets amplified); norms are 1 + small noise so a wrong norm weight
+    (or a missing one) changes the result. Embeddings get the lm-head scale because a tied model
+    uses them as its lm head.
+    """
+    rng = np.random.default_rng(seed)
+    s = SHAPE
+    q_rows, kv_rows = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+
+    def linear(rows: int, cols: int, gain: float = 1.2) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": linear(s.vocab, s.hidden, 1.5)}
+    for i in range(s.n_layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(s.hidden)
+        w[p + "self_attn.q_proj.weight"] = linear(q_rows, s.hidden)
+        w[p + "self_attn.k_proj.weight"] = linear(kv_rows, s.hidden)
+        w[p + "self_attn.v_proj.weight"] = linear(kv_rows, s.hidden)
+        if qkv_bias:
+            # Qwen2 checkpoints carry sizeable K biases; make them matter here too.
+            w[p + "self_attn.q_proj.bias"] = (0.3 * rng.standard_normal(q_rows)).astype(np.float32)
+            w[p + "self_attn.k_proj.bias"] = (0.5 * rng.standard_normal(kv_rows)).astype(np.float32)
+            w[p + "self_attn.v_proj.bias"] = (0.3 * rng.standard_normal(kv_rows)).astype(np.float32)
+        w[p + "self_attn.o_proj.weight"] = linear(s.hidden, q_rows)
+        w[p + "post_attention_layernorm.weight"] = norm(s.hidden)
+        w[p + "mlp.gate_proj.weight"] = linear(s.ffn, s.hidden)
+        w[p + "mlp.up_proj.weight"] = linear(s.ffn, s.hidden)
+        w[p + "mlp.down_proj.weight"] = linear(s.hidden, s.ffn)
+    w["model.norm.weight"] = norm(s.hidden)
+    if not tied:
+        w["lm_head.weight"] = linear(s.vocab, s.hidden, 1.5)
+    return w
+
+
+# HF name suffix -> GGUF name suffix (per layer), and the non-layer tensors.
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[hf_name]
+    parts = hf_name.split(".", 3)  # model, layers, N, rest
+    return f"blk.{parts[2]}.{_LAYER_NAMES[parts[3]]}"
+
+
+def permute_for_interleaved_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Reorders Q/K rows from HF's half-rotation RoPE layout to GGUF llama's interleaved one.
+
+    HF rotates pairs (i, i + d/2) of each head; GGUF llama (like the original Meta checkpoints)
+    rotates adjacent pairs (2i, 2i+1). Moving row i -> 2i and row i + d/2 -> 2i+1 within each
+    head makes the two conventions compute the same attention scores.
+    """
+    rows, cols = w.shape
+    return w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writers
+
+
+def write_safetensors(path: Path, weights: dict[str, np.ndarray], dtype: str) -> None:
+    """dtype: "float32", "float16" or "bfloat16" (NumPy has no bfloat16, so those are raw uint16)."""
+    arrays = {}
+    for name, w in weights.items():
+        if dtype == "bfloat16":
+            arrays[name] = gguf.quants.quantize(w, gguf.GGMLQuantizationType.BF16).view(np.uint16)
+        else:
+            arrays[name] = np.ascontiguousarray(w.astype(dtype))
+    specs = {name: TensorSpec(dtype=dtype, shape=w.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
+             for (name, w), a in zip(weights.items(), arrays.values())}
+    safetensors.serialize_file(specs, str(path), metadata={"format": "pt"})
+
+
+def hf_config(arch: str, tied: bool, tok_meta: dict) -> dict:
+    s = SHAPE
+    cfg = {
+        "architectures": ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
+        "model_type": arch,
+        "hidden_size": s.hidden,
+        "intermediate_size": s.ffn,
+        "num_attention_heads": s.n_heads,
+        "num_key_value_heads": s.n_kv_heads,
+        "num_hidden_layers": s.n_layers,
+        "head_dim": s.head_dim,
+        "rms_norm_eps": s.rms_eps,
+        "rope_theta": s.rope_base,
+        "vocab_size": s.vocab,
+        "max_position_embeddings": s.context,
+        "tie_word_embeddings": tied,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+    for key in ("bos_token_id", "eos_token_id"):
+        if f"tokenizer.ggml.{key}" in tok_meta:
+            cfg[key] = tok_meta[f"tokenizer.ggml.{key}"]
+    return cfg
+
+
+def write_hf_dir(out: Path, arch: str, weights: dict, tied: bool, tok_dir: Path, tok_meta: dict,
+                 dtype: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = hf_config(arch, tied, tok_meta)
+    cfg["torch_dtype"] = dtype
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_safetensors(out / "model.safetensors", weights, dtype)
+    (out / "model.safetensors").chmod(0o644)  # the writer creates it 0600
+    shutil.copyfile(tok_dir / "tokenizer.json", out / "tokenizer.json")
+
+
+def load_tokenizer_meta(path: Path) -> dict:
+    """Reads make_tiny_tokenizers.py's GGUF tokenizer description: {"tokenizer.ggml.KEY": value}.
+
+    Keys without the "tokenizer.ggml." prefix are accepted and prefixed.
+    """
+    raw = json.loads(path.read_text())
+    meta = {}
+    for key, value in raw.items():
+        meta[key if key.startswith("tokenizer.") else f"tokenizer.ggml.{key}"] = value
+    if "tokenizer.ggml.model" not in meta or "tokenizer.ggml.tokens" not in meta:
+        raise SystemExit(f"{path}: expected at least tokenizer.ggml.model and tokenizer.ggml.tokens")
+    if len(meta["tokenizer.ggml.tokens"]) != SHAPE.vocab:
+        raise SystemExit(f"{path}: {len(meta['tokenizer.ggml.tokens'])} tokens, tiny models need {SHAPE.vocab}")
+    return meta
+
+
+def add_tokenizer_meta(writer: gguf.GGUFWriter, meta: dict) -> None:
+    """Adds the tokenizer keys with the GGUF value types llama.cpp's converter uses."""
+    T = gguf.GGUFValueType
+    for key, value in meta.items():
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)  # token ids are uint32 in llama.cpp's files
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        elif isinstance(value, list) and key.endswith(".scores"):
+            writer.add_array(key, [float(x) for x in value])  # FLOAT32 array
+        elif isinstance(value, list) and key.endswith(".token_type"):
+            writer.add_key_value(key, [int(x) for x in value], T.ARRAY, sub_type=T.INT32)
+        elif isinstance(value, list):
+            writer.add_array(key, value)  # strings (tokens, merges)
+        else:
+            raise SystemExit(f"tokenizer key {key}: unsupported value type {type(value).__name__}")
+
+
+def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: str | None,
+               name: str) -> None:
+    """Writes `weights` (HF names/layout) as a GGUF of `arch`; variant None = all F32."""
+    s = SHAPE
+    qtype, ftype = GGUF_VARIANTS[variant] if variant else (gguf.GGMLQuantizationType.F32,
+                                                           gguf.LlamaFileType.ALL_F32)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    writer.add_block_count(s.n_layers)
+    writer.add_context_length(s.context)
+    writer.add_embedding_length(s.hidden)
+    writer.add_feed_forward_length(s.ffn)
+    writer.add_head_count(s.n_heads)
+    writer.add_head_count_kv(s.n_kv_heads)
+    writer.add_key_length(s.head_dim)
+    writer.add_value_length(s.head_dim)
+    writer.add_rope_freq_base(s.rope_base)
+    writer.add_layer_norm_rms_eps(s.rms_eps)
+    writer.add_rope_dimension_count(s.head_dim)
+    writer.add_vocab_size(s.vocab)
+    writer.add_file_type(ftype)
+    if variant:
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    add_tokenizer_meta(writer, tok_meta)
+
+    for hf_name, w in weights.items():
+        if arch == "llama" and hf_name.endswith("q_proj.weight"):
+            w = permute_for_interleaved_rope(w, s.n_heads)
+        elif arch == "llama" and hf_name.endswith("k_proj.weight"):
+            w = permute_for_interleaved_rope(w, s.n_kv_heads)
+        if w.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            data = gguf.quants.quantize(w, qtype)
+            # F16 comes back as float16 (typed); the rest as raw bytes that need the type given.
+            writer.add_tensor(gguf_name(hf_name), data,
+                              raw_dtype=None if data.dtype == np.float16 else qtype)
+        else:
+            writer.add_tensor(gguf_name(hf_name), np.ascontiguousarray(w, dtype=np.float32))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="test data directory (holds tokenizers/, receives the models)")
+    args = ap.parse_args()
+    out: Path = args.out
+    toks = out / "tokenizers"
+    for sub in ("bpe", "qwen2", "spm"):
+        if not (toks / sub / "gguf_tokenizer.json").is_file():
+            raise SystemExit(f"missing {toks / sub / 'gguf_tokenizer.json'}: run make_tiny_tokenizers.py first")
+
+    bpe_meta = load_tokenizer_meta(toks / "bpe" / "gguf_tokenizer.json")
+    qwen_meta = load_tokenizer_meta(toks / "qwen2" / "gguf_tokenizer.json")
+    spm_meta = load_tokenizer_meta(toks / "spm" / "gguf_tokenizer.json")
+
+    log("tiny_llama (HF F32/BF16/F16, GGUF F32 + quantized variants)")
+    llama = random_weights(seed=1, qkv_bias=False, tied=False)
+    write_hf_dir(out / "tiny_llama_hf", "llama", llama, False, toks / "bpe", bpe_meta, "float32")
+    write_hf_dir(out / "tiny_llama_hf_bf16", "llama", llama, False, toks / "bpe", bpe_meta, "bfloat16")
+    write_hf_dir(out / "tiny_llama_hf_f16", "llama", llama, False, toks / "bpe", bpe_meta, "float16")
+    write_gguf(out / "tiny_llama.gguf", "llama", llama, bpe_meta, None, "tiny_llama")
+    for variant in GGUF_VARIANTS:
+        write_gguf(out / f"tiny_llama_{variant}.gguf", "llama", llama, bpe_meta, variant,
+                   f"tiny_llama_{variant}")
+
+    log("tiny_qwen2 (QKV bias, tied embeddings, NeoX RoPE)")
+    qwen = random_weights(seed=2, qkv_bias=True, tied=True)
+    write_hf_dir(out / "tiny_qwen2_hf", "qwen2", qwen, True, toks / "qwen2", qwen_meta, "float32")
+    write_gguf(out / "tiny_qwen2.gguf", "qwen2", qwen, qwen_meta, None, "tiny_qwen2")
+
+    log("tiny_spm (llama arch, SentencePiece tokenizer)")
+    spm = random_weights(seed=3, qkv_bias=False, tied=False)
+    write_gguf(out / "tiny_spm.gguf", "llama", spm, spm_meta, None, "tiny_spm")
+
+
+if __name__ == "__main__":
+    main()
