@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -22,107 +23,75 @@ namespace riskkv {
 namespace {
 
 // Multi-byte fields are copied straight out of the mapping.
-static_assert(std::endian::native == std::endian::little, "GGUF parsing assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "GGUF parsing assumes a little-endian host");
 
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;
+// Far above any real vocabulary (~10^5 entries); keeps a hostile count from exhausting memory.
+constexpr uint64_t kMaxArrayLength = uint64_t{1} << 24;
 // Smallest possible encodings, used to reject absurd counts before looping or reserving.
-constexpr uint64_t kMinKvBytes = 8 + 4 + 1;              // key length, value type, 1-byte value
-constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // name length, n_dims, ne[0], type, offset
+constexpr uint64_t kMinKvBytes = 8 + 4 + 1;  // key length, value type, 1-byte value
+// Tensor info: name length, n_dims, ne[0], type, offset.
+constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 
 using Type = GgufValue::Type;
 
 // Debian's Abseil is built with its own string_view, which StrCat does not take a std one for.
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-const char* TypeName(Type t) {
-  switch (t) {
-    case Type::kUint8: return "uint8";
-    case Type::kInt8: return "int8";
-    case Type::kUint16: return "uint16";
-    case Type::kInt16: return "int16";
-    case Type::kUint32: return "uint32";
-    case Type::kInt32: return "int32";
-    case Type::kFloat32: return "float32";
-    case Type::kBool: return "bool";
-    case Type::kString: return "string";
-    case Type::kArray: return "array";
-    case Type::kUint64: return "uint64";
-    case Type::kInt64: return "int64";
-    case Type::kFloat64: return "float64";
-  }
-  return "?";
-}
-
-bool IsInteger(Type t) {
-  switch (t) {
-    case Type::kUint8: case Type::kInt8: case Type::kUint16: case Type::kInt16:
-    case Type::kUint32: case Type::kInt32: case Type::kUint64: case Type::kInt64:
-      return true;
-    default:
-      return false;
-  }
-}
+// Per metadata value type, indexed by its id: name, and encoded size (for strings the 8-byte
+// length prefix, for arrays the element-type field: lower bounds used to bound counts).
+struct TypeInfo {
+  const char* name;
+  uint64_t min_size;
+  bool is_integer;
+};
+constexpr TypeInfo kTypeInfo[] = {
+    {"uint8", 1, true},    {"int8", 1, true},   {"uint16", 2, true},   {"int16", 2, true},
+    {"uint32", 4, true},   {"int32", 4, true},  {"float32", 4, false}, {"bool", 1, false},
+    {"string", 8, false},  {"array", 4, false}, {"uint64", 8, true},   {"int64", 8, true},
+    {"float64", 8, false},
+};
+const TypeInfo& Info(Type t) { return kTypeInfo[static_cast<uint32_t>(t)]; }
+const char* TypeName(Type t) { return Info(t).name; }
+bool IsInteger(Type t) { return Info(t).is_integer; }
 bool IsFloat(Type t) { return t == Type::kFloat32 || t == Type::kFloat64; }
 
-// Encoded size of a fixed-size value; strings count their 8-byte length prefix (a lower bound).
-uint64_t MinEncodedSize(Type t) {
-  switch (t) {
-    case Type::kUint8: case Type::kInt8: case Type::kBool: return 1;
-    case Type::kUint16: case Type::kInt16: return 2;
-    case Type::kUint32: case Type::kInt32: case Type::kFloat32: return 4;
-    default: return 8;  // 64-bit scalars, string length prefix, array header lower bound
-  }
-}
-
-// ggml type ids we can load, plus names for common ones we cannot (for the error message).
+// ggml type ids we can load, plus names of common ones we cannot (for the error message).
 struct GgmlType {
+  uint32_t id;
   const char* name;
   std::optional<DType> dtype;
 };
-GgmlType LookupGgmlType(uint32_t id) {
-  switch (id) {
-    case 0: return {"F32", DType::kF32};
-    case 1: return {"F16", DType::kF16};
-    case 2: return {"Q4_0", DType::kQ4_0};
-    case 3: return {"Q4_1", DType::kQ4_1};
-    case 6: return {"Q5_0", std::nullopt};
-    case 7: return {"Q5_1", std::nullopt};
-    case 8: return {"Q8_0", DType::kQ8_0};
-    case 9: return {"Q8_1", std::nullopt};
-    case 10: return {"Q2_K", std::nullopt};
-    case 11: return {"Q3_K", std::nullopt};
-    case 12: return {"Q4_K", std::nullopt};
-    case 13: return {"Q5_K", std::nullopt};
-    case 14: return {"Q6_K", std::nullopt};
-    case 15: return {"Q8_K", std::nullopt};
-    case 24: return {"I8", std::nullopt};
-    case 25: return {"I16", std::nullopt};
-    case 26: return {"I32", std::nullopt};
-    case 27: return {"I64", std::nullopt};
-    case 28: return {"F64", std::nullopt};
-    case 30: return {"BF16", DType::kBF16};
-    default: return {"unknown", std::nullopt};
-  }
-}
-
-// Values and bytes per block. A local table rather than kernels' BlockSize/BlockBytes keeps this
-// parser free of a link dependency on the kernel library; the layouts are ggml's.
-struct BlockLayout {
-  int64_t values;
-  int64_t bytes;
+const GgmlType kGgmlTypes[] = {
+    {0, "F32", DType::kF32},
+    {1, "F16", DType::kF16},
+    {2, "Q4_0", DType::kQ4_0},
+    {3, "Q4_1", DType::kQ4_1},
+    {6, "Q5_0", {}},
+    {7, "Q5_1", {}},
+    {8, "Q8_0", DType::kQ8_0},
+    {9, "Q8_1", {}},
+    {10, "Q2_K", {}},
+    {11, "Q3_K", {}},
+    {12, "Q4_K", {}},
+    {13, "Q5_K", {}},
+    {14, "Q6_K", {}},
+    {15, "Q8_K", {}},
+    {24, "I8", {}},
+    {25, "I16", {}},
+    {26, "I32", {}},
+    {27, "I64", {}},
+    {28, "F64", {}},
+    {30, "BF16", DType::kBF16},
 };
-BlockLayout LayoutOf(DType t) {
-  switch (t) {
-    case DType::kF32: return {1, 4};
-    case DType::kF16: return {1, 2};
-    case DType::kBF16: return {1, 2};
-    case DType::kQ8_0: return {32, 2 + 32};
-    case DType::kQ4_0: return {32, 2 + 16};
-    case DType::kQ4_1: return {32, 2 + 2 + 16};
+GgmlType LookupGgmlType(uint32_t id) {
+  for (const GgmlType& t : kGgmlTypes) {
+    if (t.id == id) return t;
   }
-  return {1, 1};
+  return {id, "unknown", std::nullopt};
 }
 
 }  // namespace
@@ -139,8 +108,9 @@ class GgufParser {
   uint64_t remaining() const { return size_ - pos_; }
 
   absl::Status Error(uint64_t at, absl::string_view what, absl::string_view problem) const {
-    return absl::InvalidArgumentError(absl::StrCat(f_.path_, ": ", context_, context_.empty() ? "" : ": ",
-                                                   what, " at byte offset ", at, ": ", problem));
+    return absl::InvalidArgumentError(absl::StrCat(f_.path_, ": ", context_,
+                                                   context_.empty() ? "" : ": ", what,
+                                                   " at byte offset ", at, ": ", problem));
   }
 
   absl::Status Need(uint64_t n, absl::string_view what) const {
@@ -181,6 +151,12 @@ class GgufParser {
     return static_cast<Type>(raw);
   }
 
+  template <typename T>
+  absl::StatusOr<int64_t> Widen(absl::string_view what) {
+    ASSIGN_OR_RETURN(T v, Read<T>(what));
+    return static_cast<int64_t>(v);
+  }
+
   absl::StatusOr<GgufValue> ReadValue(Type type);
   absl::Status ReadArray(GgufValue& value);
   // Reads one integer or bool of `type` (not float/string/array) as int64, or reports overflow.
@@ -200,17 +176,18 @@ class GgufParser {
 absl::StatusOr<int64_t> GgufParser::ReadIntElement(Type type) {
   const uint64_t at = pos_;
   switch (type) {
-    case Type::kUint8: { ASSIGN_OR_RETURN(uint8_t v, Read<uint8_t>("uint8")); return v; }
-    case Type::kInt8: { ASSIGN_OR_RETURN(int8_t v, Read<int8_t>("int8")); return v; }
-    case Type::kUint16: { ASSIGN_OR_RETURN(uint16_t v, Read<uint16_t>("uint16")); return v; }
-    case Type::kInt16: { ASSIGN_OR_RETURN(int16_t v, Read<int16_t>("int16")); return v; }
-    case Type::kUint32: { ASSIGN_OR_RETURN(uint32_t v, Read<uint32_t>("uint32")); return v; }
-    case Type::kInt32: { ASSIGN_OR_RETURN(int32_t v, Read<int32_t>("int32")); return v; }
-    case Type::kInt64: { ASSIGN_OR_RETURN(int64_t v, Read<int64_t>("int64")); return v; }
+    case Type::kUint8: return Widen<uint8_t>("uint8");
+    case Type::kInt8: return Widen<int8_t>("int8");
+    case Type::kUint16: return Widen<uint16_t>("uint16");
+    case Type::kInt16: return Widen<int16_t>("int16");
+    case Type::kUint32: return Widen<uint32_t>("uint32");
+    case Type::kInt32: return Widen<int32_t>("int32");
+    case Type::kInt64: return Widen<int64_t>("int64");
     case Type::kUint64: {
       ASSIGN_OR_RETURN(uint64_t v, Read<uint64_t>("uint64"));
       if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return Error(at, "uint64 array element", absl::StrCat("value ", v, " does not fit in int64"));
+        return Error(at, "uint64 array element",
+                     absl::StrCat("value ", v, " does not fit in int64"));
       }
       return static_cast<int64_t>(v);
     }
@@ -219,48 +196,36 @@ absl::StatusOr<int64_t> GgufParser::ReadIntElement(Type type) {
       if (v > 1) return Error(at, "bool", absl::StrCat("value ", int{v}, " is neither 0 nor 1"));
       return v;
     }
-    default:
-      return Error(at, TypeName(type), "not an integer type");
+    default: return Error(at, TypeName(type), "not an integer type");
   }
 }
 
 absl::StatusOr<GgufValue> GgufParser::ReadValue(Type type) {
   GgufValue value;
   value.type = type;
-  switch (type) {
-    case Type::kUint8: case Type::kUint16: case Type::kUint32: case Type::kBool: {
-      ASSIGN_OR_RETURN(int64_t v, ReadIntElement(type));
+  if (type == Type::kUint64) {  // the one integer type that may not fit in int64
+    ASSIGN_OR_RETURN(uint64_t v, Read<uint64_t>("uint64 value"));
+    value.scalar = v;
+  } else if (IsInteger(type) || type == Type::kBool) {
+    ASSIGN_OR_RETURN(int64_t v, ReadIntElement(type));
+    const bool is_signed =
+        type == Type::kInt8 || type == Type::kInt16 || type == Type::kInt32 || type == Type::kInt64;
+    if (is_signed) {
+      value.scalar = v;
+    } else {
       value.scalar = static_cast<uint64_t>(v);
-      break;
     }
-    case Type::kUint64: {
-      ASSIGN_OR_RETURN(uint64_t v, Read<uint64_t>("uint64 value"));
-      value.scalar = v;
-      break;
-    }
-    case Type::kInt8: case Type::kInt16: case Type::kInt32: case Type::kInt64: {
-      ASSIGN_OR_RETURN(int64_t v, ReadIntElement(type));
-      value.scalar = v;
-      break;
-    }
-    case Type::kFloat32: {
-      ASSIGN_OR_RETURN(float v, Read<float>("float32 value"));
-      value.scalar = static_cast<double>(v);
-      break;
-    }
-    case Type::kFloat64: {
-      ASSIGN_OR_RETURN(double v, Read<double>("float64 value"));
-      value.scalar = v;
-      break;
-    }
-    case Type::kString: {
-      ASSIGN_OR_RETURN(std::string s, ReadString("string value"));
-      value.scalar = std::move(s);
-      break;
-    }
-    case Type::kArray:
-      RETURN_IF_ERROR(ReadArray(value));
-      break;
+  } else if (type == Type::kFloat32) {
+    ASSIGN_OR_RETURN(float v, Read<float>("float32 value"));
+    value.scalar = static_cast<double>(v);
+  } else if (type == Type::kFloat64) {
+    ASSIGN_OR_RETURN(double v, Read<double>("float64 value"));
+    value.scalar = v;
+  } else if (type == Type::kString) {
+    ASSIGN_OR_RETURN(std::string s, ReadString("string value"));
+    value.scalar = std::move(s);
+  } else {
+    RETURN_IF_ERROR(ReadArray(value));
   }
   return value;
 }
@@ -268,12 +233,20 @@ absl::StatusOr<GgufValue> GgufParser::ReadValue(Type type) {
 absl::Status GgufParser::ReadArray(GgufValue& value) {
   const uint64_t type_at = pos_;
   ASSIGN_OR_RETURN(Type elem, ReadType("array element type"));
-  if (elem == Type::kArray) return Error(type_at, "array element type", "nested arrays are not supported");
+  if (elem == Type::kArray) {
+    return Error(type_at, "array element type", "nested arrays are not supported");
+  }
   value.array_type = elem;
   const uint64_t count_at = pos_;
   ASSIGN_OR_RETURN(uint64_t count, Read<uint64_t>("array length"));
-  // Bound the count by the bytes left before reserving anything.
-  const uint64_t min_size = MinEncodedSize(elem);
+  // Bound the count before reserving anything: parsed elements take up to 32x their encoded size
+  // (a 1-byte value widened to int64, an empty string as std::string), hence also a hard cap.
+  if (count > kMaxArrayLength) {
+    return Error(count_at, "array length",
+                 absl::StrCat("array of ", count, " ", TypeName(elem),
+                              " elements exceeds the limit of ", kMaxArrayLength));
+  }
+  const uint64_t min_size = Info(elem).min_size;
   if (count > remaining() / min_size) {
     return Error(count_at, "array length",
                  absl::StrCat("array of ", count, " ", TypeName(elem), " elements needs at least ",
@@ -319,15 +292,18 @@ absl::Status GgufParser::ReadMetadata(uint64_t index) {
   if (key == "general.alignment") {
     // Any integer type is accepted (the spec says uint32); the value must be a power of two.
     if (!IsInteger(type)) {
-      return Error(value_at, "value", absl::StrCat("alignment must be an integer, got ", TypeName(type)));
+      return Error(value_at, "value",
+                   absl::StrCat("alignment must be an integer, got ", TypeName(type)));
     }
     const auto* s = std::get_if<int64_t>(&value.scalar);
     if (s != nullptr && *s <= 0) {
-      return Error(value_at, "value", absl::StrCat("alignment must be a positive power of two, got ", *s));
+      return Error(value_at, "value",
+                   absl::StrCat("alignment must be a positive power of two, got ", *s));
     }
     const uint64_t a = s != nullptr ? static_cast<uint64_t>(*s) : std::get<uint64_t>(value.scalar);
     if (!std::has_single_bit(a)) {
-      return Error(value_at, "value", absl::StrCat("alignment must be a positive power of two, got ", a));
+      return Error(value_at, "value",
+                   absl::StrCat("alignment must be a positive power of two, got ", a));
     }
     alignment_ = a;
   }
@@ -346,7 +322,8 @@ absl::Status GgufParser::ReadTensorInfo(uint64_t index, std::vector<uint64_t>& r
   const uint64_t dims_at = pos_;
   ASSIGN_OR_RETURN(uint32_t n_dims, Read<uint32_t>("n_dims"));
   if (n_dims < 1 || n_dims > kMaxDims) {
-    return Error(dims_at, "n_dims", absl::StrCat("n_dims ", n_dims, " is outside [1, ", kMaxDims, "]"));
+    return Error(dims_at, "n_dims",
+                 absl::StrCat("n_dims ", n_dims, " is outside [1, ", kMaxDims, "]"));
   }
   int64_t ne[kMaxDims] = {};
   int64_t numel = 1;
@@ -366,22 +343,20 @@ absl::Status GgufParser::ReadTensorInfo(uint64_t index, std::vector<uint64_t>& r
   const GgmlType ggml = LookupGgmlType(type_id);
   if (!ggml.dtype) {
     return Error(type_at, "ggml type",
-                 absl::StrCat("tensor '", name, "' has unsupported ggml type ", type_id, " (", ggml.name,
-                              "); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"));
+                 absl::StrCat("tensor '", name, "' has unsupported ggml type ", type_id, " (",
+                              ggml.name, "); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"));
   }
-  const BlockLayout layout = LayoutOf(*ggml.dtype);
-  if (ne[0] % layout.values != 0) {
+  const int64_t block = BlockSize(*ggml.dtype);
+  if (ne[0] % block != 0) {
     return Error(type_at, "ggml type",
-                 absl::StrCat("innermost dimension ", ne[0], " is not a multiple of the ", ggml.name,
-                              " block size ", layout.values));
+                 absl::StrCat("innermost dimension ", ne[0], " is not a multiple of the ",
+                              ggml.name, " block size ", block));
   }
-  // Row bytes times the outer dims; numel fits in int64, so only the final product can overflow.
-  int64_t nbytes = ne[0] / layout.values * layout.bytes;
-  for (uint32_t i = 1; i < n_dims; ++i) {
-    if (__builtin_mul_overflow(nbytes, ne[i], &nbytes)) {
-      return Error(type_at, "ggml type", "tensor byte size overflows int64");
-    }
-  }
+  // RowBytes(dtype, ne0) times the outer dims, each step checked: F32 rows alone can overflow.
+  int64_t nbytes = ne[0] / block;
+  bool overflow = __builtin_mul_overflow(nbytes, BlockBytes(*ggml.dtype), &nbytes);
+  for (uint32_t i = 1; i < n_dims; ++i) overflow |= __builtin_mul_overflow(nbytes, ne[i], &nbytes);
+  if (overflow) return Error(type_at, "ggml type", "tensor byte size overflows int64");
   const uint64_t offset_at = pos_;
   ASSIGN_OR_RETURN(uint64_t rel, Read<uint64_t>("data offset"));
   if (rel % alignment_ != 0) {
@@ -404,8 +379,9 @@ absl::Status GgufParser::Parse() {
   context_ = "header";
   ASSIGN_OR_RETURN(uint32_t magic, Read<uint32_t>("magic"));
   if (magic != kGgufMagic) {
-    return Error(0, "magic", absl::StrCat("bad magic 0x", absl::Hex(magic, absl::kZeroPad8),
-                                         ", not a GGUF file"));
+    return Error(
+        0, "magic",
+        absl::StrCat("bad magic 0x", absl::Hex(magic, absl::kZeroPad8), ", not a GGUF file"));
   }
   ASSIGN_OR_RETURN(uint32_t version, Read<uint32_t>("version"));
   if (version == 1) {
@@ -413,10 +389,11 @@ absl::Status GgufParser::Parse() {
   }
   if (version != 2 && version != 3) {
     const uint32_t swapped = __builtin_bswap32(version);
-    return Error(4, "version",
-                 swapped == 2 || swapped == 3
-                     ? std::string("big-endian GGUF files are not supported")
-                     : absl::StrCat("unsupported GGUF version ", version, " (only versions 2 and 3)"));
+    return Error(
+        4, "version",
+        swapped == 2 || swapped == 3
+            ? std::string("big-endian GGUF files are not supported")
+            : absl::StrCat("unsupported GGUF version ", version, " (only versions 2 and 3)"));
   }
   f_.version_ = version;
   const uint64_t tensor_count_at = pos_;
@@ -428,25 +405,30 @@ absl::Status GgufParser::Parse() {
                  absl::StrCat(kv_count, " entries cannot fit in the ", remaining(), " bytes left"));
   }
   if (tensor_count > remaining() / kMinTensorInfoBytes) {
-    return Error(tensor_count_at, "tensor count",
-                 absl::StrCat(tensor_count, " tensor infos cannot fit in the ", remaining(), " bytes left"));
+    return Error(
+        tensor_count_at, "tensor count",
+        absl::StrCat(tensor_count, " tensor infos cannot fit in the ", remaining(), " bytes left"));
   }
-  f_.metadata_.reserve(kv_count);
+  // The counts are only bounded by the file size, so reserve modestly and let vectors grow:
+  // a hostile count must not turn into a huge allocation before the entries are read.
+  f_.metadata_.reserve(std::min<uint64_t>(kv_count, 1024));
   for (uint64_t i = 0; i < kv_count; ++i) RETURN_IF_ERROR(ReadMetadata(i));
 
-  f_.tensors_.reserve(tensor_count);
+  f_.tensors_.reserve(std::min<uint64_t>(tensor_count, 4096));
   std::vector<uint64_t> rel_offsets, info_offsets;
-  for (uint64_t i = 0; i < tensor_count; ++i) RETURN_IF_ERROR(ReadTensorInfo(i, rel_offsets, info_offsets));
+  for (uint64_t i = 0; i < tensor_count; ++i) {
+    RETURN_IF_ERROR(ReadTensorInfo(i, rel_offsets, info_offsets));
+  }
 
   // Tensor data starts at the next multiple of the alignment after the directory. pos_ <= size_
   // and the padding is below alignment_ <= 2^63, so this cannot wrap.
   const uint64_t data_start = pos_ + (alignment_ - pos_ % alignment_) % alignment_;
   for (size_t i = 0; i < f_.tensors_.size(); ++i) {
     TensorView& t = f_.tensors_[i];
-    context_ = absl::StrCat("tensor info #", i, " '", t.name, "'");
     uint64_t begin = 0, end = 0;
     if (__builtin_add_overflow(data_start, rel_offsets[i], &begin) ||
         __builtin_add_overflow(begin, t.nbytes, &end) || end > size_) {
+      context_ = absl::StrCat("tensor info #", i, " '", t.name, "'");
       return Error(info_offsets[i], "tensor data",
                    absl::StrCat("data of ", t.nbytes, " bytes at relative offset ", rel_offsets[i],
                                 " (data section starts at ", data_start,
@@ -462,7 +444,11 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   file->path_ = path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+    const int err = errno;
+    const std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(msg);
+    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+    return absl::InvalidArgumentError(msg);
   }
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -507,15 +493,18 @@ namespace {
 
 absl::StatusOr<const GgufValue*> Lookup(const GgufFile& f, std::string_view key) {
   const GgufValue* v = f.Find(key);
-  if (v == nullptr) return absl::NotFoundError(absl::StrCat(f.path(), ": no metadata key '", Sv(key), "'"));
+  if (v == nullptr) {
+    return absl::NotFoundError(absl::StrCat(f.path(), ": no metadata key '", Sv(key), "'"));
+  }
   return v;
 }
 
-absl::Status WrongType(const GgufFile& f, std::string_view key, const GgufValue& v, absl::string_view want) {
+absl::Status WrongType(const GgufFile& f, std::string_view key, const GgufValue& v,
+                       absl::string_view want) {
   std::string have = TypeName(v.type);
   if (v.type == Type::kArray) have = absl::StrCat("array of ", TypeName(v.array_type));
-  return absl::InvalidArgumentError(
-      absl::StrCat(f.path(), ": metadata key '", Sv(key), "' has type ", have, ", expected ", want));
+  return absl::InvalidArgumentError(absl::StrCat(f.path(), ": metadata key '", Sv(key),
+                                                 "' has type ", have, ", expected ", want));
 }
 
 }  // namespace
@@ -526,7 +515,8 @@ absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const {
   if (const auto* u = std::get_if<uint64_t>(&v->scalar)) return *u;
   const int64_t s = std::get<int64_t>(v->scalar);
   if (s < 0) {
-    return absl::OutOfRangeError(absl::StrCat(path_, ": metadata key '", Sv(key), "' = ", s, " is negative"));
+    return absl::OutOfRangeError(
+        absl::StrCat(path_, ": metadata key '", Sv(key), "' = ", s, " is negative"));
   }
   return static_cast<uint64_t>(s);
 }

@@ -14,6 +14,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -23,25 +24,32 @@
 namespace riskkv {
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "safetensors parsing assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "safetensors parsing assumes a little-endian host");
 
 // Hugging Face's reference implementation caps the header at 100 MB; we do the same so a bogus
 // length cannot make us parse (or allocate for) the whole file as JSON.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr uint64_t kHeaderLengthBytes = 8;
 
-// ordered_json keeps the header's tensor order, which is what callers see in tensors().
-using Json = nlohmann::ordered_json;
+// The std::map-backed json (not ordered_json, whose lookups are linear in the key count, so a
+// hostile header with many keys would take quadratic time). Tensors are put in data order below.
+using Json = nlohmann::json;
 
 struct DTypeInfo {
   DType dtype;
   uint64_t element_bytes;
 };
 bool ParseDType(const std::string& s, DTypeInfo& out) {
-  if (s == "F32") out = {DType::kF32, 4};
-  else if (s == "F16") out = {DType::kF16, 2};
-  else if (s == "BF16") out = {DType::kBF16, 2};
-  else return false;
+  if (s == "F32") {
+    out = {DType::kF32, 4};
+  } else if (s == "F16") {
+    out = {DType::kF16, 2};
+  } else if (s == "BF16") {
+    out = {DType::kBF16, 2};
+  } else {
+    return false;
+  }
   return true;
 }
 
@@ -49,7 +57,8 @@ bool ParseDType(const std::string& s, DTypeInfo& out) {
 
 class SafetensorsParser {
  public:
-  SafetensorsParser(SafetensorsFile& file, const uint8_t* base) : f_(file), base_(base), size_(file.size_) {}
+  SafetensorsParser(SafetensorsFile& file, const uint8_t* base)
+      : f_(file), base_(base), size_(file.size_) {}
 
   absl::Status Parse();
 
@@ -62,8 +71,9 @@ class SafetensorsParser {
     return Error(kHeaderLengthBytes, "JSON header", absl::StrCat("tensor '", name, "': ", problem));
   }
   absl::Status ParseMetadata(const Json& meta);
+  // Validates one entry; `begin` is its offset in the data section.
   absl::Status ParseTensor(const std::string& name, const Json& entry, uint64_t data_size,
-                           uint64_t& begin_out);
+                           TensorView& t, uint64_t& begin);
 
   SafetensorsFile& f_;
   const uint8_t* base_;
@@ -83,23 +93,27 @@ absl::Status SafetensorsParser::ParseMetadata(const Json& meta) {
 }
 
 absl::Status SafetensorsParser::ParseTensor(const std::string& name, const Json& entry,
-                                            uint64_t data_size, uint64_t& begin_out) {
+                                            uint64_t data_size, TensorView& t, uint64_t& begin) {
   if (!entry.is_object()) return TensorError(name, "entry is not an object");
   const auto dtype_it = entry.find("dtype");
   const auto shape_it = entry.find("shape");
   const auto offsets_it = entry.find("data_offsets");
-  if (dtype_it == entry.end() || !dtype_it->is_string()) return TensorError(name, "missing string 'dtype'");
-  if (shape_it == entry.end() || !shape_it->is_array()) return TensorError(name, "missing array 'shape'");
+  if (dtype_it == entry.end() || !dtype_it->is_string()) {
+    return TensorError(name, "missing string 'dtype'");
+  }
+  if (shape_it == entry.end() || !shape_it->is_array()) {
+    return TensorError(name, "missing array 'shape'");
+  }
   if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2) {
     return TensorError(name, "'data_offsets' must be an array of two integers");
   }
   const std::string& dtype_name = dtype_it->get_ref<const std::string&>();
   DTypeInfo info;
   if (!ParseDType(dtype_name, info)) {
-    return TensorError(name, absl::StrCat("unsupported dtype '", dtype_name, "' (supported: F32, F16, BF16)"));
+    return TensorError(
+        name, absl::StrCat("unsupported dtype '", dtype_name, "' (supported: F32, F16, BF16)"));
   }
 
-  TensorView t;
   t.name = name;
   t.dtype = info.dtype;
   uint64_t numel = 1;
@@ -126,39 +140,37 @@ absl::Status SafetensorsParser::ParseTensor(const std::string& name, const Json&
   if (!b.is_number_unsigned() || !e.is_number_unsigned()) {
     return TensorError(name, "'data_offsets' must be non-negative integers");
   }
-  const uint64_t begin = b.get<uint64_t>();
+  begin = b.get<uint64_t>();
   const uint64_t end = e.get<uint64_t>();
   if (end < begin) {
-    return TensorError(name, absl::StrCat("data_offsets [", begin, ", ", end, ") end before they begin"));
+    return TensorError(name,
+                       absl::StrCat("data_offsets [", begin, ", ", end, ") end before they begin"));
   }
   if (end - begin != nbytes) {
-    return TensorError(name, absl::StrCat("data_offsets [", begin, ", ", end, ") span ", end - begin,
-                                          " bytes but shape x ", dtype_name, " needs ", nbytes));
+    return TensorError(name,
+                       absl::StrCat("data_offsets [", begin, ", ", end, ") span ", end - begin,
+                                    " bytes but shape x ", dtype_name, " needs ", nbytes));
   }
   if (end > data_size) {
-    return TensorError(name, absl::StrCat("data_offsets [", begin, ", ", end, ") run past the ", data_size,
-                                          "-byte data section (file size ", size_, ")"));
+    return TensorError(name, absl::StrCat("data_offsets [", begin, ", ", end, ") run past the ",
+                                          data_size, "-byte data section (file size ", size_, ")"));
   }
   t.data = data_ + begin;
   t.nbytes = nbytes;
-  begin_out = begin;
-  f_.tensor_index_.emplace(name, f_.tensors_.size());
-  f_.tensors_.push_back(std::move(t));
   return absl::OkStatus();
 }
 
 absl::Status SafetensorsParser::Parse() {
   if (size_ < kHeaderLengthBytes) {
-    return Error(0, "header length",
-                 absl::StrCat("needs 8 bytes but the file has only ", size_));
+    return Error(0, "header length", absl::StrCat("needs 8 bytes but the file has only ", size_));
   }
   uint64_t header_len = 0;
   std::memcpy(&header_len, base_, sizeof(header_len));
   const uint64_t room = size_ - kHeaderLengthBytes;
   if (header_len < 2 || header_len > kMaxHeaderBytes || header_len > room) {
     return Error(0, "header length",
-                 absl::StrCat("JSON header length ", header_len, " is not in [2, min(", kMaxHeaderBytes,
-                              ", ", room, " bytes left in the file)]"));
+                 absl::StrCat("JSON header length ", header_len, " is not in [2, min(",
+                              kMaxHeaderBytes, ", ", room, " bytes left in the file)]"));
   }
   const char* json_begin = reinterpret_cast<const char*>(base_ + kHeaderLengthBytes);
   data_ = base_ + kHeaderLengthBytes + header_len;
@@ -186,34 +198,43 @@ absl::Status SafetensorsParser::Parse() {
     }
     return Error(at, "JSON header", absl::StrCat("invalid JSON: ", ex.what()));
   }
-  if (!header.is_object()) return Error(kHeaderLengthBytes, "JSON header", "top level is not an object");
+  if (!header.is_object()) {
+    return Error(kHeaderLengthBytes, "JSON header", "top level is not an object");
+  }
   if (!duplicate.empty()) return TensorError(duplicate, "duplicate key in the header");
 
-  struct Range {
-    uint64_t begin, end;
-    size_t index;
+  struct Entry {
+    uint64_t begin;
+    TensorView t;
   };
-  std::vector<Range> ranges;
-  for (const auto& [name, entry] : header.items()) {
+  std::vector<Entry> entries;
+  for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
-      RETURN_IF_ERROR(ParseMetadata(entry));
+      RETURN_IF_ERROR(ParseMetadata(value));
       continue;
     }
-    uint64_t begin = 0;
-    RETURN_IF_ERROR(ParseTensor(name, entry, data_size, begin));
-    const TensorView& t = f_.tensors_.back();
-    // Empty tensors occupy no bytes and cannot overlap anything.
-    if (t.nbytes > 0) ranges.push_back({begin, begin + t.nbytes, f_.tensors_.size() - 1});
+    Entry& e = entries.emplace_back();
+    RETURN_IF_ERROR(ParseTensor(name, value, data_size, e.t, e.begin));
   }
-  std::sort(ranges.begin(), ranges.end(),
-            [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].begin < ranges[i - 1].end) {
-      const std::string& a = f_.tensors_[ranges[i - 1].index].name;
-      const std::string& b = f_.tensors_[ranges[i].index].name;
-      return TensorError(b, absl::StrCat("data [", ranges[i].begin, ", ", ranges[i].end, ") overlaps tensor '",
-                                         a, "' at [", ranges[i - 1].begin, ", ", ranges[i - 1].end, ")"));
+  // Data order is the file's physical order, and makes the overlap check a single pass.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.t.nbytes, a.t.name) < std::tie(b.begin, b.t.nbytes, b.t.name);
+  });
+  const Entry* prev = nullptr;  // the last non-empty tensor; empty ones cannot overlap anything
+  for (const Entry& e : entries) {
+    if (e.t.nbytes == 0) continue;
+    if (prev != nullptr && e.begin < prev->begin + prev->t.nbytes) {
+      return TensorError(
+          e.t.name, absl::StrCat("data [", e.begin, ", ", e.begin + e.t.nbytes,
+                                 ") overlaps tensor '", prev->t.name, "' at [", prev->begin, ", ",
+                                 prev->begin + prev->t.nbytes, ")"));
     }
+    prev = &e;
+  }
+  f_.tensors_.reserve(entries.size());
+  for (Entry& e : entries) {
+    f_.tensor_index_.emplace(e.t.name, f_.tensors_.size());
+    f_.tensors_.push_back(std::move(e.t));
   }
   return absl::OkStatus();
 }
@@ -223,7 +244,11 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   file->path_ = path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+    const int err = errno;
+    const std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(msg);
+    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+    return absl::InvalidArgumentError(msg);
   }
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

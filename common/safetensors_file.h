@@ -26,6 +26,7 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   const std::string& path() const { return path_; }
+  // Tensors in data order (by offset, i.e. their physical order in the file).
   const std::vector<TensorView>& tensors() const { return tensors_; }
   const TensorView* FindTensor(std::string_view name) const;
   // The "__metadata__" string map of the header, if any.

@@ -199,8 +199,8 @@ class ByteLevelBpe final : public Tokenizer {
     heap.clear();
     const int32_t n = static_cast<int32_t>(word.size());
     for (int32_t i = 0; i < n; ++i) {
-      symbols.push_back({byte_ids_[static_cast<unsigned char>(word[i])], i - 1,
-                         i + 1 < n ? i + 1 : -1});
+      symbols.push_back(
+          {byte_ids_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1});
     }
     for (int32_t i = 0; i + 1 < n; ++i) PushCandidate(symbols, i, &heap);
     while (!heap.empty()) {

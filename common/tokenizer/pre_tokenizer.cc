@@ -72,8 +72,8 @@ class PreTokenizer::Stage {
       if (rc < 0) {
         PCRE2_UCHAR message[256];
         pcre2_get_error_message(rc, message, sizeof(message));
-        return absl::InternalError(absl::StrCat("pre-tokenizer regex failed at offset ", pos,
-                                                ": ", reinterpret_cast<const char*>(message)));
+        return absl::InternalError(absl::StrCat("pre-tokenizer regex failed at offset ", pos, ": ",
+                                                reinterpret_cast<const char*>(message)));
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
       const size_t start = ov[0];
@@ -113,8 +113,9 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::Create(std::string_v
   } else if (name == "llama3" || name == "llama-bpe" || name == "llama-v3") {
     patterns = {kLlama3Pattern};
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported pre-tokenizer '", name, "' (supported: gpt2, default, smollm, qwen2, llama3)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported pre-tokenizer '", AbslView(name),
+                     "' (supported: gpt2, default, smollm, qwen2, llama3)"));
   }
   auto pre = std::unique_ptr<PreTokenizer>(new PreTokenizer());
   for (const char* pattern : patterns) {

@@ -13,7 +13,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "common/tokenizer/special_tokens.h"
 #include "common/tokenizer/text_util.h"
 
@@ -37,6 +36,20 @@ int ParseBytePiece(std::string_view piece) {
   return value;
 }
 
+// The piece's text with each U+2581 back to a space.
+std::string UnescapeSpaces(std::string_view piece) {
+  std::string out;
+  for (size_t pos = 0; pos < piece.size();) {
+    if (piece.substr(pos).starts_with(kSpaceMark)) {
+      out.push_back(' ');
+      pos += kSpaceMark.size();
+    } else {
+      out.push_back(piece[pos++]);
+    }
+  }
+  return out;
+}
+
 class SentencePieceBpe final : public Tokenizer {
  public:
   explicit SentencePieceBpe(TokenizerSpec spec) : Tokenizer(std::move(spec)), specials_(spec_) {}
@@ -44,9 +57,10 @@ class SentencePieceBpe final : public Tokenizer {
   absl::Status Init() {
     const int32_t n = vocab_size();
     if (spec_.scores.size() != static_cast<size_t>(n)) {
-      return absl::InvalidArgumentError(absl::StrCat("SentencePiece tokenizer needs one score per "
-                                                     "token: ", spec_.scores.size(), " scores for ",
-                                                     n, " tokens"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("SentencePiece tokenizer needs one score per "
+                       "token: ",
+                       spec_.scores.size(), " scores for ", n, " tokens"));
     }
     byte_ids_.fill(-1);
     token_bytes_.resize(n);
@@ -73,7 +87,7 @@ class SentencePieceBpe final : public Tokenizer {
       // Only ordinary pieces come out of merging: control, unknown and byte tokens are never
       // spelled by the text itself, as in sentencepiece.
       piece_to_id_[piece] = id;
-      token_bytes_[id] = absl::StrReplaceAll(piece, {{kSpaceMark, " "}});
+      token_bytes_[id] = UnescapeSpaces(piece);
     }
     return absl::OkStatus();
   }
@@ -155,7 +169,7 @@ class SentencePieceBpe final : public Tokenizer {
   };
 
   int32_t LookupPiece(std::string_view piece) const {
-    auto it = piece_to_id_.find(piece);
+    auto it = piece_to_id_.find(AbslView(piece));
     return it == piece_to_id_.end() ? -1 : it->second;
   }
 
@@ -173,9 +187,9 @@ class SentencePieceBpe final : public Tokenizer {
   absl::Status EncodeRun(std::string_view run, std::vector<int32_t>* ids) const {
     std::vector<Symbol> symbols;
     for (size_t pos = 0; pos < run.size();) {
-      const int32_t len = std::min<int32_t>(
-          Utf8SequenceLength(static_cast<unsigned char>(run[pos])),
-          static_cast<int32_t>(run.size() - pos));
+      const int32_t len =
+          std::min<int32_t>(Utf8SequenceLength(static_cast<unsigned char>(run[pos])),
+                            static_cast<int32_t>(run.size() - pos));
       const int32_t index = static_cast<int32_t>(symbols.size());
       symbols.push_back({static_cast<int32_t>(pos), len, index - 1, -1});
       if (index > 0) symbols[index - 1].next = index;
@@ -191,7 +205,8 @@ class SentencePieceBpe final : public Tokenizer {
       heap.pop_back();
       Symbol& left = symbols[b.left];
       Symbol& right = symbols[b.right];
-      if (left.len == 0 || right.len == 0 || left.next != b.right || left.len + right.len != b.len) {
+      if (left.len == 0 || right.len == 0 || left.next != b.right ||
+          left.len + right.len != b.len) {
         continue;
       }
       left.len += right.len;
@@ -217,7 +232,8 @@ class SentencePieceBpe final : public Tokenizer {
         ids->push_back(spec_.unk_id);
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
-            "'", piece, "' has no piece, no byte fallback and the vocabulary has no unknown token"));
+            "'", AbslView(piece),
+            "' has no piece, no byte fallback and the vocabulary has no unknown token"));
       }
     }
     return absl::OkStatus();

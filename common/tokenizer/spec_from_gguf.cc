@@ -17,13 +17,12 @@ using tokenizer_internal::AddEndOfGenerationId;
 using tokenizer_internal::AddWellKnownEndOfGenerationIds;
 
 // Prefixes a reader error with the file and key, so a bad model file is easy to locate.
-absl::Status KeyError(const GgufFile& gguf, std::string_view key, const absl::Status& status) {
-  return absl::Status(status.code(),
-                      absl::StrCat(gguf.path(), ": ", key, ": ", status.message()));
+absl::Status KeyError(const GgufFile& gguf, const char* key, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(gguf.path(), ": ", key, ": ", status.message()));
 }
 
 // Optional token id; 0xFFFFFFFF, which some converters write for "none", reads as -1.
-absl::Status ReadTokenId(const GgufFile& gguf, std::string_view key, int32_t* id) {
+absl::Status ReadTokenId(const GgufFile& gguf, const char* key, int32_t* id) {
   if (!gguf.Has(key)) return absl::OkStatus();
   absl::StatusOr<int64_t> value = gguf.GetInt(key);
   if (!value.ok()) return KeyError(gguf, key, value.status());
@@ -38,7 +37,7 @@ absl::Status ReadTokenId(const GgufFile& gguf, std::string_view key, int32_t* id
   return absl::OkStatus();
 }
 
-absl::Status ReadBool(const GgufFile& gguf, std::string_view key, bool* value) {
+absl::Status ReadBool(const GgufFile& gguf, const char* key, bool* value) {
   if (!gguf.Has(key)) return absl::OkStatus();
   absl::StatusOr<bool> v = gguf.GetBool(key);
   if (!v.ok()) return KeyError(gguf, key, v.status());
@@ -49,7 +48,7 @@ absl::Status ReadBool(const GgufFile& gguf, std::string_view key, bool* value) {
 }  // namespace
 
 absl::StatusOr<TokenizerSpec> Tokenizer::SpecFromGguf(const GgufFile& gguf) {
-  constexpr std::string_view kModel = "tokenizer.ggml.model";
+  constexpr char kModel[] = "tokenizer.ggml.model";
   if (!gguf.Has(kModel)) {
     return absl::NotFoundError(absl::StrCat(gguf.path(), ": no tokenizer (", kModel, " missing)"));
   }
@@ -69,22 +68,22 @@ absl::StatusOr<TokenizerSpec> Tokenizer::SpecFromGguf(const GgufFile& gguf) {
     spec.add_bos = true;
     spec.add_space_prefix = true;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        gguf.path(), ": unsupported tokenizer model '", *model, "' (supported: gpt2, llama)"));
+    return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": unsupported tokenizer model '",
+                                                   *model, "' (supported: gpt2, llama)"));
   }
 
-  constexpr std::string_view kTokens = "tokenizer.ggml.tokens";
+  constexpr char kTokens[] = "tokenizer.ggml.tokens";
   absl::StatusOr<std::vector<std::string>> tokens = gguf.GetStringArray(kTokens);
   if (!tokens.ok()) return KeyError(gguf, kTokens, tokens.status());
   spec.tokens = *std::move(tokens);
 
-  constexpr std::string_view kScores = "tokenizer.ggml.scores";
+  constexpr char kScores[] = "tokenizer.ggml.scores";
   if (gguf.Has(kScores)) {
     absl::StatusOr<std::vector<double>> scores = gguf.GetFloatArray(kScores);
     if (!scores.ok()) return KeyError(gguf, kScores, scores.status());
     spec.scores.assign(scores->begin(), scores->end());
   }
-  constexpr std::string_view kTypes = "tokenizer.ggml.token_type";
+  constexpr char kTypes[] = "tokenizer.ggml.token_type";
   if (gguf.Has(kTypes)) {
     absl::StatusOr<std::vector<int64_t>> types = gguf.GetIntArray(kTypes);
     if (!types.ok()) return KeyError(gguf, kTypes, types.status());
@@ -94,13 +93,13 @@ absl::StatusOr<TokenizerSpec> Tokenizer::SpecFromGguf(const GgufFile& gguf) {
       spec.token_types.push_back(t < 0 || t > 6 ? -1 : static_cast<int32_t>(t));
     }
   }
-  constexpr std::string_view kMerges = "tokenizer.ggml.merges";
+  constexpr char kMerges[] = "tokenizer.ggml.merges";
   if (gguf.Has(kMerges)) {
     absl::StatusOr<std::vector<std::string>> merges = gguf.GetStringArray(kMerges);
     if (!merges.ok()) return KeyError(gguf, kMerges, merges.status());
     spec.merges = *std::move(merges);
   }
-  constexpr std::string_view kPre = "tokenizer.ggml.pre";
+  constexpr char kPre[] = "tokenizer.ggml.pre";
   if (gguf.Has(kPre)) {
     absl::StatusOr<std::string> pre = gguf.GetString(kPre);
     if (!pre.ok()) return KeyError(gguf, kPre, pre.status());
@@ -116,7 +115,7 @@ absl::StatusOr<TokenizerSpec> Tokenizer::SpecFromGguf(const GgufFile& gguf) {
   RETURN_IF_ERROR(ReadTokenId(gguf, "tokenizer.ggml.padding_token_id", &spec.pad_id));
   RETURN_IF_ERROR(ReadBool(gguf, "tokenizer.ggml.add_bos_token", &spec.add_bos));
   RETURN_IF_ERROR(ReadBool(gguf, "tokenizer.ggml.add_space_prefix", &spec.add_space_prefix));
-  for (std::string_view key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
     int32_t id = -1;
     RETURN_IF_ERROR(ReadTokenId(gguf, key, &id));
     AddEndOfGenerationId(&spec, id);

@@ -28,7 +28,7 @@ using tokenizer_internal::AddWellKnownEndOfGenerationIds;
 using tokenizer_internal::FindToken;
 using tokenizer_internal::PreTokenizerNameForPattern;
 
-absl::Status Unsupported(std::string_view what) {
+absl::Status Unsupported(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(what, " is not supported"));
 }
 
@@ -142,10 +142,14 @@ absl::Status ReadVocabulary(const json& root, const json& model, TokenizerSpec* 
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
       return absl::InvalidArgumentError(absl::StrCat("vocab entry '", text, "' has no valid id"));
     }
-    by_id[id.get<int64_t>()] = {text, tokenizer_internal::kTypeNormal};
+    if (!by_id.try_emplace(id.get<int64_t>(), text, tokenizer_internal::kTypeNormal).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocab id ", id.get<int64_t>(), " is used by two tokens"));
+    }
   }
   if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
-    if (!root["added_tokens"].is_array()) return absl::InvalidArgumentError("added_tokens is not a list");
+    if (!root["added_tokens"].is_array())
+      return absl::InvalidArgumentError("added_tokens is not a list");
     for (const json& added : root["added_tokens"]) {
       if (!added.is_object() || !added.contains("id") || !added["id"].is_number_integer() ||
           !added.contains("content") || !added["content"].is_string() ||
@@ -238,16 +242,17 @@ std::optional<std::string> ConfigToken(const json& config, const char* key) {
 
 absl::Status ReadTokenizerConfig(const std::filesystem::path& path, TokenizerSpec* spec) {
   ASSIGN_OR_RETURN(json config, ReadJson(path.string()));
-  const std::pair<const char*, int32_t*> fields[] = {
-      {"bos_token", &spec->bos_id}, {"eos_token", &spec->eos_id},
-      {"unk_token", &spec->unk_id}, {"pad_token", &spec->pad_id}};
+  const std::pair<const char*, int32_t*> fields[] = {{"bos_token", &spec->bos_id},
+                                                     {"eos_token", &spec->eos_id},
+                                                     {"unk_token", &spec->unk_id},
+                                                     {"pad_token", &spec->pad_id}};
   for (const auto& [key, id] : fields) {
     std::optional<std::string> text = ConfigToken(config, key);
     if (!text) continue;
     *id = FindToken(*spec, *text);
     if (*id < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", key, " '", *text,
-                                                     "' is not in the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path.string(), ": ", key, " '", *text, "' is not in the vocabulary"));
     }
   }
   if (config.contains("add_bos_token") && config["add_bos_token"].is_boolean()) {
@@ -287,8 +292,8 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const json& root, const std::st
   if (root.contains("post_processor")) {
     RETURN_IF_ERROR(ReadPostProcessor(root["post_processor"], &spec));
   }
-  const std::filesystem::path config = std::filesystem::path(path).parent_path() /
-                                       "tokenizer_config.json";
+  const std::filesystem::path config =
+      std::filesystem::path(path).parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config)) {
     RETURN_IF_ERROR(ReadTokenizerConfig(config, &spec));
   } else if (spec.eos_id < 0) {

@@ -20,8 +20,8 @@ void AddEndOfGenerationId(TokenizerSpec* spec, int32_t id) {
 
 void AddWellKnownEndOfGenerationIds(TokenizerSpec* spec) {
   static constexpr std::string_view kEndOfTurn[] = {
-      "<|im_end|>", "<|endoftext|>", "<|eot_id|>",  "<|eom_id|>", "<|end|>",
-      "<end_of_turn>", "<|end_of_text|>", "<EOT>", "</s>",
+      "<|im_end|>",    "<|endoftext|>",   "<|eot_id|>", "<|eom_id|>", "<|end|>",
+      "<end_of_turn>", "<|end_of_text|>", "<EOT>",      "</s>",
   };
   for (size_t id = 0; id < spec->tokens.size() && id < spec->token_types.size(); ++id) {
     if (spec->token_types[id] != kTypeControl) continue;

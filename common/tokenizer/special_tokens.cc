@@ -19,9 +19,8 @@ SpecialTokenMatcher::SpecialTokenMatcher(const TokenizerSpec& spec) {
     any_ = true;
   }
   for (auto& entries : by_first_byte_) {
-    std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-      return a.text.size() > b.text.size();
-    });
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const Entry& a, const Entry& b) { return a.text.size() > b.text.size(); });
   }
 }
 

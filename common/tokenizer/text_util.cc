@@ -56,9 +56,9 @@ absl::Status ValidateUtf8(std::string_view text) {
     } else if (c >= 0xF0 && c <= 0xF4) {
       len = 4, cp = c & 0x07, min_cp = 0x10000;
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("invalid UTF-8: byte 0x", absl::Hex(c, absl::kZeroPad2), " at offset ", i,
-                       " cannot start a character"));
+      return absl::InvalidArgumentError(absl::StrCat("invalid UTF-8: byte 0x",
+                                                     absl::Hex(c, absl::kZeroPad2), " at offset ",
+                                                     i, " cannot start a character"));
     }
     if (i + len > n) {
       return absl::InvalidArgumentError(

@@ -36,7 +36,8 @@ absl::Status ValidateCommon(const TokenizerSpec& spec) {
     }
   }
   if (!spec.scores.empty() && spec.scores.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(spec.scores.size(), " scores for ", n, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.scores.size(), " scores for ", n, " tokens"));
   }
   if (absl::Status s = CheckId("bos_id", spec.bos_id, n); !s.ok()) return s;
   if (absl::Status s = CheckId("eos_id", spec.eos_id, n); !s.ok()) return s;

@@ -20,13 +20,13 @@ class GgufFile;
 struct TokenizerSpec {
   enum class Kind { kByteLevelBpe, kSentencePiece };
   Kind kind = Kind::kByteLevelBpe;
-  std::vector<std::string> tokens;    // id -> token text (byte-level: GPT-2 byte-to-unicode form)
-  std::vector<float> scores;          // SentencePiece merge priorities (empty for byte-level BPE)
+  std::vector<std::string> tokens;  // id -> token text (byte-level: GPT-2 byte-to-unicode form)
+  std::vector<float> scores;        // SentencePiece merge priorities (empty for byte-level BPE)
   // GGUF token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
-  std::vector<int32_t> token_types;   // empty means all normal
-  std::vector<std::string> merges;    // byte-level BPE merges "left right", highest priority first
-  // Pre-tokenizer: "gpt2" (default), "smollm", "qwen2", "llama3" or "default"; SentencePiece ignores it.
-  // llama.cpp's aliases "gpt-2" and "llama-bpe" are accepted too.
+  std::vector<int32_t> token_types;  // empty means all normal
+  std::vector<std::string> merges;   // byte-level BPE merges "left right", highest priority first
+  // Pre-tokenizer: "gpt2" (default), "smollm", "qwen2", "llama3" or "default"; SentencePiece
+  // ignores it. llama.cpp's aliases "gpt-2" and "llama-bpe" are accepted too.
   std::string pre = "gpt2";
   // Byte-level BPE: a pre-token that is itself in the vocabulary is emitted whole, without
   // merging (HF "ignore_merges", set by Llama 3).
@@ -40,11 +40,14 @@ struct TokenizerSpec {
   std::vector<int32_t> eog_ids;   // end-of-generation ids besides eos (e.g. <|im_end|>)
 };
 
+// Immutable once created: Encode, Decode and TokenBytes may run concurrently.
 class Tokenizer {
  public:
   // Validates the spec (ids in range, merges refer to existing tokens, ...).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Create(TokenizerSpec spec);
-  // Reads tokenizer.ggml.* metadata ("gpt2" and "llama" models).
+  // Reads tokenizer.ggml.* metadata ("gpt2" and "llama" models; any other model is an
+  // InvalidArgument naming it, a file without tokenizer.ggml.model NotFound). Keys a file lacks
+  // get llama.cpp's defaults. Values are checked by Create(), not here.
   static absl::StatusOr<TokenizerSpec> SpecFromGguf(const GgufFile& gguf);
   // Reads a Hugging Face tokenizer.json with a BPE model and ByteLevel pre-tokenizer/decoder.
   // bos/eos/pad and add_bos come from a tokenizer_config.json beside it when there is one,
@@ -65,7 +68,8 @@ class Tokenizer {
   virtual absl::StatusOr<std::string> Decode(std::span<const int32_t> ids,
                                              bool render_special = false) const = 0;
   // Raw bytes of one token as it appears in decoded text (may be a partial UTF-8 sequence);
-  // control tokens give their text, out-of-range ids "".
+  // control tokens give their text, out-of-range ids "". A SentencePiece piece keeps its
+  // leading space even where Decode would drop it as the add_space_prefix space.
   virtual std::string TokenBytes(int32_t id) const = 0;
 
   const TokenizerSpec& spec() const { return spec_; }

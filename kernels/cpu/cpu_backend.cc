@@ -1,7 +1,7 @@
 // The CPU backend: Eigen GEMMs over dequantized weight tiles for batches, fused quantized dot
-// products for single rows, and OpenMP across output rows / heads. It is the numerical oracle.
-#define EIGEN_DONT_PARALLELIZE  // parallelism comes from the OpenMP loops around Eigen calls
-#include <omp.h>
+// products for single rows, and a fork-join pool across output rows / heads. It is the
+// numerical oracle.
+#define EIGEN_DONT_PARALLELIZE  // parallelism comes from the pool around Eigen calls
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -12,6 +12,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_dot.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace riskkv {
 namespace {
@@ -24,16 +25,18 @@ using Map = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
 // of weight rows and run a GEMM, which amortises the dequantization over the batch.
 constexpr int64_t kMaxFusedBatch = 4;
 constexpr int64_t kTileRows = 64;
+// Output rows per claimed chunk on the fused path.
+constexpr int64_t kFusedGrain = 32;
 // Queries processed together in attention (bounds the score buffer to kQueryBlock x n_ctx).
 constexpr int64_t kQueryBlock = 128;
 
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads)
-      : threads_(threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency())) {}
+      : pool_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
   std::string_view name() const override { return "cpu"; }
-  int threads() const override { return threads_; }
+  int threads() const override { return pool_.threads(); }
 
   void MatMul(const float* x, int64_t n, const WeightMatrix& w, const float* bias,
               float* y) override {
@@ -52,8 +55,8 @@ class CpuBackend final : public Backend {
 
   void RmsNorm(const float* x, int64_t n, int64_t d, const float* weight, float eps,
                float* y) override {
-#pragma omp parallel for num_threads(threads_) if (n > 16)
-    for (int64_t i = 0; i < n; ++i) {
+    pool_.ParallelFor(n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
       const float* xi = x + i * d;
       float* yi = y + i * d;
       double ss = 0.0;
@@ -61,6 +64,7 @@ class CpuBackend final : public Backend {
       const float scale = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
       for (int64_t j = 0; j < d; ++j) yi[j] = xi[j] * scale * weight[j];
     }
+    });
   }
 
   void Rope(float* x, int64_t n, int64_t heads, const int32_t* positions, const RopeParams& p,
@@ -70,9 +74,9 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < half; ++i) {
       inv_freq[i] = std::pow(p.base, -2.0 * static_cast<double>(i) / static_cast<double>(p.rot_dim));
     }
-#pragma omp parallel for num_threads(threads_) if (n > 16)
-    for (int64_t t = 0; t < n; ++t) {
-      std::vector<float> cs(half), sn(half);
+    pool_.ParallelFor(n, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> cs(half), sn(half);
+    for (int64_t t = begin; t < end; ++t) {
       for (int64_t i = 0; i < half; ++i) {
         const double angle = static_cast<double>(positions[t]) * inv_freq[i];
         cs[i] = static_cast<float>(std::cos(angle));
@@ -89,6 +93,7 @@ class CpuBackend final : public Backend {
         }
       }
     }
+    });
   }
 
   void Embed(const WeightMatrix& table, const int32_t* ids, int64_t n, float* out) override {
@@ -98,11 +103,12 @@ class CpuBackend final : public Backend {
   }
 
   void SwiGlu(const float* gate, const float* up, int64_t n, float* out) override {
-#pragma omp parallel for num_threads(threads_) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = gate[i];
-      out[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
+    pool_.ParallelFor(n, 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + std::exp(-g)) * up[i];
+      }
+    });
   }
 
   void Attention(const float* q, int64_t n, int64_t q_pos0, const KvView& k, const KvView& v,
@@ -114,12 +120,12 @@ class CpuBackend final : public Backend {
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     // Work items: (kv head, query block). All query heads of one KV head share its K/V copy.
     const int64_t n_blocks = (n + kQueryBlock - 1) / kQueryBlock;
-#pragma omp parallel num_threads(threads_)
-    {
-      RowMatrix kh(n_ctx, head_dim), vh(n_ctx, head_dim), scores;
+    pool_.ParallelFor(n_kv_heads * n_blocks, 1, [&](int64_t item_begin, int64_t item_end) {
+      thread_local RowMatrix kh, vh, scores;
+      kh.resize(n_ctx, head_dim);
+      vh.resize(n_ctx, head_dim);
       int64_t loaded_head = -1;
-#pragma omp for schedule(dynamic)
-      for (int64_t item = 0; item < n_kv_heads * n_blocks; ++item) {
+      for (int64_t item = item_begin; item < item_end; ++item) {
         const int64_t kvh = item / n_blocks;
         const int64_t blk = item % n_blocks;
         if (kvh != loaded_head) {
@@ -151,7 +157,7 @@ class CpuBackend final : public Backend {
           oh.noalias() = scores * vh.topRows(ctx);
         }
       }
-    }
+    });
   }
 
  private:
@@ -174,24 +180,24 @@ class CpuBackend final : public Backend {
     if (w.dtype == DType::kQ4_1) {
       for (int64_t i = 0; i < n; ++i) cpu::BlockSums(x + i * w.cols, w.cols, sums.data() + i * (w.cols / 32));
     }
-#pragma omp parallel for num_threads(threads_) schedule(static)
-    for (int64_t r = 0; r < w.rows; ++r) {
-      const uint8_t* row = w.row(r);
-      for (int64_t i = 0; i < n; ++i) {
-        y[i * w.rows + r] = cpu::DotRow(w.dtype, row, x + i * w.cols,
-                                        sums.data() + i * (w.cols / 32), w.cols);
+    pool_.ParallelFor(w.rows, kFusedGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const uint8_t* row = w.row(r);
+        for (int64_t i = 0; i < n; ++i) {
+          y[i * w.rows + r] = cpu::DotRow(w.dtype, row, x + i * w.cols,
+                                          sums.data() + i * (w.cols / 32), w.cols);
+        }
       }
-    }
+    });
   }
 
   void MatMulTiled(const float* x, int64_t n, const WeightMatrix& w, float* y) {
     const int64_t n_tiles = (w.rows + kTileRows - 1) / kTileRows;
     ConstMap xm(x, n, w.cols, Eigen::OuterStride<>(w.cols));
-#pragma omp parallel num_threads(threads_)
-    {
-      RowMatrix tile(kTileRows, w.cols);
-#pragma omp for schedule(dynamic)
-      for (int64_t t = 0; t < n_tiles; ++t) {
+    pool_.ParallelFor(n_tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
+      thread_local RowMatrix tile;
+      tile.resize(kTileRows, w.cols);
+      for (int64_t t = tile_begin; t < tile_end; ++t) {
         const int64_t r0 = t * kTileRows;
         const int64_t nr = std::min(kTileRows, w.rows - r0);
         for (int64_t r = 0; r < nr; ++r) {
@@ -200,10 +206,10 @@ class CpuBackend final : public Backend {
         Map ym(y + r0, n, nr, Eigen::OuterStride<>(w.rows));
         ym.noalias() = xm * tile.topRows(nr).transpose();
       }
-    }
+    });
   }
 
-  int threads_;
+  cpu::ThreadPool pool_;
 };
 
 }  // namespace

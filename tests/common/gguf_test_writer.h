@@ -149,8 +149,8 @@ class GgufTestWriter {
 // sanitizer builds may run at once), removed when the test program ends.
 inline const std::filesystem::path& ProcessTempDir() {
   static const std::filesystem::path dir = [] {
-    std::filesystem::path d =
-        std::filesystem::path(::testing::TempDir()) / ("riskkv_files_" + std::to_string(::getpid()));
+    std::filesystem::path d = std::filesystem::path(::testing::TempDir()) /
+                              ("riskkv_files_" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
     return d;
   }();

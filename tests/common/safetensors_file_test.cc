@@ -22,7 +22,8 @@ using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 // 8-byte header length, the JSON text, then `data`. `length` overrides the header length field.
-Bytes BuildFile(const std::string& json, const Bytes& data, std::optional<uint64_t> length = std::nullopt) {
+Bytes BuildFile(const std::string& json, const Bytes& data,
+                std::optional<uint64_t> length = std::nullopt) {
   Bytes out(8 + json.size() + data.size());
   const uint64_t n = length.value_or(json.size());
   std::memcpy(out.data(), &n, sizeof(n));
@@ -31,7 +32,8 @@ Bytes BuildFile(const std::string& json, const Bytes& data, std::optional<uint64
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsFile>> OpenBytes(const Bytes& b, const std::string& name = "t.st") {
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> OpenBytes(const Bytes& b,
+                                                           const std::string& name = "t.st") {
   return SafetensorsFile::Open(WriteTempFile(name, b));
 }
 
@@ -49,16 +51,15 @@ void ExpectInvalid(const Bytes& b, const std::vector<std::string>& substrings) {
 // Header for a single tensor entry.
 std::string One(const std::string& name, const std::string& dtype, const std::string& shape,
                 const std::string& offsets) {
-  return "{\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape + ",\"data_offsets\":" +
-         offsets + "}}";
+  return "{\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape +
+         ",\"data_offsets\":" + offsets + "}}";
 }
 
-const char kValidHeader[] =
-    R"({"__metadata__":{"format":"pt","note":"tiny"},)"
-    R"("w.f32":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
-    R"("b.f16":{"dtype":"F16","shape":[4],"data_offsets":[24,32]},)"
-    R"("empty":{"dtype":"F32","shape":[0,5],"data_offsets":[32,32]},)"
-    R"("a.bf16":{"dtype":"BF16","shape":[2,2],"data_offsets":[32,40]}})";
+const char kValidHeader[] = R"({"__metadata__":{"format":"pt","note":"tiny"},)"
+                            R"("w.f32":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+                            R"("b.f16":{"dtype":"F16","shape":[4],"data_offsets":[24,32]},)"
+                            R"("empty":{"dtype":"F32","shape":[0,5],"data_offsets":[32,32]},)"
+                            R"("a.bf16":{"dtype":"BF16","shape":[2,2],"data_offsets":[32,40]}})";
 
 Bytes ValidFile() { return BuildFile(kValidHeader, Pattern(40, 9)); }
 
@@ -78,7 +79,7 @@ TEST(SafetensorsFileTest, ReadsTensorsAndMetadata) {
                                   {"empty", DType::kF32, {0, 5}, 32, 0},
                                   {"a.bf16", DType::kBF16, {2, 2}, 32, 8}};
   ASSERT_EQ(s.tensors().size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {  // header order is kept
+  for (size_t i = 0; i < want.size(); ++i) {  // in data-offset order
     SCOPED_TRACE(want[i].name);
     const TensorView& t = s.tensors()[i];
     EXPECT_EQ(s.FindTensor(want[i].name), &t);
@@ -91,7 +92,8 @@ TEST(SafetensorsFileTest, ReadsTensorsAndMetadata) {
   // Data pointers are laid out as the offsets say, relative to one another.
   EXPECT_EQ(s.FindTensor("a.bf16")->data - s.FindTensor("w.f32")->data, 32);
   EXPECT_EQ(s.FindTensor("nope"), nullptr);
-  EXPECT_EQ(s.metadata(), (std::vector<std::pair<std::string, std::string>>{{"format", "pt"}, {"note", "tiny"}}));
+  EXPECT_EQ(s.metadata(),
+            (std::vector<std::pair<std::string, std::string>>{{"format", "pt"}, {"note", "tiny"}}));
 }
 
 TEST(SafetensorsFileTest, AcceptsPaddedHeaderAndNoTensors) {
@@ -124,12 +126,17 @@ TEST(SafetensorsFileTest, RejectsInvalidJson) {
 
 TEST(SafetensorsFileTest, RejectsMalformedEntries) {
   ExpectInvalid(BuildFile(R"({"t":5})", {}), {"'t'", "not an object"});
-  ExpectInvalid(BuildFile(R"({"t":{"shape":[1],"data_offsets":[0,4]}})", Pattern(4, 1)), {"'t'", "dtype"});
-  ExpectInvalid(BuildFile(R"({"t":{"dtype":"F32","data_offsets":[0,4]}})", Pattern(4, 1)), {"'t'", "shape"});
+  ExpectInvalid(BuildFile(R"({"t":{"shape":[1],"data_offsets":[0,4]}})", Pattern(4, 1)),
+                {"'t'", "dtype"});
+  ExpectInvalid(BuildFile(R"({"t":{"dtype":"F32","data_offsets":[0,4]}})", Pattern(4, 1)),
+                {"'t'", "shape"});
   ExpectInvalid(BuildFile(One("t", "F32", "[1]", "[0]"), Pattern(4, 1)), {"'t'", "data_offsets"});
-  ExpectInvalid(BuildFile(One("t", "F32", "[-1]", "[0,4]"), Pattern(4, 1)), {"'t'", "non-negative"});
-  ExpectInvalid(BuildFile(One("t", "F32", "[1.5]", "[0,4]"), Pattern(4, 1)), {"'t'", "non-negative"});
-  ExpectInvalid(BuildFile(One("t", "F32", "[1]", "[-4,0]"), Pattern(4, 1)), {"'t'", "non-negative"});
+  ExpectInvalid(BuildFile(One("t", "F32", "[-1]", "[0,4]"), Pattern(4, 1)),
+                {"'t'", "non-negative"});
+  ExpectInvalid(BuildFile(One("t", "F32", "[1.5]", "[0,4]"), Pattern(4, 1)),
+                {"'t'", "non-negative"});
+  ExpectInvalid(BuildFile(One("t", "F32", "[1]", "[-4,0]"), Pattern(4, 1)),
+                {"'t'", "non-negative"});
   ExpectInvalid(BuildFile(One("t", "F32", "[4294967296,4294967296]", "[0,4]"), Pattern(4, 1)),
                 {"'t'", "overflows"});
   ExpectInvalid(BuildFile(R"({"__metadata__":{"k":1}})", {}), {"__metadata__", "'k'"});
@@ -144,11 +151,14 @@ TEST(SafetensorsFileTest, RejectsUnsupportedDtypeNamingTensor) {
 }
 
 TEST(SafetensorsFileTest, RejectsOffsetMismatchAndOutOfBounds) {
-  ExpectInvalid(BuildFile(One("t", "F32", "[3]", "[0,8]"), Pattern(8, 1)), {"'t'", "span 8 bytes", "needs 12"});
+  ExpectInvalid(BuildFile(One("t", "F32", "[3]", "[0,8]"), Pattern(8, 1)),
+                {"'t'", "span 8 bytes", "needs 12"});
   ExpectInvalid(BuildFile(One("t", "F16", "[2]", "[8,4]"), Pattern(8, 1)), {"'t'", "end before"});
-  ExpectInvalid(BuildFile(One("t", "F32", "[2]", "[4,12]"), Pattern(8, 1)), {"'t'", "run past the 8-byte"});
-  ExpectInvalid(BuildFile(One("t", "F32", "[1]", "[18446744073709551612,18446744073709551616]"), {}),
-                {"'t'"});
+  ExpectInvalid(BuildFile(One("t", "F32", "[2]", "[4,12]"), Pattern(8, 1)),
+                {"'t'", "run past the 8-byte"});
+  ExpectInvalid(
+      BuildFile(One("t", "F32", "[1]", "[18446744073709551612,18446744073709551616]"), {}),
+      {"'t'"});
 }
 
 TEST(SafetensorsFileTest, RejectsOverlapAndDuplicates) {
@@ -179,7 +189,8 @@ TEST(SafetensorsFileTest, EveryTruncationFails) {
 TEST(SafetensorsFileTest, RandomCorruptionNeverCrashes) {
   const Bytes file = ValidFile();
   std::mt19937 rng(99);
-  for (int iter = 0; iter < 1500; ++iter) {
+  volatile uint8_t sink = 0;  // reads of tensor data must not be optimised away
+  for (int iter = 0; iter < 600; ++iter) {
     Bytes b = file;
     for (int k = 0; k <= iter % 3; ++k) {
       const size_t at = rng() % b.size();
@@ -187,12 +198,12 @@ TEST(SafetensorsFileTest, RandomCorruptionNeverCrashes) {
     }
     auto f = OpenBytes(b, "corrupt.safetensors");
     if (!f.ok()) continue;
-    for (const TensorView& t : (*f)->tensors()) {  // must lie inside the mapping (ASan checks)
-      uint8_t x = 0;
-      for (uint64_t i = 0; i < t.nbytes; ++i) x ^= t.data[i];
-      (void)x;
+    // Anything that opens must describe tensors lying inside the mapping.
+    for (const TensorView& t : (*f)->tensors()) {
+      for (uint64_t i = 0; i < t.nbytes; ++i) sink = t.data[i];
     }
   }
+  (void)sink;
 }
 
 }  // namespace

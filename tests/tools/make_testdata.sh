@@ -47,7 +47,7 @@ fi
 start=$SECONDS
 # Drop the stamp first so an interrupted run is never mistaken for a finished one, and the old
 # outputs so no stale golden set outlives a change to the generators.
-rm -rf "$STAMP" "$OUT/golden" "$OUT/tokenizers" "$OUT"/tiny_*
+rm -rf "$STAMP" "$OUT/golden" "$OUT/tokenizers" "$OUT"/tiny_* "$OUT"/bad_*
 
 note "tokenizers"
 "$PY" "$TOOLS/make_tiny_tokenizers.py" "$OUT"
@@ -55,6 +55,8 @@ note "tiny models"
 "$PY" "$TOOLS/make_tiny_models.py" "$OUT"
 
 ref() { "$PY" "$TOOLS/reference_forward.py" --out "$OUT" "$@"; }
+note "broken models for the loader's error tests"
+"$PY" "$TOOLS/make_bad_models.py" "$OUT"
 note "golden outputs"
 # Every tiny model sees the same 40 random tokens (fixed seed), so GGUF/HF and quantized variants
 # can be compared with each other as well as with the engine. --same-as asserts that the GGUF and

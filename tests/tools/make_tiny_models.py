@@ -148,18 +148,20 @@ def permute_for_interleaved_rope(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def write_safetensors(path: Path, weights: dict[str, np.ndarray], dtype: str) -> None:
     """dtype: "float32", "float16" or "bfloat16" (NumPy has no bfloat16, so those are raw uint16)."""
-    arrays = {}
+    keep_alive, specs = [], {}
     for name, w in weights.items():
         if dtype == "bfloat16":
-            arrays[name] = gguf.quants.quantize(w, gguf.GGMLQuantizationType.BF16).view(np.uint16)
+            # Round-to-nearest-even, the same rounding torch and ggml use.
+            a = gguf.quants.quantize(w, gguf.GGMLQuantizationType.BF16).view(np.uint16)
         else:
-            arrays[name] = np.ascontiguousarray(w.astype(dtype))
-    specs = {name: TensorSpec(dtype=dtype, shape=w.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
-             for (name, w), a in zip(weights.items(), arrays.values())}
+            a = np.ascontiguousarray(w.astype(dtype))
+        keep_alive.append(a)  # the specs point into these buffers until the file is written
+        specs[name] = TensorSpec(dtype=dtype, shape=w.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
     safetensors.serialize_file(specs, str(path), metadata={"format": "pt"})
+    path.chmod(0o644)  # the writer creates files 0600
 
 
-def hf_config(arch: str, tied: bool, tok_meta: dict) -> dict:
+def hf_config(arch: str, tied: bool, tok_meta: dict, dtype: str) -> dict:
     s = SHAPE
     cfg = {
         "architectures": ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
@@ -176,7 +178,7 @@ def hf_config(arch: str, tied: bool, tok_meta: dict) -> dict:
         "max_position_embeddings": s.context,
         "tie_word_embeddings": tied,
         "hidden_act": "silu",
-        "torch_dtype": "float32",
+        "torch_dtype": dtype,
     }
     for key in ("bos_token_id", "eos_token_id"):
         if f"tokenizer.ggml.{key}" in tok_meta:
@@ -187,12 +189,12 @@ def hf_config(arch: str, tied: bool, tok_meta: dict) -> dict:
 def write_hf_dir(out: Path, arch: str, weights: dict, tied: bool, tok_dir: Path, tok_meta: dict,
                  dtype: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    cfg = hf_config(arch, tied, tok_meta)
-    cfg["torch_dtype"] = dtype
+    cfg = hf_config(arch, tied, tok_meta, dtype)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     write_safetensors(out / "model.safetensors", weights, dtype)
-    (out / "model.safetensors").chmod(0o644)  # the writer creates it 0600
-    shutil.copyfile(tok_dir / "tokenizer.json", out / "tokenizer.json")
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the config is optional
+        if (tok_dir / name).is_file():
+            shutil.copyfile(tok_dir / name, out / name)
 
 
 def load_tokenizer_meta(path: Path) -> dict:

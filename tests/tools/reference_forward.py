@@ -15,8 +15,10 @@ Output: OUT/golden/NAME/{golden.json, logits.f32, nll.f32, k_L.f32, v_L.f32, att
 """
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -259,6 +261,20 @@ def next_token_nll(logits: np.ndarray, tokens: list[int]) -> np.ndarray:
 # Tokenizing the built-in passage with the model's own vocabulary
 
 
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """llama.cpp logs context warnings from C even with verbose=False; keep the fixture log clean."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -312,9 +328,11 @@ def tokenize_passage(model_path: Path, text: str) -> tuple[list[int], str]:
     tokens, source = None, None
     try:
         from llama_cpp import Llama
-        lm = Llama(str(model_path), vocab_only=True, verbose=False)
-        tokens, source = list(lm.tokenize(text.encode(), add_bos=False, special=False)), "llama.cpp"
-        del lm
+        with _quiet_native_stderr():
+            lm = Llama(str(model_path), vocab_only=True, verbose=False)
+            tokens = list(lm.tokenize(text.encode(), add_bos=False, special=False))
+            del lm
+        source = "llama.cpp"
     except Exception as e:  # not installed, or llama.cpp rejects the tokenizer metadata
         log(f"llama.cpp tokenizer unavailable for {model_path.name} ({type(e).__name__}: {e})")
     if tokens is None:

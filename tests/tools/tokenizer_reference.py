@@ -15,6 +15,7 @@ for the byte-level BPE files (and for SmolLM2, rebuilt from the GGUF's vocab and
 vocab-only GGUF). A missing MODEL skips the SmolLM2 entry.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -42,6 +43,9 @@ EDGE_CASES = [
     ("symbols", "x^2 + y_1 = z; a->b && c||d != e <= f >= g == h // comment /* c */"),
     ("code", "def f(x):\n    return x * 2  # double\n\nfor i in range(10):\n    print(f(i))\n"),
     ("url_email", "See https://www.catb.org/jargon/html/index.html or mail esr@snark.thyrsus.com."),
+    ("unicode_spaces", "a\u00a0b\u3000c\u2009d\u200be\u0085f\u2028g\x0b\x0ch\ri \u00a0 \u3000j"),
+    ("combining_marks", "e\u0301 n\u0303 Z\u0351\u0355 \u0915\u094d\u0937 a\u20dd"),
+    ("other_numerals", "\u0663\u0664\u0665 \u0967\u0968 \u2460\u2461 \u00bd \u216b 2\u00b2 x\u2081"),
     ("special_chat", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>"),
     ("special_adjacent", "<|endoftext|><|endoftext|>text<|im_end|> trailing"),
     ("special_partial", "<|im_start <|im_end| <|imstart|> |> <| almost<|im_start|"),
@@ -185,13 +189,27 @@ def smollm2_entry(model_path, texts):
     return entry
 
 
+@contextlib.contextmanager
+def quiet_stderr():
+    """Silences llama.cpp's loader, which writes to fd 2 even with verbose=False."""
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def llama_cpp_check(model_path, texts, encs):
     """Compares the golden ids with llama.cpp's tokenizer; returns a summary for the record."""
     try:
         import llama_cpp
     except ImportError:
         return {"status": "llama-cpp-python not installed"}
-    llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+    with quiet_stderr():
+        llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
     mismatches = []
     for enc in encs:
         name, text = texts[enc["text"]]

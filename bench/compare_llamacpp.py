@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Measures riskkv's prefill and decode speed next to llama.cpp's, on the same GGUF and machine.
+
+Both sides get the same prompt (the first --prompt-tokens tokens of real English text, tokenized by
+llama.cpp), the same thread count, and report medians over --repetitions runs:
+  * prefill: time to evaluate the whole prompt in a fresh, empty KV cache (one batch: n_batch and
+    n_ubatch >= prompt length on the llama.cpp side);
+  * decode: tokens/s of greedy generation, one token per step, right after that prefill;
+  * peak RSS of the process doing the work (llama.cpp runs in a child process of this script so
+    its figure is not mixed with riskkv's; both are taken from wait4's rusage, so llama.cpp's
+    includes the Python interpreter and NumPy, some 30 MiB).
+llama.cpp gets one untimed warm-up prefill + decode step first; riskkv-bench should do likewise.
+Timings on a shared machine are noisy: look at all_* values in the JSON before trusting a ratio.
+
+riskkv-bench contract:
+  riskkv-bench --model M --prompt-tokens N --decode-tokens M --threads T --repetitions R --json
+      prints one JSON object on stdout: {"prefill_seconds": median, "prefill_tokens_per_second": ..,
+      "decode_tokens_per_second": .., "peak_rss_bytes": ..}
+  If `riskkv-bench --helpfull` (or --help) lists --tokens-file, the prompt's token ids are passed as a JSON list
+  so both engines see identical tokens; otherwise the output says riskkv chose its own.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")
+
+
+def log(msg: str) -> None:
+    print(f"[compare_llamacpp] {msg}", file=sys.stderr)
+
+
+def die(msg: str) -> None:
+    log(f"error: {msg}")
+    sys.exit(2)
+
+
+def run_measured(cmd: list[str]) -> tuple[str, int]:
+    """Runs cmd; returns its stdout and its peak RSS in bytes. Exits on failure."""
+    log("running " + " ".join(cmd))
+    with tempfile.TemporaryFile(mode="w+") as out, tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode != 0:
+        sys.stderr.write(stdout[-4000:] + stderr[-4000:])
+        die(f"{cmd[0]} failed with exit status {proc.returncode}")
+    return stdout, usage.ru_maxrss * 1024  # Linux reports KiB
+
+
+def parse_json_stdout(stdout: str) -> dict:
+    """The JSON object a tool printed, tolerating log lines around it."""
+    try:
+        return json.loads(stdout)
+    except json.JSONDecodeError:
+        for line in reversed(stdout.splitlines()):
+            if line.strip().startswith("{"):
+                return json.loads(line)
+    die(f"no JSON object in output:\n{stdout[-2000:]}")
+
+
+def supports_flag(binary: Path, flag: str) -> bool:
+    """Whether the binary's help lists `flag`.
+
+    absl's --help only lists flags defined in a file named like the program, so --helpfull is
+    asked first; absl also prints names with underscores even where dashes are accepted.
+    """
+    for probe in ("--helpfull", "--help"):
+        r = subprocess.run([str(binary), probe], capture_output=True, text=True)
+        text = r.stdout + r.stderr
+        if flag in text or flag.replace("-", "_") in text:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp side (runs in a child process: `compare_llamacpp.py --llamacpp-worker ...`)
+
+
+def llamacpp_worker(model: str, tokens: list[int], decode_tokens: int, threads: int, reps: int) -> dict:
+    import llama_cpp
+    import numpy as np
+
+    n = len(tokens)
+    lm = llama_cpp.Llama(model, n_ctx=n + decode_tokens + 8, n_batch=max(512, n), n_ubatch=max(512, n),
+                         n_threads=threads, n_threads_batch=threads, verbose=False)
+    n_vocab = lm.n_vocab()
+
+    def next_token() -> int:
+        logits = llama_cpp.llama_get_logits_ith(lm.ctx, -1)
+        return int(np.ctypeslib.as_array(logits, shape=(n_vocab,)).argmax())
+
+    def fresh_cache() -> None:
+        lm.reset()
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(lm.ctx), True)
+
+    # One untimed prompt + decode step first, as llama-bench does: the first run pays for paging
+    # the mmapped weights in and for sizing compute buffers, which is not what we compare.
+    fresh_cache()
+    lm.eval(tokens)
+    lm.eval([next_token()])
+
+    prefill, decode = [], []
+    for _ in range(reps):
+        fresh_cache()
+        t0 = time.perf_counter()
+        lm.eval(tokens)
+        prefill.append(time.perf_counter() - t0)
+        tok = next_token()
+        t0 = time.perf_counter()
+        for _ in range(decode_tokens):
+            lm.eval([tok])
+            tok = next_token()
+        decode.append(decode_tokens / (time.perf_counter() - t0))
+    med = statistics.median(prefill)
+    return {"prefill_seconds": med, "prefill_tokens_per_second": n / med,
+            "decode_tokens_per_second": statistics.median(decode),
+            "all_prefill_seconds": prefill, "all_decode_tokens_per_second": decode,
+            "llama_cpp_version": getattr(llama_cpp, "__version__", "?")}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def prompt_tokens(model: Path, text_file: Path, n: int) -> list[int]:
+    from llama_cpp import Llama
+
+    vocab = Llama(str(model), vocab_only=True, verbose=False)
+    text = text_file.read_text(encoding="utf-8")
+    tokens = list(vocab.tokenize(text.encode(), add_bos=False, special=False))
+    if len(tokens) < n:
+        die(f"{text_file} has only {len(tokens)} tokens, {n} requested")
+    return tokens[:n]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True, help="GGUF model both engines load")
+    ap.add_argument("--riskkv-bench", type=Path, help="path to the riskkv-bench binary (required)")
+    ap.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (default 512)")
+    ap.add_argument("--decode-tokens", type=int, default=128, help="greedy decode steps (default 128)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
+    ap.add_argument("--repetitions", type=int, default=3, help="runs per side; medians reported (default 3)")
+    ap.add_argument("--text-file", type=Path, default=DEFAULT_TEXT,
+                    help=f"English text the prompt is taken from (default {DEFAULT_TEXT})")
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument("--llamacpp-worker", type=Path, help=argparse.SUPPRESS)  # internal: tokens JSON
+    args = ap.parse_args()
+
+    if args.llamacpp_worker:
+        tokens = json.loads(args.llamacpp_worker.read_text())
+        print(json.dumps(llamacpp_worker(str(args.model), tokens, args.decode_tokens, args.threads,
+                                         args.repetitions)))
+        return 0
+
+    if not args.model.is_file():
+        die(f"model {args.model} not found")
+    if args.riskkv_bench is None or not args.riskkv_bench.is_file():
+        die(f"riskkv-bench binary {args.riskkv_bench} not found (build it first)")
+    tokens = prompt_tokens(args.model, args.text_file, args.prompt_tokens)
+
+    with tempfile.TemporaryDirectory(prefix="compare_llamacpp_") as tmp:
+        tok_file = Path(tmp) / "tokens.json"
+        tok_file.write_text(json.dumps(tokens))
+        common = ["--model", str(args.model), "--decode-tokens", str(args.decode_tokens),
+                  "--threads", str(args.threads), "--repetitions", str(args.repetitions)]
+
+        stdout, ref_rss = run_measured([sys.executable, str(Path(__file__).resolve()),
+                                        "--llamacpp-worker", str(tok_file), *common])
+        ref = parse_json_stdout(stdout)
+        ref["peak_rss_bytes"] = ref_rss
+
+        same_tokens = supports_flag(args.riskkv_bench, "tokens-file")
+        cmd = [str(args.riskkv_bench), *common, "--prompt-tokens", str(args.prompt_tokens), "--json"]
+        if same_tokens:
+            cmd += ["--tokens-file", str(tok_file)]
+        else:
+            log("riskkv-bench has no --tokens-file: it uses its own prompt tokens")
+        stdout, ours_rss = run_measured(cmd)
+        ours = parse_json_stdout(stdout)
+        ours["peak_rss_bytes_self_reported"] = ours.get("peak_rss_bytes")
+        ours["peak_rss_bytes"] = ours_rss
+
+    metrics = [("prefill_seconds", "prefill seconds", "{:.4f}"),
+               ("prefill_tokens_per_second", "prefill tokens/s", "{:.1f}"),
+               ("decode_tokens_per_second", "decode tokens/s", "{:.2f}"),
+               ("peak_rss_bytes", "peak RSS MiB", None)]
+    def cell(value, fmt) -> str:
+        if value is None:
+            return "-"
+        return f"{value / 2**20:.1f}" if fmt is None else fmt.format(value)
+
+    ratios = {}
+    print(f"{args.model.name}: prompt {args.prompt_tokens} tokens, decode {args.decode_tokens}, "
+          f"{args.threads} threads, median of {args.repetitions}"
+          + ("" if same_tokens else " (riskkv used its own prompt tokens)"))
+    print(f"{'':20s} {'llama.cpp':>12s} {'riskkv':>12s} {'riskkv/llama.cpp':>18s}")
+    for key, label, fmt in metrics:
+        a, b = ref.get(key), ours.get(key)
+        ratios[key] = b / a if a and b is not None else None
+        print(f"{label:20s} {cell(a, fmt):>12s} {cell(b, fmt):>12s} {cell(ratios[key], '{:.3f}'):>18s}")
+    result = {"model": str(args.model.resolve()), "prompt_tokens": args.prompt_tokens,
+              "decode_tokens": args.decode_tokens, "threads": args.threads,
+              "repetitions": args.repetitions, "same_prompt_tokens": same_tokens,
+              "llamacpp": ref, "riskkv": ours, "ratio_riskkv_over_llamacpp": ratios}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

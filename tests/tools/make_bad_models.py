@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Writes deliberately broken models next to the tiny ones, for the loader's error tests.
+
+Each is tiny_llama.gguf (or tiny_llama_hf/) with exactly one defect:
+  bad_missing_tensor.gguf  blk.1.ffn_up.weight left out
+  bad_unknown_arch.gguf    general.architecture = "mamba"
+  bad_tensor_type.gguf     blk.0.attn_q.weight stored as Q5_0, a type riskkv does not read
+  bad_shape.gguf           blk.0.attn_k.weight with one row too few
+  bad_config_hf/           config.json without num_hidden_layers
+"""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+
+def copy_with(src: Path, dst: Path, arch=None, drop=(), retype=None, reshape=None):
+    """Rewrites src into dst: same metadata and tensors except the requested defect."""
+    reader = GGUFReader(src)
+    real_arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(dst, arch or real_arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
+        if arch and key.startswith(real_arch + "."):
+            key = arch + key[len(real_arch):]
+        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    for t in reader.tensors:
+        if t.name in drop:
+            continue
+        # Rows first (PyTorch order), float values.
+        shape = tuple(int(d) for d in reversed(t.shape))
+        values = dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+        if reshape and t.name in reshape:
+            values = values[: reshape[t.name]]
+        qtype = retype.get(t.name) if retype else None
+        if qtype is None:
+            qtype = t.tensor_type
+        if qtype == GGMLQuantizationType.F32:
+            writer.add_tensor(t.name, values)
+        else:
+            data = quantize(values, qtype)
+            writer.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main():
+    out = Path(sys.argv[1])
+    src = out / "tiny_llama.gguf"
+    copy_with(src, out / "bad_missing_tensor.gguf", drop={"blk.1.ffn_up.weight"})
+    copy_with(src, out / "bad_unknown_arch.gguf", arch="mamba")
+    copy_with(src, out / "bad_tensor_type.gguf", retype={"blk.0.attn_q.weight": GGMLQuantizationType.Q5_0})
+    k_rows = next(t for t in GGUFReader(src).tensors if t.name == "blk.0.attn_k.weight").shape[-1]
+    copy_with(src, out / "bad_shape.gguf", reshape={"blk.0.attn_k.weight": int(k_rows) - 1})
+    hf = out / "bad_config_hf"
+    shutil.rmtree(hf, ignore_errors=True)
+    shutil.copytree(out / "tiny_llama_hf", hf)
+    config = json.loads((hf / "config.json").read_text())
+    del config["num_hidden_layers"]
+    (hf / "config.json").write_text(json.dumps(config, indent=2))
+    print(f"bad models written to {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
