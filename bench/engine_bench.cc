@@ -23,6 +23,8 @@ ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "text whos
 ABSL_FLAG(int, prompt_tokens, 512, "history length to prefill");
 ABSL_FLAG(int, decode_tokens, 128, "greedy decode steps after the prefill");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(std::string, activations, "int8",
+          "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
 ABSL_FLAG(int, repetitions, 3, "runs; medians are reported");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
 ABSL_FLAG(bool, json, true, "print the JSON result on stdout");
@@ -57,6 +59,9 @@ int main(int argc, char** argv) {
 
   riskkv::ModelOptions options;
   options.threads = absl::GetFlag(FLAGS_threads);
+  auto act = riskkv::ParseActivations(absl::GetFlag(FLAGS_activations));
+  if (!act.ok()) return Fail(act.status().ToString());
+  options.activations = *act;
   auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
   if (!model.ok()) return Fail(model.status().ToString());
 

@@ -19,6 +19,9 @@ namespace riskkv {
 
 struct ModelOptions {
   int threads = 0;  // CPU threads for the backend; <= 0 uses every hardware thread
+  // kInt8 (llama.cpp's arithmetic, faster) or kF32 (exact: the oracle the golden tests and
+  // other backends are checked against). Only quantized weights are affected.
+  ActivationPrecision activations = ActivationPrecision::kInt8;
 };
 
 // Receives, for one layer, the normalised attention input (the output of the layer's input

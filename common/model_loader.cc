@@ -151,7 +151,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
     return absl::InvalidArgumentError(absl::StrCat(path, ": tokenizer has ", model->tokenizer_->vocab_size(),
                                                    " tokens but the model only ", c.vocab));
   }
-  model->backend_ = MakeCpuBackend(options.threads);
+  model->backend_ = MakeCpuBackend(options.threads, options.activations);
   return model;
 }
 

@@ -41,11 +41,18 @@ struct RopeParams {
   RopeLayout layout = RopeLayout::kHalf;
 };
 
+// How activations meet quantized (Q4_0, Q4_1, Q8_0) weights in MatMul. kF32 multiplies f32
+// activations by the dequantized weights: the exact oracle. kInt8 quantizes each activation row
+// to 8 bits in blocks of 32 and uses integer dot products inside blocks, as llama.cpp does: faster,
+// and it reproduces llama.cpp's numbers. Float weights (F32, F16, BF16) always use f32.
+enum class ActivationPrecision : uint8_t { kF32, kInt8 };
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
   virtual int threads() const = 0;
+  virtual ActivationPrecision activation_precision() const = 0;
 
   // y[n, w.rows] = x[n, w.cols] * w^T (+ bias[w.rows] when bias != nullptr).
   virtual void MatMul(const float* x, int64_t n, const WeightMatrix& w, const float* bias,
@@ -70,6 +77,7 @@ class Backend {
 };
 
 // The multi-threaded Eigen CPU backend. threads <= 0 means all hardware threads.
-std::unique_ptr<Backend> MakeCpuBackend(int threads);
+std::unique_ptr<Backend> MakeCpuBackend(int threads,
+                                        ActivationPrecision precision = ActivationPrecision::kF32);
 
 }  // namespace riskkv

@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
 namespace riskkv {
 
 // Rewrites dashes inside flag names to underscores ("--a-b=c-d" -> "--a_b=c-d"), leaving values
@@ -24,6 +27,13 @@ inline std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<
   std::vector<char*> out;
   for (auto& s : *store) out.push_back(s.data());
   return out;
+}
+
+// "int8" or "f32" (the --activations flag).
+inline absl::StatusOr<ActivationPrecision> ParseActivations(const std::string& s) {
+  if (s == "int8") return ActivationPrecision::kInt8;
+  if (s == "f32") return ActivationPrecision::kF32;
+  return absl::InvalidArgumentError("--activations must be int8 or f32, got '" + s + "'");
 }
 
 }  // namespace riskkv

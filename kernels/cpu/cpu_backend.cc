@@ -32,15 +32,20 @@ constexpr int64_t kQueryBlock = 128;
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads)
-      : pool_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+  CpuBackend(int threads, ActivationPrecision precision)
+      : precision_(precision),
+        pool_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
   std::string_view name() const override { return "cpu"; }
   int threads() const override { return pool_.threads(); }
+  ActivationPrecision activation_precision() const override { return precision_; }
 
   void MatMul(const float* x, int64_t n, const WeightMatrix& w, const float* bias,
               float* y) override {
-    if (n <= kMaxFusedBatch) {
+    if (precision_ == ActivationPrecision::kInt8 &&
+        (w.dtype == DType::kQ4_0 || w.dtype == DType::kQ4_1 || w.dtype == DType::kQ8_0)) {
+      MatMulQ8(x, n, w, y);
+    } else if (n <= kMaxFusedBatch) {
       MatMulFused(x, n, w, y);
     } else {
       MatMulTiled(x, n, w, y);
@@ -191,6 +196,30 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // 8-bit activations: quantize every row of x once, then integer block dots. Rows of w are
+  // claimed in chunks and tokens visited in blocks so both stay in cache.
+  void MatMulQ8(const float* x, int64_t n, const WeightMatrix& w, float* y) {
+    const int64_t blocks = w.cols / 32;
+    thread_local std::vector<cpu::Q8Block> xq;
+    xq.resize(n * blocks);
+    cpu::Q8Block* xq_data = xq.data();
+    pool_.ParallelFor(n, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) cpu::QuantizeQ8(x + i * w.cols, w.cols, xq_data + i * blocks);
+    });
+    constexpr int64_t kTokenBlock = 64;
+    pool_.ParallelFor(w.rows, n <= kMaxFusedBatch ? kFusedGrain : 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
+        const int64_t t1 = std::min(n, t0 + kTokenBlock);
+        for (int64_t r = begin; r < end; ++r) {
+          const uint8_t* row = w.row(r);
+          for (int64_t i = t0; i < t1; ++i) {
+            y[i * w.rows + r] = cpu::DotRowQ8(w.dtype, row, xq_data + i * blocks, w.cols);
+          }
+        }
+      }
+    });
+  }
+
   void MatMulTiled(const float* x, int64_t n, const WeightMatrix& w, float* y) {
     const int64_t n_tiles = (w.rows + kTileRows - 1) / kTileRows;
     ConstMap xm(x, n, w.cols, Eigen::OuterStride<>(w.cols));
@@ -209,11 +238,14 @@ class CpuBackend final : public Backend {
     });
   }
 
+  ActivationPrecision precision_;
   cpu::ThreadPool pool_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> MakeCpuBackend(int threads, ActivationPrecision precision) {
+  return std::make_unique<CpuBackend>(threads, precision);
+}
 
 }  // namespace riskkv

@@ -4,6 +4,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace riskkv::cpu {
@@ -116,7 +118,85 @@ float DotF32(const float* row, const float* x, int64_t n) {
   return s;
 }
 
+inline __m256i Nibbles(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(raw, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+  return _mm256_set_m128i(hi, lo);  // elements 0..15 then 16..31
+}
+
+// Sum of u[j] * s[j] over 32 bytes (u unsigned, s signed) as 8 int32 lanes, as floats.
+inline __m256 DotU8S8(__m256i u, __m256i s) {
+  const __m256i p16 = _mm256_maddubs_epi16(u, s);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+// Signed x signed: move the sign of a onto b so the first operand is unsigned.
+inline __m256 DotS8S8(__m256i a, __m256i b) {
+  return DotU8S8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+float DotQ4_1Q8(const uint8_t* row, const Q8Block* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  float offset = 0.0f;
+  for (int64_t b = 0; b < n / 32; ++b, row += 20, ++x) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(row) * x->d), DotU8S8(Nibbles(row + 4), q), acc);
+    offset += Half(row + 2) * x->s;
+  }
+  return HorizontalSum(acc) + offset;
+}
+
+float DotQ4_0Q8(const uint8_t* row, const Q8Block* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i eight = _mm256_set1_epi8(8);
+  for (int64_t b = 0; b < n / 32; ++b, row += 18, ++x) {
+    const __m256i w = _mm256_sub_epi8(Nibbles(row + 2), eight);
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(row) * x->d), DotS8S8(w, q), acc);
+  }
+  return HorizontalSum(acc);
+}
+
+float DotQ8_0Q8(const uint8_t* row, const Q8Block* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b, row += 34, ++x) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(row) * x->d), DotS8S8(w, q), acc);
+  }
+  return HorizontalSum(acc);
+}
+
 }  // namespace
+
+void QuantizeQ8(const float* x, int64_t n, Q8Block* out) {
+  for (int64_t b = 0; b < n / 32; ++b, x += 32, ++out) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int q = static_cast<int>(std::nearbyint(x[j] * id));
+      out->q[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out->d = F16ToF32(F32ToF16(d));
+    out->s = F16ToF32(F32ToF16(d * static_cast<float>(sum)));
+  }
+}
+
+float DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t n) {
+  const auto* r = static_cast<const uint8_t*>(row);
+  switch (t) {
+    case DType::kQ4_1: return DotQ4_1Q8(r, xq, n);
+    case DType::kQ4_0: return DotQ4_0Q8(r, xq, n);
+    case DType::kQ8_0: return DotQ8_0Q8(r, xq, n);
+    default: return 0.0f;  // float weights never take the 8-bit path
+  }
+}
 
 void BlockSums(const float* x, int64_t n, float* sums) {
   for (int64_t b = 0; b < n / 32; ++b, x += 32) {

@@ -15,4 +15,20 @@ void BlockSums(const float* x, int64_t n, float* sums);
 // block_sums must come from BlockSums(x, n) when t is kQ4_1 and may be null otherwise.
 float DotRow(DType t, const void* row, const float* x, const float* block_sums, int64_t n);
 
+// Activations quantized to 8 bits in blocks of 32, as ggml's Q8_0 / Q8_1 (the layout llama.cpp
+// multiplies its Q4/Q8 weights with): x ~= d * q, and s = d * sum(q) for the Q4_1 offset term.
+struct Q8Block {
+  float d;
+  float s;
+  int8_t q[32];
+};
+
+// Quantizes n values (n % 32 == 0) with round-to-nearest-even; d and s are rounded through f16
+// like ggml's so integer dot products match llama.cpp's.
+void QuantizeQ8(const float* x, int64_t n, Q8Block* out);
+
+// dot(row, dequantized xq) for a Q4_0, Q4_1 or Q8_0 row of n values, with integer arithmetic
+// inside each block.
+float DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t n);
+
 }  // namespace riskkv::cpu

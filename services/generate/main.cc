@@ -21,6 +21,8 @@ ABSL_FLAG(int, top_k, 0, "sample from the k most likely tokens (0: all)");
 ABSL_FLAG(float, top_p, 1.0f, "nucleus sampling mass in (0, 1]");
 ABSL_FLAG(uint64_t, seed, 0, "sampling RNG seed");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(std::string, activations, "int8",
+          "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
 
 namespace {
@@ -75,6 +77,9 @@ int main(int argc, char** argv) {
   const auto t_load = Clock::now();
   riskkv::ModelOptions options;
   options.threads = absl::GetFlag(FLAGS_threads);
+  auto act = riskkv::ParseActivations(absl::GetFlag(FLAGS_activations));
+  if (!act.ok()) return Fail(act.status());
+  options.activations = *act;
   auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
   if (!model.ok()) return Fail(model.status());
   const riskkv::ModelConfig& cfg = (*model)->config();

@@ -18,6 +18,8 @@ ABSL_FLAG(std::string, tokens_file, "", "JSON list of token ids to score");
 ABSL_FLAG(std::string, text_file, "", "UTF-8 text to tokenize (no BOS) and score");
 ABSL_FLAG(int, max_tokens, 0, "score at most this many tokens (0: all)");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(std::string, activations, "int8",
+          "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
 ABSL_FLAG(std::string, out, "", "output JSON path (stdout when empty)");
 
 namespace {
@@ -46,6 +48,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   riskkv::ModelOptions options;
   options.threads = absl::GetFlag(FLAGS_threads);
+  auto act = riskkv::ParseActivations(absl::GetFlag(FLAGS_activations));
+  if (!act.ok()) return Fail(act.status().ToString());
+  options.activations = *act;
   auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
   if (!model.ok()) return Fail(model.status().ToString());
 

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 fs::path Tiny(const std::string& name) { return testing::TestdataDir() / name; }
 
 std::unique_ptr<Model> LoadOrDie(const fs::path& path) {
-  auto m = Model::Load(path.string(), {.threads = 2});
+  auto m = Model::Load(path.string(), {.threads = 2, .activations = ActivationPrecision::kF32});
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? std::move(*m) : nullptr;
 }

@@ -75,6 +75,74 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values<int64_t>(1, 67, 130),   // partial tiles
                        ::testing::Values<int64_t>(64, 96)));
 
+// The 8-bit activation path against an integer reference written from ggml's definitions:
+// x quantized per block of 32 with d = amax / 127 (through f16), q = round-half-even(x / d);
+// Q4_1 adds m * f16(d * sum(q)) with d before its f16 rounding.
+class MatMulInt8Test : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
+
+TEST_P(MatMulInt8Test, MatchesIntegerReference) {
+  const auto [dtype, n] = GetParam();
+  const int64_t rows = 75, cols = 128;
+  const QuantizedMatrix w = MakeMatrix(dtype, rows, cols, 21);
+  const auto x = RandomVector(n * cols, 22);
+  std::vector<float> ref(n * rows), exact(n * rows);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0, sum_exact = 0;
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        const float* xb = x.data() + i * cols + b * 32;
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+        const double dx = F16ToF32(F32ToF16(amax / 127.0f));
+        long qsum = 0;
+        double dot = 0;  // sum of dequantized-weight * integer activation
+        for (int j = 0; j < 32; ++j) {
+          const long q = std::lrint(xb[j] * (127.0f / amax));
+          qsum += q;
+          dot += static_cast<double>(w.dequantized[r * cols + b * 32 + j]) * q;
+          sum_exact += static_cast<double>(w.dequantized[r * cols + b * 32 + j]) * xb[j];
+        }
+        if (dtype == DType::kQ4_1) {
+          // d * sum(qw * qx) from the raw nibbles, plus m times the f16-rounded block sum.
+          const uint8_t* blk = w.bytes.data() + r * RowBytes(dtype, cols) + b * 20;
+          const double d = F16ToF32(static_cast<uint16_t>(blk[0] | blk[1] << 8));
+          const double m = F16ToF32(static_cast<uint16_t>(blk[2] | blk[3] << 8));
+          long isum = 0;
+          for (int j = 0; j < 16; ++j) {
+            isum += static_cast<long>(blk[4 + j] & 0x0f) * std::lrint(xb[j] * (127.0f / amax));
+            isum += static_cast<long>(blk[4 + j] >> 4) * std::lrint(xb[j + 16] * (127.0f / amax));
+          }
+          sum += d * dx * isum + m * F16ToF32(F32ToF16(amax / 127.0f * static_cast<float>(qsum)));
+        } else {
+          sum += dot * dx;
+        }
+      }
+      ref[i * rows + r] = static_cast<float>(sum);
+      exact[i * rows + r] = static_cast<float>(sum_exact);
+    }
+  }
+  auto be = MakeCpuBackend(2, ActivationPrecision::kInt8);
+  EXPECT_EQ(be->activation_precision(), ActivationPrecision::kInt8);
+  std::vector<float> y(n * rows);
+  be->MatMul(x.data(), n, w.view, nullptr, y.data());
+  EXPECT_LT(Nmse(y.data(), ref.data(), y.size()), 1e-9) << DTypeName(dtype) << " n=" << n;
+  // And within activation-rounding distance of the exact product.
+  EXPECT_LT(Nmse(y.data(), exact.data(), y.size()), 1e-3) << DTypeName(dtype) << " n=" << n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MatMulInt8Test,
+                         ::testing::Combine(::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_1),
+                                            ::testing::Values<int64_t>(1, 4, 70)));
+
+TEST(BackendOps, Int8LeavesFloatWeightsExact) {
+  const QuantizedMatrix w = MakeMatrix(DType::kF16, 33, 64, 31);
+  const auto x = RandomVector(3 * 64, 32);
+  std::vector<float> a(3 * 33), b(3 * 33);
+  MakeCpuBackend(1, ActivationPrecision::kInt8)->MatMul(x.data(), 3, w.view, nullptr, a.data());
+  MakeCpuBackend(1, ActivationPrecision::kF32)->MatMul(x.data(), 3, w.view, nullptr, b.data());
+  EXPECT_EQ(a, b);
+}
+
 TEST(BackendOps, RmsNorm) {
   const int64_t n = 7, d = 96;
   const auto x = RandomVector(n * d, 1, 3.0f);
