@@ -90,6 +90,15 @@ int main(int argc, char** argv) {
 
   const riskkv::DType dtype = kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32;
   std::vector<double> prefill_s, decode_s;
+  // One untimed warm-up (page-in of the mapped weights, thread start-up, allocator growth), as
+  // llama-bench and bench/compare_llamacpp.py do for llama.cpp.
+  {
+    auto cache = (*model)->NewKvCache(n_prompt + 2, dtype);
+    if (!cache.ok()) return Fail(cache.status().ToString());
+    auto logits = (*model)->Prefill(tokens, **cache);
+    if (!logits.ok()) return Fail(logits.status().ToString());
+    if (!(*model)->Decode(riskkv::Argmax(*logits), **cache).ok()) return Fail("warm-up decode failed");
+  }
   for (int r = 0; r < reps; ++r) {
     auto cache = (*model)->NewKvCache(n_prompt + n_decode + 1, dtype);
     if (!cache.ok()) return Fail(cache.status().ToString());

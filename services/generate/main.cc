@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/model.h"
+#include "kernels/accelerator.h"
 #include "services/cli_args.h"
 #include "common/sampler.h"
 #include "spdlog/spdlog.h"
@@ -83,6 +84,11 @@ int main(int argc, char** argv) {
   auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
   if (!model.ok()) return Fail(model.status());
   const riskkv::ModelConfig& cfg = (*model)->config();
+  if (const riskkv::AcceleratorProbe gpu = riskkv::ProbeCuda(); !gpu.devices.empty()) {
+    spdlog::info("GPU present ({}); this engine runs on the CPU backend", gpu.devices[0].name);
+  } else {
+    spdlog::info("no GPU: {}", gpu.reason);
+  }
   spdlog::info("loaded {} ({}, {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {:.1f} MB of weights) in {:.2f} s, {} backend with {} threads",
                cfg.name, riskkv::ArchitectureName(cfg.arch), cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads,
                cfg.vocab, (*model)->weight_bytes() / 1e6, Seconds(t_load, Clock::now()),

@@ -1,0 +1,75 @@
+// dlopen-based discovery of the CUDA module and its devices.
+#include "kernels/accelerator.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "kernels/cuda/module_abi.h"
+
+namespace riskkv {
+namespace {
+
+constexpr const char* kModuleName = "libriskkv_cuda.so";
+
+std::filesystem::path ExecutableDir() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path() : exe.parent_path();
+}
+
+}  // namespace
+
+AcceleratorProbe ProbeCudaModule(const std::string& path) {
+  AcceleratorProbe probe;
+  // RTLD_LOCAL keeps the module's CUDA symbols out of the global namespace.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* err = dlerror();
+    probe.reason = std::string("CUDA module not loadable: ") + (err ? err : path);
+    return probe;
+  }
+  auto abi = reinterpret_cast<RiskkvCudaAbiVersionFn>(dlsym(handle, "riskkv_cuda_abi_version"));
+  auto query = reinterpret_cast<RiskkvCudaQueryDevicesFn>(dlsym(handle, "riskkv_cuda_query_devices"));
+  if (abi == nullptr || query == nullptr || abi() != RISKKV_CUDA_ABI_VERSION) {
+    probe.reason = "CUDA module " + path + " has a different ABI version";
+    return probe;  // the handle stays open: unloading CUDA runtimes is not reliably safe
+  }
+  probe.module_loaded = true;
+  probe.module_path = path;
+  RiskkvCudaDevice devices[16] = {};
+  char error[512] = {};
+  const int count = query(devices, 16, error, sizeof(error));
+  if (count < 0) {
+    probe.reason = error;
+  } else if (count == 0) {
+    probe.reason = "no CUDA device";
+  }
+  for (int i = 0; i < count && i < 16; ++i) {
+    probe.devices.push_back({devices[i].name, devices[i].total_memory_bytes, devices[i].compute_major,
+                             devices[i].compute_minor, devices[i].multiprocessors});
+  }
+  return probe;
+}
+
+AcceleratorProbe ProbeCuda() {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("RISKKV_CUDA_MODULE")) candidates.push_back(env);
+  const auto dir = ExecutableDir();
+  if (!dir.empty()) {
+    candidates.push_back((dir / kModuleName).string());
+    candidates.push_back((dir / ".." / "kernels" / "cuda" / kModuleName).string());
+    candidates.push_back((dir / ".." / ".." / "kernels" / "cuda" / kModuleName).string());
+  }
+  for (const auto& c : candidates) {
+    std::error_code ec;
+    if (std::filesystem::exists(c, ec)) return ProbeCudaModule(c);
+  }
+  AcceleratorProbe probe = ProbeCudaModule(kModuleName);  // LD_LIBRARY_PATH / system paths
+  if (!probe.module_loaded) probe.reason = "CUDA module libriskkv_cuda.so not found (CPU-only build or not installed)";
+  return probe;
+}
+
+}  // namespace riskkv
