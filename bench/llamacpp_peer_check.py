@@ -339,13 +339,16 @@ def main() -> int:
         v, c = modes[m]["verdict"], modes[m]
         ck = v["checks"]
         print(f"riskkv {m}:")
-        print(f"  (a) decisive agreement {pct(c['decisive_argmax_agreement_pct'])} >= "
-              f"{MIN_ARGMAX_AGREEMENT_PCT} %                  {'ok' if ck['decisive_agreement'] else 'FAIL'}")
-        print(f"  (b) raw agreement {c['argmax_agreement_pct']:.2f} % >= self-baseline "
-              f"{self_baseline:.2f} % - {MAX_BELOW_SELF_BASELINE_PP} pp  "
-              f"{'ok' if ck['raw_vs_self_baseline'] else 'FAIL'}")
-        print(f"  (c) |mean NLL diff| {abs(c['mean_nll_rel_diff_pct']):.3f} % <= {MAX_MEAN_NLL_DIFF_PCT} %"
-              f"                    {'ok' if ck['mean_nll'] else 'FAIL'}")
+        lines = [
+            ("(a)", f"decisive agreement {pct(c['decisive_argmax_agreement_pct'])} >= {MIN_ARGMAX_AGREEMENT_PCT} %",
+             ck["decisive_agreement"]),
+            ("(b)", f"raw agreement {c['argmax_agreement_pct']:.2f} % >= self-baseline {self_baseline:.2f} % "
+                    f"- {MAX_BELOW_SELF_BASELINE_PP} pp", ck["raw_vs_self_baseline"]),
+            ("(c)", f"|mean NLL diff| {abs(c['mean_nll_rel_diff_pct']):.3f} % <= {MAX_MEAN_NLL_DIFF_PCT} %",
+             ck["mean_nll"]),
+        ]
+        for tag, text, ok in lines:
+            print(f"  {tag} {text.ljust(60)} {'ok' if ok else 'FAIL'}")
         print(f"  literal criterion (raw >= {MIN_ARGMAX_AGREEMENT_PCT} %, {lit_note}: self-baseline "
               f"{self_baseline:.2f} %): {'met' if v['literal_raw_agreement_ge_98'] else 'not met'} "
               f"({c['argmax_agreement_pct']:.2f} %)")

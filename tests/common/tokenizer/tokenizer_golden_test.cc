@@ -58,6 +58,7 @@ std::string CaseName(const Case& c) {
                                        "ModelGguf",  "TinyModelGguf", "TinyModelHfJson"};
   return std::string(c.tokenizer) + "_" + kSourceNames[static_cast<int>(c.source)];
 }
+
 // Readable parameters in test listings (ctest shows them).
 void PrintTo(const Case& c, std::ostream* os) { *os << CaseName(c); }
 
