@@ -9,15 +9,15 @@ llama.cpp), the same thread count, and report medians over --repetitions runs:
   * peak RSS of the process doing the work (llama.cpp runs in a child process of this script so
     its figure is not mixed with riskkv's; both are taken from wait4's rusage, so llama.cpp's
     includes the Python interpreter and NumPy, some 30 MiB).
-llama.cpp gets one untimed warm-up prefill + decode step first; riskkv-bench should do likewise.
+Each side gets one untimed warm-up prefill + decode step first.
 Timings on a shared machine are noisy: look at all_* values in the JSON before trusting a ratio.
 
 riskkv-bench contract:
   riskkv-bench --model M --prompt-tokens N --decode-tokens M --threads T --repetitions R --json
       prints one JSON object on stdout: {"prefill_seconds": median, "prefill_tokens_per_second": ..,
       "decode_tokens_per_second": .., "peak_rss_bytes": ..}
-  If `riskkv-bench --helpfull` (or --help) lists --tokens-file, the prompt's token ids are passed as a JSON list
-  so both engines see identical tokens; otherwise the output says riskkv chose its own.
+  The prompt's token ids are passed with --tokens-file (a JSON list) so both engines see identical
+  tokens, and riskkv runs once per --activations mode (int8: llama.cpp's arithmetic; f32: exact).
 """
 
 import argparse
@@ -67,24 +67,6 @@ def parse_json_stdout(stdout: str) -> dict:
             if line.strip().startswith("{"):
                 return json.loads(line)
     die(f"no JSON object in output:\n{stdout[-2000:]}")
-
-
-def supports_flag(binary: Path, flag: str) -> bool:
-    """Whether the binary's help lists `flag`.
-
-    absl's --help only lists flags defined in a file named like the program, so --helpfull is
-    asked first; absl also prints names with underscores even where dashes are accepted.
-    """
-    for probe in ("--helpfull", "--help"):
-        r = subprocess.run([str(binary), probe], capture_output=True, text=True)
-        text = r.stdout + r.stderr
-        if flag in text or flag.replace("-", "_") in text:
-            return True
-    return False
-
-
-# ---------------------------------------------------------------------------------------------
-# llama.cpp side (runs in a child process: `compare_llamacpp.py --llamacpp-worker ...`)
 
 
 def llamacpp_worker(model: str, tokens: list[int], decode_tokens: int, threads: int, reps: int) -> dict:
@@ -143,6 +125,35 @@ def prompt_tokens(model: Path, text_file: Path, n: int) -> list[int]:
     return tokens[:n]
 
 
+def bar_chart(ref: dict, ours: dict, args) -> str:
+    """Grouped bars, prefill and decode tokens/s, each panel on its own scale."""
+    series = [("llama.cpp", ref, "#888888"), ("riskkv int8", ours["int8"], "#1f77b4"),
+              ("riskkv f32", ours["f32"], "#ff7f0e")]
+    panels = [("prefill_tokens_per_second", f"prefill of {args.prompt_tokens} tokens (tokens/s)"),
+              ("decode_tokens_per_second", f"decode, {args.decode_tokens} steps (tokens/s)")]
+    width, height, top, bottom, panel_w = 640, 300, 40, 40, 300
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           'font-family="sans-serif" font-size="12">',
+           f'<text x="10" y="18" font-size="14">{args.model.name}, {args.threads} threads, '
+           f'median of {args.repetitions}</text>']
+    for p, (key, title) in enumerate(panels):
+        x0 = 20 + p * (panel_w + 10)
+        vmax = max(s[1].get(key) or 0 for s in series) or 1
+        out.append(f'<text x="{x0}" y="{top}">{title}</text>')
+        bar_w = (panel_w - 40) / len(series)
+        for i, (name, data, color) in enumerate(series):
+            v = data.get(key) or 0
+            h = (height - top - bottom - 30) * v / vmax
+            x = x0 + 10 + i * bar_w
+            y = height - bottom - h
+            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w - 10:.1f}" height="{h:.1f}" fill="{color}"/>')
+            out.append(f'<text x="{x + (bar_w - 10) / 2:.1f}" y="{y - 4:.1f}" text-anchor="middle">{v:.1f}</text>')
+            out.append(f'<text x="{x + (bar_w - 10) / 2:.1f}" y="{height - bottom + 16}" '
+                       f'text-anchor="middle">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True, help="GGUF model both engines load")
@@ -154,6 +165,7 @@ def main() -> int:
     ap.add_argument("--text-file", type=Path, default=DEFAULT_TEXT,
                     help=f"English text the prompt is taken from (default {DEFAULT_TEXT})")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument("--svg", type=Path, help="write a bar chart of the speeds (SVG) here")
     ap.add_argument("--llamacpp-worker", type=Path, help=argparse.SUPPRESS)  # internal: tokens JSON
     args = ap.parse_args()
 
@@ -180,16 +192,15 @@ def main() -> int:
         ref = parse_json_stdout(stdout)
         ref["peak_rss_bytes"] = ref_rss
 
-        same_tokens = supports_flag(args.riskkv_bench, "tokens-file")
-        cmd = [str(args.riskkv_bench), *common, "--prompt-tokens", str(args.prompt_tokens), "--json"]
-        if same_tokens:
-            cmd += ["--tokens-file", str(tok_file)]
-        else:
-            log("riskkv-bench has no --tokens-file: it uses its own prompt tokens")
-        stdout, ours_rss = run_measured(cmd)
-        ours = parse_json_stdout(stdout)
-        ours["peak_rss_bytes_self_reported"] = ours.get("peak_rss_bytes")
-        ours["peak_rss_bytes"] = ours_rss
+        # riskkv in both activation modes: int8 is llama.cpp's own arithmetic, f32 the exact oracle.
+        ours = {}
+        for mode in ("int8", "f32"):
+            cmd = [str(args.riskkv_bench), *common, "--prompt-tokens", str(args.prompt_tokens),
+                   "--json", "--tokens-file", str(tok_file), "--activations", mode]
+            stdout, rss = run_measured(cmd)
+            ours[mode] = parse_json_stdout(stdout)
+            ours[mode]["peak_rss_bytes_self_reported"] = ours[mode].get("peak_rss_bytes")
+            ours[mode]["peak_rss_bytes"] = rss
 
     metrics = [("prefill_seconds", "prefill seconds", "{:.4f}"),
                ("prefill_tokens_per_second", "prefill tokens/s", "{:.1f}"),
@@ -200,21 +211,30 @@ def main() -> int:
             return "-"
         return f"{value / 2**20:.1f}" if fmt is None else fmt.format(value)
 
-    ratios = {}
+    ratios = {mode: {} for mode in ours}
     print(f"{args.model.name}: prompt {args.prompt_tokens} tokens, decode {args.decode_tokens}, "
-          f"{args.threads} threads, median of {args.repetitions}"
-          + ("" if same_tokens else " (riskkv used its own prompt tokens)"))
-    print(f"{'':20s} {'llama.cpp':>12s} {'riskkv':>12s} {'riskkv/llama.cpp':>18s}")
+          f"{args.threads} threads, median of {args.repetitions}, same prompt tokens on both sides")
+    print(f"{'':20s} {'llama.cpp':>12s} {'riskkv int8':>12s} {'riskkv f32':>12s} "
+          f"{'int8/llama.cpp':>15s} {'f32/llama.cpp':>14s}")
     for key, label, fmt in metrics:
-        a, b = ref.get(key), ours.get(key)
-        ratios[key] = b / a if a and b is not None else None
-        print(f"{label:20s} {cell(a, fmt):>12s} {cell(b, fmt):>12s} {cell(ratios[key], '{:.3f}'):>18s}")
+        a = ref.get(key)
+        row = f"{label:20s} {cell(a, fmt):>12s}"
+        for mode in ours:
+            row += f" {cell(ours[mode].get(key), fmt):>12s}"
+        for mode in ours:
+            b = ours[mode].get(key)
+            ratios[mode][key] = b / a if a and b is not None else None
+        row += f" {cell(ratios['int8'][key], '{:.3f}'):>15s} {cell(ratios['f32'][key], '{:.3f}'):>14s}"
+        print(row)
     result = {"model": str(args.model.resolve()), "prompt_tokens": args.prompt_tokens,
               "decode_tokens": args.decode_tokens, "threads": args.threads,
-              "repetitions": args.repetitions, "same_prompt_tokens": same_tokens,
+              "repetitions": args.repetitions, "command": sys.argv,
               "llamacpp": ref, "riskkv": ours, "ratio_riskkv_over_llamacpp": ratios}
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.svg:
+        args.svg.write_text(bar_chart(ref, ours, args))
+        log(f"chart written to {args.svg}")
     return 0
 
 

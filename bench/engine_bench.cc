@@ -129,6 +129,9 @@ int main(int argc, char** argv) {
       {"decode_seconds", d},
       {"decode_tokens_per_second", n_decode > 0 ? n_decode / d : 0.0},
       {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},
+      {"all_prefill_seconds", prefill_s},
+      {"all_decode_seconds", decode_s},
+      {"activations", absl::GetFlag(FLAGS_activations)},
   };
   std::fprintf(stderr, "prefill %d tokens: %.3f s (%.1f tokens/s); decode: %.1f tokens/s; peak RSS %.1f MiB\n",
                n_prompt, p, n_prompt / p, n_decode > 0 ? n_decode / d : 0.0, usage.ru_maxrss / 1024.0);

@@ -123,21 +123,31 @@ class CpuBackend final : public Backend {
     const int64_t q_stride = n_heads * head_dim;
     const int64_t kv_stride = n_kv_heads * head_dim;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    // Work items: (kv head, query block). All query heads of one KV head share its K/V copy.
+    // Work items: (kv head, query block). All query heads of one KV head share its K/V: read in
+    // place from an f32 cache, converted once per head from an f16 one.
     const int64_t n_blocks = (n + kQueryBlock - 1) / kQueryBlock;
+    const bool f16 = k.dtype == DType::kF16;
     pool_.ParallelFor(n_kv_heads * n_blocks, 1, [&](int64_t item_begin, int64_t item_end) {
-      thread_local RowMatrix kh, vh, scores;
-      kh.resize(n_ctx, head_dim);
-      vh.resize(n_ctx, head_dim);
+      thread_local RowMatrix k16, v16, scores;
+      if (f16) {
+        k16.resize(n_ctx, head_dim);
+        v16.resize(n_ctx, head_dim);
+      }
       int64_t loaded_head = -1;
       for (int64_t item = item_begin; item < item_end; ++item) {
         const int64_t kvh = item / n_blocks;
         const int64_t blk = item % n_blocks;
-        if (kvh != loaded_head) {
-          LoadHead(k, kvh, head_dim, kv_stride, n_ctx, kh.data());
-          LoadHead(v, kvh, head_dim, kv_stride, n_ctx, vh.data());
+        if (f16 && kvh != loaded_head) {
+          LoadHead(k, kvh, head_dim, kv_stride, n_ctx, k16.data());
+          LoadHead(v, kvh, head_dim, kv_stride, n_ctx, v16.data());
           loaded_head = kvh;
         }
+        const ConstMap kh = f16 ? ConstMap(k16.data(), n_ctx, head_dim, Eigen::OuterStride<>(head_dim))
+                                : ConstMap(static_cast<const float*>(k.data) + kvh * head_dim, n_ctx,
+                                           head_dim, Eigen::OuterStride<>(kv_stride));
+        const ConstMap vh = f16 ? ConstMap(v16.data(), n_ctx, head_dim, Eigen::OuterStride<>(head_dim))
+                                : ConstMap(static_cast<const float*>(v.data) + kvh * head_dim, n_ctx,
+                                           head_dim, Eigen::OuterStride<>(kv_stride));
         const int64_t i0 = blk * kQueryBlock;
         const int64_t nb = std::min(kQueryBlock, n - i0);
         const int64_t ctx = q_pos0 + i0 + nb;  // keys visible to the last query of the block
@@ -166,17 +176,12 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // Copies head `h` of a [n_ctx, n_kv_heads, head_dim] cache into dense f32 [n_ctx, head_dim].
+  // Converts head `h` of an f16 [n_ctx, n_kv_heads, head_dim] cache to dense f32 [n_ctx, head_dim].
   static void LoadHead(const KvView& kv, int64_t h, int64_t head_dim, int64_t stride,
                        int64_t n_ctx, float* dst) {
     for (int64_t t = 0; t < n_ctx; ++t) {
-      if (kv.dtype == DType::kF16) {
-        F16ToF32Row(static_cast<const uint16_t*>(kv.data) + t * stride + h * head_dim,
-                    dst + t * head_dim, head_dim);
-      } else {
-        const float* src = static_cast<const float*>(kv.data) + t * stride + h * head_dim;
-        std::copy(src, src + head_dim, dst + t * head_dim);
-      }
+      F16ToF32Row(static_cast<const uint16_t*>(kv.data) + t * stride + h * head_dim,
+                  dst + t * head_dim, head_dim);
     }
   }
 
