@@ -74,12 +74,9 @@ int main(int argc, char** argv) {
   ss << in.rdbuf();
   content = ss.str();
   if (from_ids) {
-    auto j = nlohmann::json::parse(content, nullptr, false);
-    if (!j.is_array()) return Fail("--tokens-file must hold a JSON list of integers");
-    for (const auto& v : j) {
-      if (!v.is_number_integer()) return Fail("--tokens-file must hold a JSON list of integers");
-      tokens.push_back(v.get<int32_t>());
-    }
+    auto ids = riskkv::TokenIdsFromJson(content);
+    if (!ids.ok()) return Fail(ids.status().ToString());
+    tokens = std::move(*ids);
   } else {
     auto ids = (*model)->tokenizer().Encode(content, false, false);
     if (!ids.ok()) return Fail(ids.status().ToString());

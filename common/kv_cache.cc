@@ -19,17 +19,30 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int64_t n_layers, int64
                                                    n_layers, " kv_heads=", n_kv_heads,
                                                    " head_dim=", head_dim, " capacity=", capacity));
   }
+  const int64_t elem = dtype == DType::kF16 ? 2 : 4;
+  // Per-layer bytes, guarded against overflow before multiplying.
+  if (n_kv_heads > (int64_t{1} << 20) || head_dim > (int64_t{1} << 20) ||
+      capacity > (int64_t{1} << 38) / (n_kv_heads * head_dim * elem)) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", capacity, " tokens x ", n_kv_heads,
+                                                     " heads x ", head_dim, " is too large"));
+  }
   auto cache = std::unique_ptr<KvCache>(new KvCache());
   cache->n_layers_ = n_layers;
   cache->n_kv_heads_ = n_kv_heads;
   cache->head_dim_ = head_dim;
   cache->capacity_ = capacity;
   cache->dtype_ = dtype;
-  const int64_t bytes = capacity * cache->token_bytes();
+  const size_t bytes = static_cast<size_t>(capacity * cache->token_bytes());
   for (int64_t l = 0; l < n_layers; ++l) {
-    // Zero-filled so an unwritten row never leaks old memory into a transfer.
-    cache->k_.emplace_back(new uint8_t[bytes]());
-    cache->v_.emplace_back(new uint8_t[bytes]());
+    // calloc: zero-filled so an unwritten row never leaks old memory into a transfer.
+    Buffer k(static_cast<uint8_t*>(std::calloc(bytes, 1)));
+    Buffer v(static_cast<uint8_t*>(std::calloc(bytes, 1)));
+    if (!k || !v) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache of ", capacity, " tokens (",
+                                                       2 * n_layers * bytes / (1 << 20), " MiB)"));
+    }
+    cache->k_.push_back(std::move(k));
+    cache->v_.push_back(std::move(v));
   }
   return cache;
 }

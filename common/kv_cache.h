@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -20,7 +21,8 @@ namespace riskkv {
 
 class KvCache {
  public:
-  // dtype must be kF32 or kF16.
+  // dtype must be kF32 or kF16. Memory is zeroed lazily by the OS (untouched pages cost
+  // nothing); a cache that cannot be allocated is ResourceExhausted.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(int64_t n_layers, int64_t n_kv_heads,
                                                          int64_t head_dim, int64_t capacity,
                                                          DType dtype);
@@ -66,9 +68,14 @@ class KvCache {
   static void ToF32(DType dtype, const uint8_t* src, float* dst, int64_t n);
   static void FromF32(DType dtype, const float* src, uint8_t* dst, int64_t n);
 
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  using Buffer = std::unique_ptr<uint8_t, Free>;
+
   int64_t n_layers_ = 0, n_kv_heads_ = 0, head_dim_ = 0, capacity_ = 0, n_tokens_ = 0;
   DType dtype_ = DType::kF32;
-  std::vector<std::unique_ptr<uint8_t[]>> k_, v_;
+  std::vector<Buffer> k_, v_;
 };
 
 }  // namespace riskkv

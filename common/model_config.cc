@@ -75,6 +75,15 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf) {
   c.rope_base = gguf.GetFloat(absl::StrCat(arch, ".rope.freq_base")).value_or(10000.0);
   c.head_dim = u("attention.key_length").value_or(c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.rope_dim = u("rope.dimension_count").value_or(c.head_dim);
+  // Scaled RoPE (linear, YaRN, Llama 3 frequency factors) changes every rotation; it is refused
+  // rather than silently ignored.
+  if (auto scaling = gguf.GetString(absl::StrCat(arch, ".rope.scaling.type"));
+      scaling.ok() && *scaling != "none") {
+    return absl::UnimplementedError(absl::StrCat(gguf.path(), ": RoPE scaling '", *scaling, "' is not supported"));
+  }
+  if (gguf.FindTensor("rope_freqs.weight") != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(gguf.path(), ": RoPE frequency factors (rope_freqs.weight) are not supported"));
+  }
   if (auto v = u("vocab_size"); v.ok()) {
     c.vocab = *v;
   } else if (auto tokens = gguf.Find("tokenizer.ggml.tokens"); tokens != nullptr) {
@@ -107,8 +116,13 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
     if (!j[key].is_number()) return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" must be a number"));
     return j[key].get<double>();
   };
+  auto string = [&](const char* key) -> absl::StatusOr<std::string> {
+    if (!j.contains(key) || j[key].is_null()) return std::string();
+    if (!j[key].is_string()) return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" must be a string"));
+    return j[key].get<std::string>();
+  };
   ModelConfig c;
-  const std::string model_type = j.value("model_type", std::string());
+  ASSIGN_OR_RETURN(const std::string model_type, string("model_type"));
   if (model_type == "llama") {
     c.arch = Architecture::kLlama;
   } else if (model_type == "qwen2") {
@@ -119,7 +133,8 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
                                                    "' (supported: llama, qwen2)"));
   }
   c.rope_layout = RopeLayout::kHalf;  // HF weights are not permuted
-  c.name = j.value("_name_or_path", std::string(ArchitectureName(c.arch)));
+  ASSIGN_OR_RETURN(c.name, string("_name_or_path"));
+  if (c.name.empty()) c.name = ArchitectureName(c.arch);
   ASSIGN_OR_RETURN(c.n_layers, integer("num_hidden_layers", true, 0));
   ASSIGN_OR_RETURN(c.hidden, integer("hidden_size", true, 0));
   ASSIGN_OR_RETURN(c.ffn, integer("intermediate_size", true, 0));

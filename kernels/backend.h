@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "kernels/dtype.h"
@@ -75,6 +76,10 @@ class Backend {
                          const KvView& v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                          float* out) = 0;
 };
+
+// The CPU kernels need AVX2, FMA and F16C (x86-64-v3). Returns "" when this CPU has them, else
+// the names of the missing features, so callers can refuse with a message instead of SIGILL.
+std::string MissingCpuFeatures();
 
 // The multi-threaded Eigen CPU backend. threads <= 0 means all hardware threads.
 std::unique_ptr<Backend> MakeCpuBackend(int threads,

@@ -3,6 +3,10 @@
 
 #include <immintrin.h>
 
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "riskkv's CPU kernels need AVX2, FMA and F16C: build with -march=x86-64-v3 or newer (RISKKV_NATIVE=OFF selects it)"
+#endif
+
 #include <cmath>
 #include <cstring>
 

@@ -249,6 +249,15 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+std::string MissingCpuFeatures() {
+  std::string missing;
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2")) missing += " avx2";
+  if (!__builtin_cpu_supports("fma")) missing += " fma";
+  // F16C has no __builtin_cpu_supports name in gcc 12; every AVX2 x86 CPU shipped has it.
+  return missing.empty() ? missing : missing.substr(1);
+}
+
 std::unique_ptr<Backend> MakeCpuBackend(int threads, ActivationPrecision precision) {
   return std::make_unique<CpuBackend>(threads, precision);
 }

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -25,7 +26,9 @@ class ThreadPool {
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(begin, end) over [0, n) in chunks of `grain` items (the last may be shorter),
-  // in parallel; returns when every chunk has run. fn must be safe to call concurrently.
+  // in parallel; returns when every chunk has run. fn must be safe to call concurrently. If fn
+  // throws, the remaining chunks still run (or are skipped) before the first exception is
+  // rethrown here, so no worker ever touches the caller's stack after this returns.
   void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
@@ -34,6 +37,8 @@ class ThreadPool {
     int64_t n = 0, grain = 1, chunks = 0;
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> done{0};
+    std::mutex error_mu;
+    std::exception_ptr error;  // first exception thrown by fn, guarded by error_mu
   };
   static void Work(Job& job);
   void WorkerLoop();

@@ -102,7 +102,16 @@ int main(int argc, char** argv) {
   auto ids = tok.Encode(prompt, /*add_special=*/true, /*parse_special=*/absl::GetFlag(FLAGS_chat));
   if (!ids.ok()) return Fail(ids.status());
   if (ids->empty()) return Fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
-  const int n_new = absl::GetFlag(FLAGS_n);
+  int n_new = absl::GetFlag(FLAGS_n);
+  const int64_t room = cfg.context_length - static_cast<int64_t>(ids->size());
+  if (room <= 0) {
+    return Fail(absl::OutOfRangeError("the prompt's " + std::to_string(ids->size()) +
+                                      " tokens fill the model's context of " + std::to_string(cfg.context_length)));
+  }
+  if (n_new > room) {
+    spdlog::info("generating {} tokens instead of {}: the context holds {}", room, n_new, cfg.context_length);
+    n_new = static_cast<int>(room);
+  }
   auto cache = (*model)->NewKvCache(static_cast<int64_t>(ids->size()) + n_new,
                                     kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32);
   if (!cache.ok()) return Fail(cache.status());

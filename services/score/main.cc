@@ -20,6 +20,7 @@ ABSL_FLAG(int, max_tokens, 0, "score at most this many tokens (0: all)");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(std::string, activations, "int8",
           "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
+ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
 ABSL_FLAG(std::string, out, "", "output JSON path (stdout when empty)");
 
 namespace {
@@ -58,12 +59,9 @@ int main(int argc, char** argv) {
   std::string content;
   if (!absl::GetFlag(FLAGS_tokens_file).empty()) {
     if (!ReadFile(absl::GetFlag(FLAGS_tokens_file), &content)) return Fail("cannot read --tokens_file");
-    auto j = nlohmann::json::parse(content, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_array()) return Fail("--tokens_file must hold a JSON list of integers");
-    for (const auto& v : j) {
-      if (!v.is_number_integer()) return Fail("--tokens_file must hold a JSON list of integers");
-      tokens.push_back(v.get<int32_t>());
-    }
+    auto ids = riskkv::TokenIdsFromJson(content);
+    if (!ids.ok()) return Fail(ids.status().ToString());
+    tokens = std::move(*ids);
   } else if (!absl::GetFlag(FLAGS_text_file).empty()) {
     if (!ReadFile(absl::GetFlag(FLAGS_text_file), &content)) return Fail("cannot read --text_file");
     auto ids = (*model)->tokenizer().Encode(content, /*add_special=*/false, /*parse_special=*/false);
@@ -77,7 +75,10 @@ int main(int argc, char** argv) {
   }
   if (tokens.size() < 2) return Fail("need at least 2 tokens to score");
 
-  auto cache = (*model)->NewKvCache(static_cast<int64_t>(tokens.size()));
+  const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
+  if (kv != "f32" && kv != "f16") return Fail("--kv-dtype must be f32 or f16, got '" + kv + "'");
+  auto cache = (*model)->NewKvCache(static_cast<int64_t>(tokens.size()),
+                                    kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32);
   if (!cache.ok()) return Fail(cache.status().ToString());
   const int64_t vocab = (*model)->config().vocab;
   nlohmann::json nll = nlohmann::json::array(), argmax = nlohmann::json::array();

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,21 +17,34 @@ struct Golden {
   nlohmann::json meta;
   std::vector<int32_t> tokens;
 
+  // Missing or unreadable files throw std::runtime_error naming the path: gtest reports the
+  // exception as a failure of the test (or of SetUp, skipping the body), and no caller goes on
+  // to index into an empty or garbage vector.
   static Golden Load(const std::filesystem::path& dir) {
     Golden g;
     g.dir = dir;
-    std::ifstream in(dir / "golden.json");
+    const auto path = dir / "golden.json";
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot open golden file " + path.string());
     g.meta = nlohmann::json::parse(in);
     g.tokens = g.meta["tokens"].get<std::vector<int32_t>>();
     return g;
   }
 
   std::vector<float> Read(const std::string& file) const {
-    std::ifstream in(dir / file, std::ios::binary | std::ios::ate);
-    const auto bytes = static_cast<size_t>(in.tellg());
-    std::vector<float> v(bytes / sizeof(float));
+    const auto path = dir / file;
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    const std::streamoff end = in ? static_cast<std::streamoff>(in.tellg()) : -1;
+    if (end < 0) throw std::runtime_error("cannot open golden file " + path.string());
+    if (end % sizeof(float) != 0) {
+      throw std::runtime_error("golden file " + path.string() + " has " + std::to_string(end) +
+                               " bytes, not a whole number of f32 values");
+    }
+    std::vector<float> v(static_cast<size_t>(end) / sizeof(float));
     in.seekg(0);
-    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(bytes));
+    if (!in.read(reinterpret_cast<char*>(v.data()), end)) {
+      throw std::runtime_error("cannot read golden file " + path.string());
+    }
     return v;
   }
 

@@ -6,6 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <span>
+#include <string>
 
 #include "tests/common/golden.h"
 #include "tests/test_paths.h"
@@ -69,7 +72,10 @@ TEST(Model, GgufAndSafetensorsFormsAgree) {
     auto a = LoadOrDie(Tiny(gguf));
     auto b = LoadOrDie(Tiny(hf));
     ASSERT_TRUE(a && b);
-    EXPECT_NE(a->config().rope_layout == RopeLayout::kInterleaved, b->config().arch == Architecture::kQwen2);
+    // convert_hf_to_gguf.py permutes llama's Q/K rows to interleaved pairs; qwen2 keeps NEOX.
+    const bool llama = std::string(gguf) == "tiny_llama.gguf";
+    EXPECT_EQ(a->config().rope_layout, llama ? RopeLayout::kInterleaved : RopeLayout::kHalf) << gguf;
+    EXPECT_EQ(b->config().rope_layout, RopeLayout::kHalf) << hf;
     const std::vector<int32_t> tokens = {1, 17, 300, 42, 7, 255, 3, 99, 128, 5};
     const auto la = AllLogits(*a, tokens), lb = AllLogits(*b, tokens);
     ASSERT_EQ(la.size(), lb.size());
@@ -110,13 +116,104 @@ TEST(Model, RejectsBadTokensAndOverlongPrompts) {
   ASSERT_FALSE(too_long.ok());
   EXPECT_EQ(too_long.status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_NE(too_long.status().message().find("context length"), std::string::npos);
+  EXPECT_EQ((*cache)->n_tokens(), 0);
   auto small = m->NewKvCache(4);
   EXPECT_EQ(m->Prefill(std::vector<int32_t>(5, 3), **small).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*small)->n_tokens(), 0);
   EXPECT_FALSE(m->Prefill(std::vector<int32_t>{}, **small).ok());
   auto nll = m->TeacherForcedNll(std::vector<int32_t>{1, 2}, **small, std::vector<float>(3));
   EXPECT_EQ(nll.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*small)->n_tokens(), 0);
   // The model still works after all the rejected calls.
   EXPECT_TRUE(m->Prefill(std::vector<int32_t>{1, 2, 3}, **small).ok());
+  EXPECT_EQ((*small)->n_tokens(), 3);
+}
+
+// Model::Forward splits long inputs into micro-batches of 256 tokens and TeacherForcedNll
+// scores one micro-batch at a time: 300 real tokens cross that boundary once. The model and
+// the one-call all-position logits are shared by the tests below (SmolLM2 is slow on 2 threads).
+class MicroBatchTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kTokens = 300;
+
+  static void SetUpTestSuite() {
+    auto m = Model::Load(testing::DefaultModelPath().string(),
+                         {.threads = 2, .activations = ActivationPrecision::kF32});
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    // Real text, so attention patterns and logits look like the model's working regime.
+    std::ifstream in("/usr/share/common-licenses/GPL-3");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t preamble = text.find("The GNU General Public License is a free");
+    ASSERT_NE(preamble, std::string::npos) << "cannot read /usr/share/common-licenses/GPL-3";
+    auto ids = model_->tokenizer().Encode(text.substr(preamble, 4000), false, false);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    ASSERT_GE(static_cast<int64_t>(ids->size()), kTokens);
+    ids->resize(kTokens);
+    tokens_ = std::move(*ids);
+    logits_ = AllLogits(*model_, tokens_);
+  }
+  static void TearDownTestSuite() { model_.reset(); }
+
+  void SetUp() override {
+    ASSERT_NE(model_, nullptr);
+    ASSERT_EQ(static_cast<int64_t>(logits_.size()), kTokens * model_->config().vocab);
+  }
+
+  std::span<const float> Row(int64_t i) const {
+    const int64_t vocab = model_->config().vocab;
+    return std::span<const float>(logits_).subspan(i * vocab, vocab);
+  }
+
+  static inline std::unique_ptr<Model> model_;
+  static inline std::vector<int32_t> tokens_;
+  static inline std::vector<float> logits_;  // [kTokens, vocab] from one Forward call
+};
+
+TEST_F(MicroBatchTest, OneLongForwardEqualsThreeShortOnes) {
+  const int64_t vocab = model_->config().vocab;
+  auto cache = model_->NewKvCache(kTokens);
+  ASSERT_TRUE(cache.ok());
+  ForwardOptions options;
+  options.all_logits = true;
+  for (int64_t start = 0; start < kTokens; start += 100) {
+    std::vector<float> part;
+    ASSERT_TRUE(model_->Forward(std::span<const int32_t>(tokens_).subspan(start, 100), **cache, options, &part).ok());
+    ASSERT_EQ(static_cast<int64_t>(part.size()), 100 * vocab);
+    for (int64_t i = 0; i < 100; ++i) {
+      const auto ref = Row(start + i);
+      EXPECT_LE(testing::ScaledMaxError(part.data() + i * vocab, ref.data(), vocab), 1e-4)
+          << "position " << start + i;
+    }
+  }
+  EXPECT_EQ((*cache)->n_tokens(), kTokens);
+}
+
+TEST_F(MicroBatchTest, TeacherForcedNllScoresAcrossTheBoundary) {
+  auto cache = model_->NewKvCache(kTokens);
+  ASSERT_TRUE(cache.ok());
+  auto nll = model_->TeacherForcedNll(tokens_, **cache);
+  ASSERT_TRUE(nll.ok()) << nll.status();
+  ASSERT_EQ(static_cast<int64_t>(nll->nll.size()), kTokens - 1);
+  double sum = 0;
+  for (int64_t i = 0; i + 1 < kTokens; ++i) {
+    EXPECT_NEAR(nll->nll[i], TokenNll(Row(i), tokens_[i + 1]), 1e-4) << "token " << i + 1;
+    sum += nll->nll[i];
+  }
+  EXPECT_NEAR(nll->mean, sum / (kTokens - 1), 1e-9);
+  EXPECT_EQ((*cache)->n_tokens(), kTokens);
+
+  // With the history's last logits (any vocab-sized row will do) token 0 is scored too.
+  const auto first = Row(kTokens - 1);
+  auto fresh = model_->NewKvCache(kTokens);
+  ASSERT_TRUE(fresh.ok());
+  auto with_first = model_->TeacherForcedNll(tokens_, **fresh, first);
+  ASSERT_TRUE(with_first.ok()) << with_first.status();
+  ASSERT_EQ(static_cast<int64_t>(with_first->nll.size()), kTokens);
+  EXPECT_DOUBLE_EQ(with_first->nll[0], TokenNll(first, tokens_[0]));
+  for (int64_t i = 0; i + 1 < kTokens; ++i) {
+    EXPECT_NEAR(with_first->nll[i + 1], TokenNll(Row(i), tokens_[i + 1]), 1e-4) << "token " << i + 1;
+  }
 }
 
 TEST(Model, BadFilesReturnNamedErrors) {

@@ -75,6 +75,14 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values<int64_t>(1, 67, 130),   // partial tiles
                        ::testing::Values<int64_t>(64, 96)));
 
+// Float weights take any width: odd and short rows exercise the SIMD dot products' tails.
+INSTANTIATE_TEST_SUITE_P(
+    FloatOddCols, MatMulTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values<int64_t>(1, 3, 5, 70),  // fused and tiled paths
+                       ::testing::Values<int64_t>(1, 67),
+                       ::testing::Values<int64_t>(1, 7, 100)));
+
 // The 8-bit activation path against an integer reference written from ggml's definitions:
 // x quantized per block of 32 with d = amax / 127 (through f16), q = round-half-even(x / d);
 // Q4_1 adds m * f16(d * sum(q)) with d before its f16 rounding.
@@ -144,33 +152,38 @@ TEST(BackendOps, Int8LeavesFloatWeightsExact) {
 }
 
 TEST(BackendOps, RmsNorm) {
-  const int64_t n = 7, d = 96;
-  const auto x = RandomVector(n * d, 1, 3.0f);
-  const auto w = RandomVector(d, 2);
-  std::vector<float> ref(n * d);
-  for (int64_t i = 0; i < n; ++i) {
-    double ss = 0;
-    for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(x[i * d + j]) * x[i * d + j];
-    const double s = 1.0 / std::sqrt(ss / d + 1e-5);
-    for (int64_t j = 0; j < d; ++j) ref[i * d + j] = static_cast<float>(x[i * d + j] * s * w[j]);
-  }
-  for (auto& be : Backends()) {
-    std::vector<float> y(n * d);
-    be->RmsNorm(x.data(), n, d, w.data(), 1e-5f, y.data());
-    EXPECT_LT(Nmse(y.data(), ref.data(), n * d), 1e-12) << be->threads();
-    std::vector<float> inplace = x;
-    be->RmsNorm(inplace.data(), n, d, w.data(), 1e-5f, inplace.data());
-    EXPECT_LT(Nmse(inplace.data(), ref.data(), n * d), 1e-12);
+  // 7 rows stay on the caller; 40 rows span several 16-row chunks of the pool.
+  for (const int64_t n : {7, 40}) {
+    const int64_t d = 96;
+    const auto x = RandomVector(n * d, 1, 3.0f);
+    const auto w = RandomVector(d, 2);
+    std::vector<float> ref(n * d);
+    for (int64_t i = 0; i < n; ++i) {
+      double ss = 0;
+      for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(x[i * d + j]) * x[i * d + j];
+      const double s = 1.0 / std::sqrt(ss / d + 1e-5);
+      for (int64_t j = 0; j < d; ++j) ref[i * d + j] = static_cast<float>(x[i * d + j] * s * w[j]);
+    }
+    for (auto& be : Backends()) {
+      std::vector<float> y(n * d);
+      be->RmsNorm(x.data(), n, d, w.data(), 1e-5f, y.data());
+      EXPECT_LT(Nmse(y.data(), ref.data(), n * d), 1e-12) << "threads=" << be->threads() << " n=" << n;
+      std::vector<float> inplace = x;
+      be->RmsNorm(inplace.data(), n, d, w.data(), 1e-5f, inplace.data());
+      EXPECT_LT(Nmse(inplace.data(), ref.data(), n * d), 1e-12) << "threads=" << be->threads() << " n=" << n;
+    }
   }
 }
 
-class RopeTest : public ::testing::TestWithParam<RopeLayout> {};
+class RopeTest : public ::testing::TestWithParam<std::tuple<RopeLayout, int64_t>> {};
 
 TEST_P(RopeTest, MatchesReferenceAndInverts) {
-  const RopeLayout layout = GetParam();
-  const int64_t n = 5, heads = 3, hd = 16;
+  const auto [layout, n] = GetParam();
+  const int64_t heads = 3, hd = 16;
   const RopeParams p{10000.0, hd, hd, layout};
-  const std::vector<int32_t> pos = {0, 1, 7, 100, 4095};
+  std::vector<int32_t> pos = {0, 1, 7, 100, 4095};
+  for (int64_t t = 5; t < n; ++t) pos.push_back(static_cast<int32_t>(37 * t % 5000));
+  pos.resize(n);
   const auto x = RandomVector(n * heads * hd, 3);
   std::vector<float> ref(x);
   for (int64_t t = 0; t < n; ++t) {
@@ -188,24 +201,40 @@ TEST_P(RopeTest, MatchesReferenceAndInverts) {
   for (auto& be : Backends()) {
     std::vector<float> y(x);
     be->Rope(y.data(), n, heads, pos.data(), p, false);
-    EXPECT_LT(Nmse(y.data(), ref.data(), y.size()), 1e-12);
+    EXPECT_LT(Nmse(y.data(), ref.data(), y.size()), 1e-12) << "threads=" << be->threads();
     be->Rope(y.data(), n, heads, pos.data(), p, true);  // inverse RoPE returns to pre-RoPE
-    EXPECT_LT(Nmse(y.data(), x.data(), y.size()), 1e-12);
+    EXPECT_LT(Nmse(y.data(), x.data(), y.size()), 1e-12) << "threads=" << be->threads();
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, RopeTest, ::testing::Values(RopeLayout::kInterleaved, RopeLayout::kHalf));
+// 5 tokens stay on the caller; 40 span several 16-token chunks of the pool.
+INSTANTIATE_TEST_SUITE_P(Layouts, RopeTest,
+                         ::testing::Combine(::testing::Values(RopeLayout::kInterleaved, RopeLayout::kHalf),
+                                            ::testing::Values<int64_t>(5, 40)));
 
-TEST(BackendOps, SwiGluAndEmbed) {
-  const auto g = RandomVector(100, 4, 2.0f), u = RandomVector(100, 5);
-  std::vector<float> ref(100);
-  for (int i = 0; i < 100; ++i) ref[i] = static_cast<float>(g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i]);
+TEST(BackendOps, SwiGlu) {
+  // 100 elements stay on the caller; 40000 span three 16384-element chunks of the pool.
+  for (const int64_t n : {100, 40000}) {
+    const auto g = RandomVector(n, 4, 2.0f), u = RandomVector(n, 5);
+    std::vector<float> ref(n);
+    for (int64_t i = 0; i < n; ++i) {
+      ref[i] = static_cast<float>(g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i]);
+    }
+    for (auto& be : Backends()) {
+      std::vector<float> y(n);
+      be->SwiGlu(g.data(), u.data(), n, y.data());
+      EXPECT_LT(Nmse(y.data(), ref.data(), n), 1e-12) << "threads=" << be->threads() << " n=" << n;
+      std::vector<float> inplace = g;  // the model writes over the gate
+      be->SwiGlu(inplace.data(), u.data(), n, inplace.data());
+      EXPECT_LT(Nmse(inplace.data(), ref.data(), n), 1e-12) << "threads=" << be->threads() << " n=" << n;
+    }
+  }
+}
+
+TEST(BackendOps, Embed) {
   const QuantizedMatrix table = MakeMatrix(DType::kQ8_0, 50, 64, 6);
   const std::vector<int32_t> ids = {3, 0, 49, 3};
   for (auto& be : Backends()) {
-    std::vector<float> y(100);
-    be->SwiGlu(g.data(), u.data(), 100, y.data());
-    EXPECT_LT(Nmse(y.data(), ref.data(), 100), 1e-12);
     std::vector<float> e(ids.size() * 64);
     be->Embed(table.view, ids.data(), ids.size(), e.data());
     for (size_t i = 0; i < ids.size(); ++i) {
