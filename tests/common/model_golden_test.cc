@@ -63,13 +63,16 @@ TEST_P(GoldenTest, PrefillMatchesReference) {
   for (int64_t l = 0; l < c.n_layers; ++l) {
     ASSERT_TRUE((*cache)->ReadKeys(l, 0, n, buf.data()).ok());
     const auto k = golden_.ReadLayer("k", l);
+    ASSERT_EQ(k.size(), buf.size()) << "K layer " << l;
     const double ke = ScaledMaxError(buf.data(), k.data(), k.size());
     EXPECT_LE(ke, golden_.Tolerance("kv")) << "K layer " << l;
     ASSERT_TRUE((*cache)->ReadValues(l, 0, n, buf.data()).ok());
     const auto v = golden_.ReadLayer("v", l);
+    ASSERT_EQ(v.size(), buf.size()) << "V layer " << l;
     const double ve = ScaledMaxError(buf.data(), v.data(), v.size());
     EXPECT_LE(ve, golden_.Tolerance("kv")) << "V layer " << l;
     const auto a = golden_.ReadLayer("attn_in", l);
+    ASSERT_EQ(a.size(), attn_in[l].size()) << "attention input layer " << l;
     const double ae = ScaledMaxError(attn_in[l].data(), a.data(), a.size());
     EXPECT_LE(ae, golden_.Tolerance("attn_in")) << "attention input layer " << l;
     kv_err = std::max({kv_err, ke, ve});
@@ -86,6 +89,7 @@ TEST_P(GoldenTest, DecodeStepsMatchReference) {
   const auto& tokens = golden_.tokens;
   const int64_t n = tokens.size(), half = n / 2;
   const auto ref = golden_.Read("logits.f32");
+  ASSERT_EQ(static_cast<int64_t>(ref.size()), n * c.vocab);
   auto cache = model_->NewKvCache(n);
   ASSERT_TRUE(cache.ok());
   auto logits = model_->Prefill(std::span<const int32_t>(tokens).first(half), **cache);
@@ -129,6 +133,7 @@ TEST_P(GoldenTest, F16KvCacheStaysClose) {
   options.all_logits = true;
   ASSERT_TRUE(model_->Forward(tokens, **cache, options, &logits).ok());
   const auto ref = golden_.Read("logits.f32");
+  ASSERT_EQ(ref.size(), logits.size());
   EXPECT_LE(ScaledMaxError(logits.data(), ref.data(), ref.size()), 10 * golden_.Tolerance("logits") + 5e-3);
 }
 
