@@ -3,16 +3,19 @@
 # for the reference tools) and fetches the default model into $RISKKV_HOME (~/.cache/riskkv),
 # verifying its sha256. Idempotent: a second run only checks and returns in seconds.
 #
-#   deploy/setup.sh            # build + test dependencies and the default model
-#   deploy/setup.sh --bench    # also llama-cpp-python (compiles llama.cpp, ~10 min) for bench/
+#   deploy/setup.sh               # build + test dependencies and the default model
+#   deploy/setup.sh --bench       # also llama-cpp-python (compiles llama.cpp, ~10 min) for bench/
+#   deploy/setup.sh --build-only  # Debian build dependencies only (container image builds)
 set -euo pipefail
 
 RISKKV_HOME="${RISKKV_HOME:-$HOME/.cache/riskkv}"
 WITH_BENCH=0
+BUILD_ONLY=0
 for arg in "$@"; do
   case "$arg" in
     --bench) WITH_BENCH=1 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --build-only) BUILD_ONLY=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +42,11 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   log "Debian packages present"
+fi
+
+if [ "$BUILD_ONLY" = 1 ]; then
+  log "build dependencies ready"
+  exit 0
 fi
 
 # --- Python environment for the reference implementations and test-data generators ----------
