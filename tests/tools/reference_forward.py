@@ -15,16 +15,15 @@ Output: OUT/golden/NAME/{golden.json, logits.f32, nll.f32, k_L.f32, v_L.f32, att
 """
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from quiet import quiet_native_stderr
 
 # A passage of real English prose: the GPL-3 preamble (/usr/share/common-licenses/GPL-3; verbatim
 # copying is permitted). Kept inline so the fixture does not depend on that file, and chosen with
@@ -261,20 +260,6 @@ def next_token_nll(logits: np.ndarray, tokens: list[int]) -> np.ndarray:
 # Tokenizing the built-in passage with the model's own vocabulary
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr():
-    """llama.cpp logs context warnings from C even with verbose=False; keep the fixture log clean."""
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -328,7 +313,7 @@ def tokenize_passage(model_path: Path, text: str) -> tuple[list[int], str]:
     tokens, source = None, None
     try:
         from llama_cpp import Llama
-        with _quiet_native_stderr():
+        with quiet_native_stderr():
             lm = Llama(str(model_path), vocab_only=True, verbose=False)
             tokens = list(lm.tokenize(text.encode(), add_bos=False, special=False))
             del lm

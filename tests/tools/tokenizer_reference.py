@@ -15,7 +15,6 @@ for the byte-level BPE files (and for SmolLM2, rebuilt from the GGUF's vocab and
 vocab-only GGUF). A missing MODEL skips the SmolLM2 entry.
 """
 
-import contextlib
 import json
 import os
 import sys
@@ -23,6 +22,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_tiny_tokenizers as tiny  # noqa: E402
+from quiet import quiet_native_stderr  # noqa: E402
 
 # Texts that exercise the pre-tokenizers' corners. Names are stable: the C++ tests refer to some.
 EDGE_CASES = [
@@ -189,26 +189,13 @@ def smollm2_entry(model_path, texts):
     return entry
 
 
-@contextlib.contextmanager
-def quiet_stderr():
-    """Silences llama.cpp's loader, which writes to fd 2 even with verbose=False."""
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def llama_cpp_check(model_path, texts, encs):
     """Compares the golden ids with llama.cpp's tokenizer; returns a summary for the record."""
     try:
         import llama_cpp
     except ImportError:
         return {"status": "llama-cpp-python not installed"}
-    with quiet_stderr():
+    with quiet_native_stderr():
         llm = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
     mismatches = []
     for enc in encs:
