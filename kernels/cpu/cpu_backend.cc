@@ -217,8 +217,11 @@ class CpuBackend final : public Backend {
         const int64_t t1 = std::min(n, t0 + kTokenBlock);
         for (int64_t r = begin; r < end; ++r) {
           const uint8_t* row = w.row(r);
-          for (int64_t i = t0; i < t1; ++i) {
-            y[i * w.rows + r] = cpu::DotRowQ8(w.dtype, row, xq_data + i * blocks, w.cols);
+          for (int64_t i = t0; i < t1; i += 4) {
+            const int count = static_cast<int>(std::min<int64_t>(4, t1 - i));
+            float out[4];
+            cpu::DotRowQ8(w.dtype, row, xq_data + i * blocks, blocks, count, w.cols, out);
+            for (int j = 0; j < count; ++j) y[(i + j) * w.rows + r] = out[j];
           }
         }
       }

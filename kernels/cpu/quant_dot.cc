@@ -136,41 +136,59 @@ inline __m256 DotU8S8(__m256i u, __m256i s) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
-// Signed x signed: move the sign of a onto b so the first operand is unsigned.
-inline __m256 DotS8S8(__m256i a, __m256i b) {
-  return DotU8S8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+
+// Each kernel dots one weight row with N activation rows (token t's blocks start at
+// x + t * stride): the weight block is loaded and unpacked once per N tokens.
+template <int N>
+void DotQ4_1Q8(const uint8_t* row, const Q8Block* x, int64_t stride, int64_t n, float* out) {
+  __m256 acc[N];
+  float offset[N];
+  for (int t = 0; t < N; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    offset[t] = 0.0f;
+  }
+  for (int64_t b = 0; b < n / 32; ++b, row += 20) {
+    const __m256i w = Nibbles(row + 4);
+    const float d = Half(row), m = Half(row + 2);
+    for (int t = 0; t < N; ++t) {
+      const Q8Block& xb = x[t * stride + b];
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), DotU8S8(w, q), acc[t]);
+      offset[t] += m * xb.s;
+    }
+  }
+  for (int t = 0; t < N; ++t) out[t] = HorizontalSum(acc[t]) + offset[t];
 }
 
-float DotQ4_1Q8(const uint8_t* row, const Q8Block* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  float offset = 0.0f;
-  for (int64_t b = 0; b < n / 32; ++b, row += 20, ++x) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(row) * x->d), DotU8S8(Nibbles(row + 4), q), acc);
-    offset += Half(row + 2) * x->s;
+// Q4_0 and Q8_0 weights are signed: |w| times sign(w)-adjusted activations.
+template <int N, bool kQ4>
+void DotSignedQ8(const uint8_t* row, const Q8Block* x, int64_t stride, int64_t n, float* out) {
+  __m256 acc[N];
+  for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_ps();
+  const int64_t block_bytes = kQ4 ? 18 : 34;
+  for (int64_t b = 0; b < n / 32; ++b, row += block_bytes) {
+    const __m256i w = kQ4 ? _mm256_sub_epi8(Nibbles(row + 2), _mm256_set1_epi8(8))
+                          : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
+    const __m256i w_abs = _mm256_sign_epi8(w, w);
+    const float d = Half(row);
+    for (int t = 0; t < N; ++t) {
+      const Q8Block& xb = x[t * stride + b];
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), DotU8S8(w_abs, _mm256_sign_epi8(q, w)), acc[t]);
+    }
   }
-  return HorizontalSum(acc) + offset;
+  for (int t = 0; t < N; ++t) out[t] = HorizontalSum(acc[t]);
 }
 
-float DotQ4_0Q8(const uint8_t* row, const Q8Block* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  const __m256i eight = _mm256_set1_epi8(8);
-  for (int64_t b = 0; b < n / 32; ++b, row += 18, ++x) {
-    const __m256i w = _mm256_sub_epi8(Nibbles(row + 2), eight);
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(row) * x->d), DotS8S8(w, q), acc);
+template <int N>
+void DotRowsQ8N(DType t, const uint8_t* row, const Q8Block* x, int64_t stride, int64_t n, float* out) {
+  switch (t) {
+    case DType::kQ4_1: return DotQ4_1Q8<N>(row, x, stride, n, out);
+    case DType::kQ4_0: return DotSignedQ8<N, true>(row, x, stride, n, out);
+    case DType::kQ8_0: return DotSignedQ8<N, false>(row, x, stride, n, out);
+    default:  // float weights never take the 8-bit path
+      for (int i = 0; i < N; ++i) out[i] = 0.0f;
   }
-  return HorizontalSum(acc);
-}
-
-float DotQ8_0Q8(const uint8_t* row, const Q8Block* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; ++b, row += 34, ++x) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(row) * x->d), DotS8S8(w, q), acc);
-  }
-  return HorizontalSum(acc);
 }
 
 }  // namespace
@@ -192,13 +210,14 @@ void QuantizeQ8(const float* x, int64_t n, Q8Block* out) {
   }
 }
 
-float DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t n) {
+void DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t stride, int count, int64_t n,
+              float* out) {
   const auto* r = static_cast<const uint8_t*>(row);
-  switch (t) {
-    case DType::kQ4_1: return DotQ4_1Q8(r, xq, n);
-    case DType::kQ4_0: return DotQ4_0Q8(r, xq, n);
-    case DType::kQ8_0: return DotQ8_0Q8(r, xq, n);
-    default: return 0.0f;  // float weights never take the 8-bit path
+  switch (count) {
+    case 1: return DotRowsQ8N<1>(t, r, xq, stride, n, out);
+    case 2: return DotRowsQ8N<2>(t, r, xq, stride, n, out);
+    case 3: return DotRowsQ8N<3>(t, r, xq, stride, n, out);
+    default: return DotRowsQ8N<4>(t, r, xq, stride, n, out);
   }
 }
 

@@ -27,8 +27,10 @@ struct Q8Block {
 // like ggml's so integer dot products match llama.cpp's.
 void QuantizeQ8(const float* x, int64_t n, Q8Block* out);
 
-// dot(row, dequantized xq) for a Q4_0, Q4_1 or Q8_0 row of n values, with integer arithmetic
-// inside each block.
-float DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t n);
+// out[i] = dot(row, dequantized activation row i) for i < count (1 to 4), where activation row i
+// starts at xq + i * stride blocks; row is Q4_0, Q4_1 or Q8_0 with n values. Integer
+// arithmetic inside each block; the weight block is unpacked once for all `count` rows.
+void DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t stride, int count, int64_t n,
+              float* out);
 
 }  // namespace riskkv::cpu
