@@ -18,13 +18,16 @@
 #include "services/cli_args.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
-ABSL_FLAG(std::string, tokens_file, "", "JSON list of token ids for the history (else --text_file)");
-ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "text whose tokens form the history");
+ABSL_FLAG(std::string, tokens_file, "",
+          "JSON list of token ids for the history (else --text_file)");
+ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3",
+          "text whose tokens form the history");
 ABSL_FLAG(int, prompt_tokens, 512, "history length to prefill");
 ABSL_FLAG(int, decode_tokens, 128, "greedy decode steps after the prefill");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
-ABSL_FLAG(std::string, activations, "int8",
-          "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
+ABSL_FLAG(
+    std::string, activations, "int8",
+    "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
 ABSL_FLAG(int, repetitions, 3, "runs; medians are reported");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
 ABSL_FLAG(bool, json, true, "print the JSON result on stdout");
@@ -46,14 +49,16 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("riskkv-bench --model PATH [--prompt-tokens 512] [--decode-tokens 128]");
+  absl::SetProgramUsageMessage(
+      "riskkv-bench --model PATH [--prompt-tokens 512] [--decode-tokens 128]");
   std::vector<std::string> arg_store;
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &arg_store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   const int n_prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int n_decode = absl::GetFlag(FLAGS_decode_tokens);
   const int reps = absl::GetFlag(FLAGS_repetitions);
-  if (n_prompt < 1 || n_decode < 0 || reps < 1) return Fail("--prompt-tokens >= 1, --decode-tokens >= 0, --repetitions >= 1");
+  if (n_prompt < 1 || n_decode < 0 || reps < 1)
+    return Fail("--prompt-tokens >= 1, --decode-tokens >= 0, --repetitions >= 1");
   const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
   if (kv != "f32" && kv != "f16") return Fail("--kv-dtype must be f32 or f16");
 
@@ -68,7 +73,8 @@ int main(int argc, char** argv) {
   std::vector<int32_t> tokens;
   std::string content;
   const bool from_ids = !absl::GetFlag(FLAGS_tokens_file).empty();
-  std::ifstream in(from_ids ? absl::GetFlag(FLAGS_tokens_file) : absl::GetFlag(FLAGS_text_file), std::ios::binary);
+  std::ifstream in(from_ids ? absl::GetFlag(FLAGS_tokens_file) : absl::GetFlag(FLAGS_text_file),
+                   std::ios::binary);
   if (!in) return Fail("cannot read the history file");
   std::stringstream ss;
   ss << in.rdbuf();
@@ -82,7 +88,8 @@ int main(int argc, char** argv) {
     if (!ids.ok()) return Fail(ids.status().ToString());
     tokens = std::move(*ids);
   }
-  if (static_cast<int>(tokens.size()) < n_prompt) return Fail("history file has fewer tokens than --prompt-tokens");
+  if (static_cast<int>(tokens.size()) < n_prompt)
+    return Fail("history file has fewer tokens than --prompt-tokens");
   tokens.resize(n_prompt);
 
   const riskkv::DType dtype = kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32;
@@ -94,7 +101,8 @@ int main(int argc, char** argv) {
     if (!cache.ok()) return Fail(cache.status().ToString());
     auto logits = (*model)->Prefill(tokens, **cache);
     if (!logits.ok()) return Fail(logits.status().ToString());
-    if (!(*model)->Decode(riskkv::Argmax(*logits), **cache).ok()) return Fail("warm-up decode failed");
+    if (!(*model)->Decode(riskkv::Argmax(*logits), **cache).ok())
+      return Fail("warm-up decode failed");
   }
   for (int r = 0; r < reps; ++r) {
     auto cache = (*model)->NewKvCache(n_prompt + n_decode + 1, dtype);
@@ -130,8 +138,10 @@ int main(int argc, char** argv) {
       {"all_decode_seconds", decode_s},
       {"activations", absl::GetFlag(FLAGS_activations)},
   };
-  std::fprintf(stderr, "prefill %d tokens: %.3f s (%.1f tokens/s); decode: %.1f tokens/s; peak RSS %.1f MiB\n",
-               n_prompt, p, n_prompt / p, n_decode > 0 ? n_decode / d : 0.0, usage.ru_maxrss / 1024.0);
+  std::fprintf(
+      stderr,
+      "prefill %d tokens: %.3f s (%.1f tokens/s); decode: %.1f tokens/s; peak RSS %.1f MiB\n",
+      n_prompt, p, n_prompt / p, n_decode > 0 ? n_decode / d : 0.0, usage.ru_maxrss / 1024.0);
   if (absl::GetFlag(FLAGS_json)) std::printf("%s\n", out.dump().c_str());
   return 0;
 }

@@ -176,13 +176,20 @@ class GgufParser {
 absl::StatusOr<int64_t> GgufParser::ReadIntElement(Type type) {
   const uint64_t at = pos_;
   switch (type) {
-    case Type::kUint8: return Widen<uint8_t>("uint8");
-    case Type::kInt8: return Widen<int8_t>("int8");
-    case Type::kUint16: return Widen<uint16_t>("uint16");
-    case Type::kInt16: return Widen<int16_t>("int16");
-    case Type::kUint32: return Widen<uint32_t>("uint32");
-    case Type::kInt32: return Widen<int32_t>("int32");
-    case Type::kInt64: return Widen<int64_t>("int64");
+    case Type::kUint8:
+      return Widen<uint8_t>("uint8");
+    case Type::kInt8:
+      return Widen<int8_t>("int8");
+    case Type::kUint16:
+      return Widen<uint16_t>("uint16");
+    case Type::kInt16:
+      return Widen<int16_t>("int16");
+    case Type::kUint32:
+      return Widen<uint32_t>("uint32");
+    case Type::kInt32:
+      return Widen<int32_t>("int32");
+    case Type::kInt64:
+      return Widen<int64_t>("int64");
     case Type::kUint64: {
       ASSIGN_OR_RETURN(uint64_t v, Read<uint64_t>("uint64"));
       if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -196,7 +203,8 @@ absl::StatusOr<int64_t> GgufParser::ReadIntElement(Type type) {
       if (v > 1) return Error(at, "bool", absl::StrCat("value ", int{v}, " is neither 0 nor 1"));
       return v;
     }
-    default: return Error(at, TypeName(type), "not an integer type");
+    default:
+      return Error(at, TypeName(type), "not an integer type");
   }
 }
 

@@ -19,15 +19,27 @@ namespace riskkv {
 // One metadata value. Arrays hold homogeneous elements; nested arrays are rejected at parse time.
 struct GgufValue {
   enum class Type : uint32_t {
-    kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
-    kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+    kUint8 = 0,
+    kInt8 = 1,
+    kUint16 = 2,
+    kInt16 = 3,
+    kUint32 = 4,
+    kInt32 = 5,
+    kFloat32 = 6,
+    kBool = 7,
+    kString = 8,
+    kArray = 9,
+    kUint64 = 10,
+    kInt64 = 11,
+    kFloat64 = 12,
   };
   Type type = Type::kUint8;
   Type array_type = Type::kUint8;  // element type when type == kArray
   // Scalars: integers widen to int64/uint64, floats to double, bool to uint64 (0/1).
   std::variant<uint64_t, int64_t, double, std::string> scalar;
   // Arrays: exactly one of these is filled, chosen by the element type.
-  std::vector<int64_t> ints;         // all integer and bool element types (uint64 above INT64_MAX rejected)
+  std::vector<int64_t>
+      ints;  // all integer and bool element types (uint64 above INT64_MAX rejected)
   std::vector<double> floats;        // float32 / float64 elements
   std::vector<std::string> strings;  // string elements
 };

@@ -15,16 +15,17 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int64_t n_layers, int64
         absl::StrCat("KV cache dtype must be F32 or F16, got ", DTypeName(dtype)));
   }
   if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || capacity <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache dimensions must be positive: layers=",
-                                                   n_layers, " kv_heads=", n_kv_heads,
-                                                   " head_dim=", head_dim, " capacity=", capacity));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache dimensions must be positive: layers=", n_layers,
+                     " kv_heads=", n_kv_heads, " head_dim=", head_dim, " capacity=", capacity));
   }
   const int64_t elem = dtype == DType::kF16 ? 2 : 4;
   // Per-layer bytes, guarded against overflow before multiplying.
   if (n_kv_heads > (int64_t{1} << 20) || head_dim > (int64_t{1} << 20) ||
       capacity > (int64_t{1} << 38) / (n_kv_heads * head_dim * elem)) {
-    return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", capacity, " tokens x ", n_kv_heads,
-                                                     " heads x ", head_dim, " is too large"));
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", capacity, " tokens x ",
+                                                     n_kv_heads, " heads x ", head_dim,
+                                                     " is too large"));
   }
   auto cache = std::unique_ptr<KvCache>(new KvCache());
   cache->n_layers_ = n_layers;
@@ -38,7 +39,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int64_t n_layers, int64
     Buffer k(static_cast<uint8_t*>(std::calloc(bytes, 1)));
     Buffer v(static_cast<uint8_t*>(std::calloc(bytes, 1)));
     if (!k || !v) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache of ", capacity, " tokens (",
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache of ", capacity,
+                                                       " tokens (",
                                                        2 * n_layers * bytes / (1 << 20), " MiB)"));
     }
     cache->k_.push_back(std::move(k));
@@ -49,7 +51,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int64_t n_layers, int64
 
 absl::Status KvCache::SetTokens(int64_t n) {
   if (n < 0 || n > capacity_) {
-    return absl::OutOfRangeError(absl::StrCat("KV cache holds at most ", capacity_, " tokens, asked for ", n));
+    return absl::OutOfRangeError(
+        absl::StrCat("KV cache holds at most ", capacity_, " tokens, asked for ", n));
   }
   n_tokens_ = n;
   return absl::OkStatus();
@@ -65,7 +68,8 @@ KvView KvCache::ValueView(int64_t layer, int64_t extra) const {
 
 absl::Status KvCache::CheckRange(int64_t layer, int64_t begin, int64_t count) const {
   if (layer < 0 || layer >= n_layers_) {
-    return absl::OutOfRangeError(absl::StrCat("KV cache layer ", layer, " not in [0, ", n_layers_, ")"));
+    return absl::OutOfRangeError(
+        absl::StrCat("KV cache layer ", layer, " not in [0, ", n_layers_, ")"));
   }
   if (begin < 0 || count < 0 || begin + count > capacity_) {
     return absl::OutOfRangeError(absl::StrCat("KV cache rows [", begin, ", ", begin + count,

@@ -48,9 +48,15 @@ class KvCache {
 
   // Raw storage of a layer's K or V rows [begin, begin + count).
   uint8_t* KeyRows(int64_t layer, int64_t begin) { return k_[layer].get() + begin * token_bytes(); }
-  uint8_t* ValueRows(int64_t layer, int64_t begin) { return v_[layer].get() + begin * token_bytes(); }
-  const uint8_t* KeyRows(int64_t layer, int64_t begin) const { return k_[layer].get() + begin * token_bytes(); }
-  const uint8_t* ValueRows(int64_t layer, int64_t begin) const { return v_[layer].get() + begin * token_bytes(); }
+  uint8_t* ValueRows(int64_t layer, int64_t begin) {
+    return v_[layer].get() + begin * token_bytes();
+  }
+  const uint8_t* KeyRows(int64_t layer, int64_t begin) const {
+    return k_[layer].get() + begin * token_bytes();
+  }
+  const uint8_t* ValueRows(int64_t layer, int64_t begin) const {
+    return v_[layer].get() + begin * token_bytes();
+  }
 
   // Copies rows [begin, begin + count) of a layer to/from f32 [count, n_kv_heads, head_dim],
   // converting from/to the storage dtype. Ranges must lie within the capacity.

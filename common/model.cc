@@ -41,17 +41,18 @@ absl::Status Model::CheckTokens(std::span<const int32_t> tokens, const KvCache& 
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= config_.vocab) {
       return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " at index ", i,
-                                                     " is outside the vocabulary [0, ", config_.vocab, ")"));
+                                                     " is outside the vocabulary [0, ",
+                                                     config_.vocab, ")"));
     }
   }
   const int64_t end = cache.n_tokens() + static_cast<int64_t>(tokens.size());
   if (end > config_.context_length) {
-    return absl::OutOfRangeError(absl::StrCat(end, " tokens exceed the model's context length of ",
-                                              config_.context_length));
+    return absl::OutOfRangeError(
+        absl::StrCat(end, " tokens exceed the model's context length of ", config_.context_length));
   }
   if (end > cache.capacity()) {
-    return absl::OutOfRangeError(absl::StrCat(end, " tokens exceed the KV cache capacity of ",
-                                              cache.capacity()));
+    return absl::OutOfRangeError(
+        absl::StrCat(end, " tokens exceed the KV cache capacity of ", cache.capacity()));
   }
   return absl::OkStatus();
 }
@@ -152,8 +153,9 @@ absl::StatusOr<NllResult> Model::TeacherForcedNll(std::span<const int32_t> conti
     const int64_t m = std::min(kMicroBatch, n - start);
     RETURN_IF_ERROR(Forward(continuation.subspan(start, m), cache, options, &logits));
     for (int64_t i = 0; i < m && start + i + 1 < n; ++i) {
-      result.nll.push_back(TokenNll(std::span<const float>(logits).subspan(i * config_.vocab, config_.vocab),
-                                    continuation[start + i + 1]));
+      result.nll.push_back(
+          TokenNll(std::span<const float>(logits).subspan(i * config_.vocab, config_.vocab),
+                   continuation[start + i + 1]));
     }
   }
   double sum = 0.0;

@@ -31,7 +31,7 @@ using AttnInputHook =
     std::function<void(int64_t layer, int64_t pos0, int64_t n, const float* attn_in)>;
 
 struct ForwardOptions {
-  bool all_logits = false;     // logits for every new token instead of only the last one
+  bool all_logits = false;        // logits for every new token instead of only the last one
   AttnInputHook attn_input_hook;  // optional calibration capture
 };
 
@@ -70,8 +70,7 @@ class Model {
   // Teacher-forced NLL of `continuation` given the history already in the cache. Token i + 1 is
   // scored from the logits after token i; token 0 is scored from `first_logits` (the logits
   // the history's last position produced) when given, and only conditions otherwise.
-  absl::StatusOr<NllResult> TeacherForcedNll(std::span<const int32_t> continuation,
-                                             KvCache& cache,
+  absl::StatusOr<NllResult> TeacherForcedNll(std::span<const int32_t> continuation, KvCache& cache,
                                              std::span<const float> first_logits = {});
 
  private:

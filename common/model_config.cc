@@ -13,8 +13,10 @@ namespace riskkv {
 
 const char* ArchitectureName(Architecture a) {
   switch (a) {
-    case Architecture::kLlama: return "llama";
-    case Architecture::kQwen2: return "qwen2";
+    case Architecture::kLlama:
+      return "llama";
+    case Architecture::kQwen2:
+      return "qwen2";
   }
   return "?";
 }
@@ -24,20 +26,28 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("model config of '", name, "': ", what));
   };
   // Upper bounds reject nonsense that would otherwise turn into huge allocations.
-  if (n_layers <= 0 || n_layers > 1024) return bad(absl::StrCat("layer count ", n_layers, " out of range"));
-  if (hidden <= 0 || hidden > 65536) return bad(absl::StrCat("hidden size ", hidden, " out of range"));
-  if (n_heads <= 0 || n_heads > 1024) return bad(absl::StrCat("head count ", n_heads, " out of range"));
+  if (n_layers <= 0 || n_layers > 1024)
+    return bad(absl::StrCat("layer count ", n_layers, " out of range"));
+  if (hidden <= 0 || hidden > 65536)
+    return bad(absl::StrCat("hidden size ", hidden, " out of range"));
+  if (n_heads <= 0 || n_heads > 1024)
+    return bad(absl::StrCat("head count ", n_heads, " out of range"));
   if (n_kv_heads <= 0 || n_kv_heads > n_heads || n_heads % n_kv_heads != 0) {
     return bad(absl::StrCat("KV head count ", n_kv_heads, " must divide head count ", n_heads));
   }
-  if (head_dim <= 0 || head_dim > 1024 || head_dim % 2 != 0) return bad(absl::StrCat("head dim ", head_dim, " invalid"));
+  if (head_dim <= 0 || head_dim > 1024 || head_dim % 2 != 0)
+    return bad(absl::StrCat("head dim ", head_dim, " invalid"));
   if (ffn <= 0 || ffn > 1 << 20) return bad(absl::StrCat("FFN size ", ffn, " out of range"));
-  if (vocab <= 0 || vocab > 1 << 22) return bad(absl::StrCat("vocabulary size ", vocab, " out of range"));
-  if (context_length <= 0 || context_length > 1 << 24) return bad(absl::StrCat("context length ", context_length, " out of range"));
-  if (!(rms_eps > 0 && rms_eps < 1)) return bad(absl::StrCat("RMSNorm epsilon ", rms_eps, " out of range"));
+  if (vocab <= 0 || vocab > 1 << 22)
+    return bad(absl::StrCat("vocabulary size ", vocab, " out of range"));
+  if (context_length <= 0 || context_length > 1 << 24)
+    return bad(absl::StrCat("context length ", context_length, " out of range"));
+  if (!(rms_eps > 0 && rms_eps < 1))
+    return bad(absl::StrCat("RMSNorm epsilon ", rms_eps, " out of range"));
   if (!(rope_base > 1)) return bad(absl::StrCat("RoPE base ", rope_base, " must be > 1"));
   if (rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2 != 0) {
-    return bad(absl::StrCat("RoPE dimension ", rope_dim, " must be even and <= head dim ", head_dim));
+    return bad(
+        absl::StrCat("RoPE dimension ", rope_dim, " must be even and <= head dim ", head_dim));
   }
   return absl::OkStatus();
 }
@@ -53,15 +63,16 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf) {
     c.arch = Architecture::kQwen2;
     c.rope_layout = RopeLayout::kHalf;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        gguf.path(), ": unsupported architecture '", arch, "' (supported: llama, qwen2)"));
+    return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": unsupported architecture '",
+                                                   arch, "' (supported: llama, qwen2)"));
   }
   c.name = gguf.GetString("general.name").value_or(arch);
   auto u = [&](const char* key) -> absl::StatusOr<int64_t> {
     auto v = gguf.GetUint(absl::StrCat(arch, ".", key));
     if (!v.ok()) return v.status();
     if (*v > (uint64_t{1} << 40)) {
-      return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": ", arch, ".", key, " = ", *v, " is out of range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(gguf.path(), ": ", arch, ".", key, " = ", *v, " is out of range"));
     }
     return static_cast<int64_t>(*v);
   };
@@ -71,7 +82,8 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf) {
   ASSIGN_OR_RETURN(c.n_heads, u("attention.head_count"));
   c.n_kv_heads = u("attention.head_count_kv").value_or(c.n_heads);
   ASSIGN_OR_RETURN(c.context_length, u("context_length"));
-  ASSIGN_OR_RETURN(c.rms_eps, gguf.GetFloat(absl::StrCat(arch, ".attention.layer_norm_rms_epsilon")));
+  ASSIGN_OR_RETURN(c.rms_eps,
+                   gguf.GetFloat(absl::StrCat(arch, ".attention.layer_norm_rms_epsilon")));
   c.rope_base = gguf.GetFloat(absl::StrCat(arch, ".rope.freq_base")).value_or(10000.0);
   c.head_dim = u("attention.key_length").value_or(c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.rope_dim = u("rope.dimension_count").value_or(c.head_dim);
@@ -79,10 +91,12 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf) {
   // rather than silently ignored.
   if (auto scaling = gguf.GetString(absl::StrCat(arch, ".rope.scaling.type"));
       scaling.ok() && *scaling != "none") {
-    return absl::UnimplementedError(absl::StrCat(gguf.path(), ": RoPE scaling '", *scaling, "' is not supported"));
+    return absl::UnimplementedError(
+        absl::StrCat(gguf.path(), ": RoPE scaling '", *scaling, "' is not supported"));
   }
   if (gguf.FindTensor("rope_freqs.weight") != nullptr) {
-    return absl::UnimplementedError(absl::StrCat(gguf.path(), ": RoPE frequency factors (rope_freqs.weight) are not supported"));
+    return absl::UnimplementedError(absl::StrCat(
+        gguf.path(), ": RoPE frequency factors (rope_freqs.weight) are not supported"));
   }
   if (auto v = u("vocab_size"); v.ok()) {
     c.vocab = *v;
@@ -103,7 +117,8 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
   }
   auto integer = [&](const char* key, bool required, int64_t fallback) -> absl::StatusOr<int64_t> {
     if (!j.contains(key) || j[key].is_null()) {
-      if (required) return absl::InvalidArgumentError(absl::StrCat(path, ": missing \"", key, "\""));
+      if (required)
+        return absl::InvalidArgumentError(absl::StrCat(path, ": missing \"", key, "\""));
       return fallback;
     }
     if (!j[key].is_number_integer()) {
@@ -113,12 +128,14 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
   };
   auto number = [&](const char* key, double fallback) -> absl::StatusOr<double> {
     if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_number()) return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" must be a number"));
+    if (!j[key].is_number())
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" must be a number"));
     return j[key].get<double>();
   };
   auto string = [&](const char* key) -> absl::StatusOr<std::string> {
     if (!j.contains(key) || j[key].is_null()) return std::string();
-    if (!j[key].is_string()) return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" must be a string"));
+    if (!j[key].is_string())
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" must be a string"));
     return j[key].get<std::string>();
   };
   ModelConfig c;
@@ -142,7 +159,8 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
   ASSIGN_OR_RETURN(c.n_kv_heads, integer("num_key_value_heads", false, c.n_heads));
   ASSIGN_OR_RETURN(c.vocab, integer("vocab_size", true, 0));
   ASSIGN_OR_RETURN(c.context_length, integer("max_position_embeddings", false, 2048));
-  ASSIGN_OR_RETURN(c.head_dim, integer("head_dim", false, c.n_heads > 0 ? c.hidden / c.n_heads : 0));
+  ASSIGN_OR_RETURN(c.head_dim,
+                   integer("head_dim", false, c.n_heads > 0 ? c.hidden / c.n_heads : 0));
   ASSIGN_OR_RETURN(c.rms_eps, number("rms_norm_eps", 1e-6));
   ASSIGN_OR_RETURN(c.rope_base, number("rope_theta", 10000.0));
   c.rope_dim = c.head_dim;

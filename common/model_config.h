@@ -18,21 +18,21 @@ const char* ArchitectureName(Architecture a);
 
 struct ModelConfig {
   Architecture arch = Architecture::kLlama;
-  std::string name;                // general.name or the HF directory name
+  std::string name;  // general.name or the HF directory name
   int64_t n_layers = 0;
-  int64_t hidden = 0;              // embedding width
-  int64_t n_heads = 0;             // query heads
-  int64_t n_kv_heads = 0;          // key/value heads (GQA when < n_heads)
+  int64_t hidden = 0;      // embedding width
+  int64_t n_heads = 0;     // query heads
+  int64_t n_kv_heads = 0;  // key/value heads (GQA when < n_heads)
   int64_t head_dim = 0;
-  int64_t ffn = 0;                 // SwiGLU inner width
+  int64_t ffn = 0;  // SwiGLU inner width
   int64_t vocab = 0;
-  int64_t context_length = 0;      // positions the model was trained for
+  int64_t context_length = 0;  // positions the model was trained for
   double rms_eps = 1e-5;
   double rope_base = 10000.0;
-  int64_t rope_dim = 0;            // rotated leading dimensions of each head
+  int64_t rope_dim = 0;  // rotated leading dimensions of each head
   RopeLayout rope_layout = RopeLayout::kHalf;
-  bool tied_embeddings = false;    // lm head reuses the token embedding
-  bool qkv_bias = false;           // Qwen2 carries biases on q/k/v projections
+  bool tied_embeddings = false;  // lm head reuses the token embedding
+  bool qkv_bias = false;         // Qwen2 carries biases on q/k/v projections
 
   // Consistency checks (positive sizes, heads divide, rope_dim even and <= head_dim, ...).
   absl::Status Validate() const;

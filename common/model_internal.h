@@ -19,7 +19,7 @@ class ModelFiles {
 
 struct Model::Layer {
   std::vector<float> attn_norm, ffn_norm;  // [hidden]
-  std::vector<float> bq, bk, bv;           // [n_heads*head_dim], [kv_width], [kv_width]; empty if none
+  std::vector<float> bq, bk, bv;  // [n_heads*head_dim], [kv_width], [kv_width]; empty if none
   WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 

@@ -23,7 +23,8 @@ class TensorSource {
 
   absl::StatusOr<const TensorView*> Require(const std::string& name) const {
     const TensorView* t = Find(name);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": missing tensor '", name, "'"));
+    if (t == nullptr)
+      return absl::NotFoundError(absl::StrCat(path_, ": missing tensor '", name, "'"));
     return t;
   }
 
@@ -51,8 +52,8 @@ class TensorSource {
     ASSIGN_OR_RETURN(const TensorView* t, Require(name));
     RETURN_IF_ERROR(CheckShape(*t, {n}));
     if (IsQuantized(t->dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' is ",
-                                                     DTypeName(t->dtype), ", expected a float type"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path_, ": tensor '", name, "' is ", DTypeName(t->dtype), ", expected a float type"));
     }
     std::vector<float> out(n);
     DequantizeRow(t->dtype, t->data, out.data(), n);
@@ -77,13 +78,16 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    const ModelOptions& options) {
   namespace fs = std::filesystem;
   if (const std::string missing = MissingCpuFeatures(); !missing.empty()) {
-    return absl::FailedPreconditionError("this CPU lacks " + missing + ", which the CPU kernels need");
+    return absl::FailedPreconditionError("this CPU lacks " + missing +
+                                         ", which the CPU kernels need");
   }
   if (options.threads > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("thread count ", options.threads, " is out of range (at most 1024)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("thread count ", options.threads, " is out of range (at most 1024)"));
   }
   std::error_code ec;
-  if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat("model path does not exist: ", path));
+  if (!fs::exists(path, ec))
+    return absl::NotFoundError(absl::StrCat("model path does not exist: ", path));
 
   auto model = std::unique_ptr<Model>(new Model());
   model->files_ = std::make_unique<ModelFiles>();
@@ -93,9 +97,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
     format = WeightFormat::kHuggingFace;
     const fs::path dir(path);
     ASSIGN_OR_RETURN(model->config_, ConfigFromHfJson((dir / "config.json").string()));
-    ASSIGN_OR_RETURN(model->files_->safetensors, SafetensorsFile::Open((dir / "model.safetensors").string()));
+    ASSIGN_OR_RETURN(model->files_->safetensors,
+                     SafetensorsFile::Open((dir / "model.safetensors").string()));
     ASSIGN_OR_RETURN(spec, Tokenizer::SpecFromTokenizerJson((dir / "tokenizer.json").string()));
-    if (model->config_.name.empty() || model->config_.name == "llama" || model->config_.name == "qwen2") {
+    if (model->config_.name.empty() || model->config_.name == "llama" ||
+        model->config_.name == "qwen2") {
       model->config_.name = dir.filename().string();
     }
   } else if (LooksLikeGguf(path)) {
@@ -104,8 +110,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
     ASSIGN_OR_RETURN(model->config_, ConfigFromGguf(*model->files_->gguf));
     ASSIGN_OR_RETURN(spec, Tokenizer::SpecFromGguf(*model->files_->gguf));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": not a GGUF file (bad magic) and not a Hugging Face model directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a GGUF file (bad magic) and not a Hugging Face model directory"));
   }
   ModelConfig& c = model->config_;
   const TensorSource src(*model->files_, path);
@@ -145,18 +151,20 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
       ASSIGN_OR_RETURN(layer.bk, src.Vector(name(ln.bk), c.kv_width()));
       ASSIGN_OR_RETURN(layer.bv, src.Vector(name(ln.bv), c.kv_width()));
     }
-    for (const WeightMatrix* w : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate,
-                                  &layer.w_up, &layer.w_down}) {
+    for (const WeightMatrix* w :
+         {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down}) {
       model->weight_bytes_ += w->rows * RowBytes(w->dtype, w->cols);
     }
     model->layers_.push_back(std::move(layer));
   }
   model->weight_bytes_ += c.vocab * RowBytes(model->token_embedding_.dtype, c.hidden);
-  if (!c.tied_embeddings) model->weight_bytes_ += c.vocab * RowBytes(model->lm_head_.dtype, c.hidden);
+  if (!c.tied_embeddings)
+    model->weight_bytes_ += c.vocab * RowBytes(model->lm_head_.dtype, c.hidden);
 
   ASSIGN_OR_RETURN(model->tokenizer_, Tokenizer::Create(std::move(spec)));
   if (model->tokenizer_->vocab_size() > c.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": tokenizer has ", model->tokenizer_->vocab_size(),
+    return absl::InvalidArgumentError(absl::StrCat(path, ": tokenizer has ",
+                                                   model->tokenizer_->vocab_size(),
                                                    " tokens but the model only ", c.vocab));
   }
   model->backend_ = MakeCpuBackend(options.threads, options.activations);

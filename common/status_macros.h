@@ -8,9 +8,9 @@
 #define RISKKV_CONCAT(a, b) RISKKV_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function if `expr` yields a non-OK status.
-#define RETURN_IF_ERROR(expr)                    \
-  do {                                           \
-    ::absl::Status riskkv_status_ = (expr);      \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status riskkv_status_ = (expr);          \
     if (!riskkv_status_.ok()) return riskkv_status_; \
   } while (0)
 

@@ -12,8 +12,8 @@ namespace riskkv {
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
-  // Outermost dimension first (PyTorch order): a linear layer's weight is [out_features, in_features]
-  // and each of its rows is RowBytes(dtype, in_features) bytes, contiguous.
+  // Outermost dimension first (PyTorch order): a linear layer's weight is [out_features,
+  // in_features] and each of its rows is RowBytes(dtype, in_features) bytes, contiguous.
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;
   uint64_t nbytes = 0;

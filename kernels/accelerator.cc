@@ -32,7 +32,8 @@ AcceleratorProbe ProbeCudaModule(const std::string& path) {
     return probe;
   }
   auto abi = reinterpret_cast<RiskkvCudaAbiVersionFn>(dlsym(handle, "riskkv_cuda_abi_version"));
-  auto query = reinterpret_cast<RiskkvCudaQueryDevicesFn>(dlsym(handle, "riskkv_cuda_query_devices"));
+  auto query =
+      reinterpret_cast<RiskkvCudaQueryDevicesFn>(dlsym(handle, "riskkv_cuda_query_devices"));
   if (abi == nullptr || query == nullptr || abi() != RISKKV_CUDA_ABI_VERSION) {
     probe.reason = "CUDA module " + path + " has a different ABI version";
     return probe;  // the handle stays open: unloading CUDA runtimes is not reliably safe
@@ -48,8 +49,9 @@ AcceleratorProbe ProbeCudaModule(const std::string& path) {
     probe.reason = "no CUDA device";
   }
   for (int i = 0; i < count && i < 16; ++i) {
-    probe.devices.push_back({devices[i].name, devices[i].total_memory_bytes, devices[i].compute_major,
-                             devices[i].compute_minor, devices[i].multiprocessors});
+    probe.devices.push_back({devices[i].name, devices[i].total_memory_bytes,
+                             devices[i].compute_major, devices[i].compute_minor,
+                             devices[i].multiprocessors});
   }
   return probe;
 }
@@ -68,7 +70,8 @@ AcceleratorProbe ProbeCuda() {
     if (std::filesystem::exists(c, ec)) return ProbeCudaModule(c);
   }
   AcceleratorProbe probe = ProbeCudaModule(kModuleName);  // LD_LIBRARY_PATH / system paths
-  if (!probe.module_loaded) probe.reason = "CUDA module libriskkv_cuda.so not found (CPU-only build or not installed)";
+  if (!probe.module_loaded)
+    probe.reason = "CUDA module libriskkv_cuda.so not found (CPU-only build or not installed)";
   return probe;
 }
 

@@ -15,10 +15,10 @@ struct GpuDevice {
 };
 
 struct AcceleratorProbe {
-  bool module_loaded = false;     // libriskkv_cuda.so found and its ABI matches
-  std::string module_path;        // where it was loaded from (when loaded)
-  std::vector<GpuDevice> devices; // empty when no usable GPU
-  std::string reason;             // why there is no GPU, for logs ("" when devices exist)
+  bool module_loaded = false;      // libriskkv_cuda.so found and its ABI matches
+  std::string module_path;         // where it was loaded from (when loaded)
+  std::vector<GpuDevice> devices;  // empty when no usable GPU
+  std::string reason;              // why there is no GPU, for logs ("" when devices exist)
 };
 
 // Looks for libriskkv_cuda.so in $RISKKV_CUDA_MODULE (a file), then beside the running

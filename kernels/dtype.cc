@@ -4,7 +4,8 @@
 #include <immintrin.h>
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "riskkv's CPU kernels need AVX2, FMA and F16C: build with -march=x86-64-v3 or newer (RISKKV_NATIVE=OFF selects it)"
+#error \
+    "riskkv's CPU kernels need AVX2, FMA and F16C: build with -march=x86-64-v3 or newer (RISKKV_NATIVE=OFF selects it)"
 #endif
 
 #include <cmath>
@@ -34,12 +35,18 @@ static_assert(sizeof(BlockQ4_1) == 20);
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kQ8_0: return "Q8_0";
-    case DType::kQ4_0: return "Q4_0";
-    case DType::kQ4_1: return "Q4_1";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kQ8_0:
+      return "Q8_0";
+    case DType::kQ4_0:
+      return "Q4_0";
+    case DType::kQ4_1:
+      return "Q4_1";
   }
   return "?";
 }
@@ -48,19 +55,26 @@ int64_t BlockSize(DType t) {
   switch (t) {
     case DType::kQ8_0:
     case DType::kQ4_0:
-    case DType::kQ4_1: return 32;
-    default: return 1;
+    case DType::kQ4_1:
+      return 32;
+    default:
+      return 1;
   }
 }
 
 int64_t BlockBytes(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
+    case DType::kF32:
+      return 4;
     case DType::kF16:
-    case DType::kBF16: return 2;
-    case DType::kQ8_0: return sizeof(BlockQ8_0);
-    case DType::kQ4_0: return sizeof(BlockQ4_0);
-    case DType::kQ4_1: return sizeof(BlockQ4_1);
+    case DType::kBF16:
+      return 2;
+    case DType::kQ8_0:
+      return sizeof(BlockQ8_0);
+    case DType::kQ4_0:
+      return sizeof(BlockQ4_0);
+    case DType::kQ4_1:
+      return sizeof(BlockQ4_1);
   }
   return 0;
 }
@@ -106,7 +120,8 @@ float BF16ToF32(uint16_t h) {
 uint16_t F32ToBF16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN
+  if ((bits & 0x7fffffff) > 0x7f800000)
+    return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN
   bits += 0x7fff + ((bits >> 16) & 1);
   return static_cast<uint16_t>(bits >> 16);
 }

@@ -2,10 +2,9 @@
 // the absl flag tokens_file, so flags read the same as the documentation in either form.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/flags/reflection.h"
 #include "absl/status/statusor.h"
@@ -17,7 +16,8 @@ namespace riskkv {
 // registered flag. Values, positional arguments and unknown flags are left exactly as typed, so
 // `--prompt "- a list - item"` reaches the program unchanged. Call before absl::ParseCommandLine;
 // the strings live in *store.
-inline std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>* store) {
+inline std::vector<char*> NormalizeFlagNames(int argc, char** argv,
+                                             std::vector<std::string>* store) {
   store->assign(argv, argv + argc);
   for (size_t i = 1; i < store->size(); ++i) {
     std::string& a = (*store)[i];
@@ -28,8 +28,9 @@ inline std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<
     const size_t end = std::min(a.find('='), a.size());
     std::string name = a.substr(start, end - start);
     for (char& c : name) c = c == '-' ? '_' : c;
-    const bool known = absl::FindCommandLineFlag(name) != nullptr ||
-                       (name.rfind("no", 0) == 0 && absl::FindCommandLineFlag(name.substr(2)) != nullptr);
+    const bool known =
+        absl::FindCommandLineFlag(name) != nullptr ||
+        (name.rfind("no", 0) == 0 && absl::FindCommandLineFlag(name.substr(2)) != nullptr);
     if (known) a.replace(start, end - start, name);
   }
   std::vector<char*> out;
@@ -47,7 +48,8 @@ inline absl::StatusOr<ActivationPrecision> ParseActivations(const std::string& s
 // Token ids from a JSON list: every element an integer in [0, 2^31).
 inline absl::StatusOr<std::vector<int32_t>> TokenIdsFromJson(const std::string& text) {
   auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_array()) return absl::InvalidArgumentError("token file must hold a JSON list of integers");
+  if (!j.is_array())
+    return absl::InvalidArgumentError("token file must hold a JSON list of integers");
   std::vector<int32_t> ids;
   for (size_t i = 0; i < j.size(); ++i) {
     const auto& v = j[i];

@@ -27,7 +27,8 @@ absl::StatusOr<DecodingState> DecodeDecodingState(const v1::DecodingState& proto
   params.seed = proto.sampling().seed();
   auto sampler = Sampler::Create(params);
   if (!sampler.ok()) {
-    return absl::InvalidArgumentError("DecodingState.sampling: " + std::string(sampler.status().message()));
+    return absl::InvalidArgumentError("DecodingState.sampling: " +
+                                      std::string(sampler.status().message()));
   }
   if (!proto.rng_state().empty()) {
     if (auto s = sampler->RestoreState(proto.rng_state()); !s.ok()) {
@@ -37,7 +38,8 @@ absl::StatusOr<DecodingState> DecodeDecodingState(const v1::DecodingState& proto
   std::vector<int32_t> ids(proto.token_ids().begin(), proto.token_ids().end());
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0) {
-      return absl::InvalidArgumentError("DecodingState.token_ids[" + std::to_string(i) + "] is negative");
+      return absl::InvalidArgumentError("DecodingState.token_ids[" + std::to_string(i) +
+                                        "] is negative");
     }
   }
   return DecodingState{std::move(ids), *std::move(sampler)};

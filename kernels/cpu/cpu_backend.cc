@@ -34,7 +34,8 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(int threads, ActivationPrecision precision)
       : precision_(precision),
-        pool_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+        pool_(threads > 0 ? threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
   std::string_view name() const override { return "cpu"; }
   int threads() const override { return pool_.threads(); }
@@ -61,14 +62,14 @@ class CpuBackend final : public Backend {
   void RmsNorm(const float* x, int64_t n, int64_t d, const float* weight, float eps,
                float* y) override {
     pool_.ParallelFor(n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* xi = x + i * d;
-      float* yi = y + i * d;
-      double ss = 0.0;
-      for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xi[j]) * xi[j];
-      const float scale = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
-      for (int64_t j = 0; j < d; ++j) yi[j] = xi[j] * scale * weight[j];
-    }
+      for (int64_t i = begin; i < end; ++i) {
+        const float* xi = x + i * d;
+        float* yi = y + i * d;
+        double ss = 0.0;
+        for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xi[j]) * xi[j];
+        const float scale = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
+        for (int64_t j = 0; j < d; ++j) yi[j] = xi[j] * scale * weight[j];
+      }
     });
   }
 
@@ -77,27 +78,28 @@ class CpuBackend final : public Backend {
     const int64_t half = p.rot_dim / 2;
     std::vector<double> inv_freq(half);
     for (int64_t i = 0; i < half; ++i) {
-      inv_freq[i] = std::pow(p.base, -2.0 * static_cast<double>(i) / static_cast<double>(p.rot_dim));
+      inv_freq[i] =
+          std::pow(p.base, -2.0 * static_cast<double>(i) / static_cast<double>(p.rot_dim));
     }
     pool_.ParallelFor(n, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> cs(half), sn(half);
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(positions[t]) * inv_freq[i];
-        cs[i] = static_cast<float>(std::cos(angle));
-        sn[i] = static_cast<float>(inverse ? -std::sin(angle) : std::sin(angle));
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = x + (t * heads + h) * p.head_dim;
+      std::vector<float> cs(half), sn(half);
+      for (int64_t t = begin; t < end; ++t) {
         for (int64_t i = 0; i < half; ++i) {
-          const int64_t a = p.layout == RopeLayout::kInterleaved ? 2 * i : i;
-          const int64_t b = p.layout == RopeLayout::kInterleaved ? 2 * i + 1 : i + half;
-          const float x0 = v[a], x1 = v[b];
-          v[a] = x0 * cs[i] - x1 * sn[i];
-          v[b] = x0 * sn[i] + x1 * cs[i];
+          const double angle = static_cast<double>(positions[t]) * inv_freq[i];
+          cs[i] = static_cast<float>(std::cos(angle));
+          sn[i] = static_cast<float>(inverse ? -std::sin(angle) : std::sin(angle));
+        }
+        for (int64_t h = 0; h < heads; ++h) {
+          float* v = x + (t * heads + h) * p.head_dim;
+          for (int64_t i = 0; i < half; ++i) {
+            const int64_t a = p.layout == RopeLayout::kInterleaved ? 2 * i : i;
+            const int64_t b = p.layout == RopeLayout::kInterleaved ? 2 * i + 1 : i + half;
+            const float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cs[i] - x1 * sn[i];
+            v[b] = x0 * sn[i] + x1 * cs[i];
+          }
         }
       }
-    }
     });
   }
 
@@ -142,17 +144,20 @@ class CpuBackend final : public Backend {
           LoadHead(v, kvh, head_dim, kv_stride, n_ctx, v16.data());
           loaded_head = kvh;
         }
-        const ConstMap kh = f16 ? ConstMap(k16.data(), n_ctx, head_dim, Eigen::OuterStride<>(head_dim))
-                                : ConstMap(static_cast<const float*>(k.data) + kvh * head_dim, n_ctx,
-                                           head_dim, Eigen::OuterStride<>(kv_stride));
-        const ConstMap vh = f16 ? ConstMap(v16.data(), n_ctx, head_dim, Eigen::OuterStride<>(head_dim))
-                                : ConstMap(static_cast<const float*>(v.data) + kvh * head_dim, n_ctx,
-                                           head_dim, Eigen::OuterStride<>(kv_stride));
+        const ConstMap kh =
+            f16 ? ConstMap(k16.data(), n_ctx, head_dim, Eigen::OuterStride<>(head_dim))
+                : ConstMap(static_cast<const float*>(k.data) + kvh * head_dim, n_ctx, head_dim,
+                           Eigen::OuterStride<>(kv_stride));
+        const ConstMap vh =
+            f16 ? ConstMap(v16.data(), n_ctx, head_dim, Eigen::OuterStride<>(head_dim))
+                : ConstMap(static_cast<const float*>(v.data) + kvh * head_dim, n_ctx, head_dim,
+                           Eigen::OuterStride<>(kv_stride));
         const int64_t i0 = blk * kQueryBlock;
         const int64_t nb = std::min(kQueryBlock, n - i0);
         const int64_t ctx = q_pos0 + i0 + nb;  // keys visible to the last query of the block
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          ConstMap qh(q + i0 * q_stride + h * head_dim, nb, head_dim, Eigen::OuterStride<>(q_stride));
+          ConstMap qh(q + i0 * q_stride + h * head_dim, nb, head_dim,
+                      Eigen::OuterStride<>(q_stride));
           scores.noalias() = (qh * kh.topRows(ctx).transpose()) * scale;
           for (int64_t i = 0; i < nb; ++i) {
             const int64_t visible = q_pos0 + i0 + i + 1;
@@ -177,8 +182,8 @@ class CpuBackend final : public Backend {
 
  private:
   // Converts head `h` of an f16 [n_ctx, n_kv_heads, head_dim] cache to dense f32 [n_ctx, head_dim].
-  static void LoadHead(const KvView& kv, int64_t h, int64_t head_dim, int64_t stride,
-                       int64_t n_ctx, float* dst) {
+  static void LoadHead(const KvView& kv, int64_t h, int64_t head_dim, int64_t stride, int64_t n_ctx,
+                       float* dst) {
     for (int64_t t = 0; t < n_ctx; ++t) {
       F16ToF32Row(static_cast<const uint16_t*>(kv.data) + t * stride + h * head_dim,
                   dst + t * head_dim, head_dim);
@@ -188,14 +193,15 @@ class CpuBackend final : public Backend {
   void MatMulFused(const float* x, int64_t n, const WeightMatrix& w, float* y) {
     std::vector<float> sums(n * (w.cols / 32));
     if (w.dtype == DType::kQ4_1) {
-      for (int64_t i = 0; i < n; ++i) cpu::BlockSums(x + i * w.cols, w.cols, sums.data() + i * (w.cols / 32));
+      for (int64_t i = 0; i < n; ++i)
+        cpu::BlockSums(x + i * w.cols, w.cols, sums.data() + i * (w.cols / 32));
     }
     pool_.ParallelFor(w.rows, kFusedGrain, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const uint8_t* row = w.row(r);
         for (int64_t i = 0; i < n; ++i) {
-          y[i * w.rows + r] = cpu::DotRow(w.dtype, row, x + i * w.cols,
-                                          sums.data() + i * (w.cols / 32), w.cols);
+          y[i * w.rows + r] =
+              cpu::DotRow(w.dtype, row, x + i * w.cols, sums.data() + i * (w.cols / 32), w.cols);
         }
       }
     });
@@ -209,23 +215,25 @@ class CpuBackend final : public Backend {
     xq.resize(n * blocks);
     cpu::Q8Block* xq_data = xq.data();
     pool_.ParallelFor(n, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) cpu::QuantizeQ8(x + i * w.cols, w.cols, xq_data + i * blocks);
+      for (int64_t i = begin; i < end; ++i)
+        cpu::QuantizeQ8(x + i * w.cols, w.cols, xq_data + i * blocks);
     });
     constexpr int64_t kTokenBlock = 64;
-    pool_.ParallelFor(w.rows, n <= kMaxFusedBatch ? kFusedGrain : 16, [&](int64_t begin, int64_t end) {
-      for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
-        const int64_t t1 = std::min(n, t0 + kTokenBlock);
-        for (int64_t r = begin; r < end; ++r) {
-          const uint8_t* row = w.row(r);
-          for (int64_t i = t0; i < t1; i += 4) {
-            const int count = static_cast<int>(std::min<int64_t>(4, t1 - i));
-            float out[4];
-            cpu::DotRowQ8(w.dtype, row, xq_data + i * blocks, blocks, count, w.cols, out);
-            for (int j = 0; j < count; ++j) y[(i + j) * w.rows + r] = out[j];
+    pool_.ParallelFor(
+        w.rows, n <= kMaxFusedBatch ? kFusedGrain : 16, [&](int64_t begin, int64_t end) {
+          for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
+            const int64_t t1 = std::min(n, t0 + kTokenBlock);
+            for (int64_t r = begin; r < end; ++r) {
+              const uint8_t* row = w.row(r);
+              for (int64_t i = t0; i < t1; i += 4) {
+                const int count = static_cast<int>(std::min<int64_t>(4, t1 - i));
+                float out[4];
+                cpu::DotRowQ8(w.dtype, row, xq_data + i * blocks, blocks, count, w.cols, out);
+                for (int j = 0; j < count; ++j) y[(i + j) * w.rows + r] = out[j];
+              }
+            }
           }
-        }
-      }
-    });
+        });
   }
 
   void MatMulTiled(const float* x, int64_t n, const WeightMatrix& w, float* y) {

@@ -5,7 +5,8 @@
 #include <immintrin.h>
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "riskkv's CPU kernels need AVX2, FMA and F16C: build with -march=x86-64-v3 or newer (RISKKV_NATIVE=OFF selects it)"
+#error \
+    "riskkv's CPU kernels need AVX2, FMA and F16C: build with -march=x86-64-v3 or newer (RISKKV_NATIVE=OFF selects it)"
 #endif
 
 #include <algorithm>
@@ -116,7 +117,8 @@ float DotBF16(const uint16_t* row, const float* x, int64_t n) {
 float DotF32(const float* row, const float* x, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(row + i), _mm256_loadu_ps(x + i), acc);
+  for (; i + 8 <= n; i += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(row + i), _mm256_loadu_ps(x + i), acc);
   float s = HorizontalSum(acc);
   for (; i < n; ++i) s += row[i] * x[i];
   return s;
@@ -135,7 +137,6 @@ inline __m256 DotU8S8(__m256i u, __m256i s) {
   const __m256i p16 = _mm256_maddubs_epi16(u, s);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
-
 
 // Each kernel dots one weight row with N activation rows (token t's blocks start at
 // x + t * stride): the weight block is loaded and unpacked once per N tokens.
@@ -174,18 +175,23 @@ void DotSignedQ8(const uint8_t* row, const Q8Block* x, int64_t stride, int64_t n
     for (int t = 0; t < N; ++t) {
       const Q8Block& xb = x[t * stride + b];
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), DotU8S8(w_abs, _mm256_sign_epi8(q, w)), acc[t]);
+      acc[t] =
+          _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), DotU8S8(w_abs, _mm256_sign_epi8(q, w)), acc[t]);
     }
   }
   for (int t = 0; t < N; ++t) out[t] = HorizontalSum(acc[t]);
 }
 
 template <int N>
-void DotRowsQ8N(DType t, const uint8_t* row, const Q8Block* x, int64_t stride, int64_t n, float* out) {
+void DotRowsQ8N(DType t, const uint8_t* row, const Q8Block* x, int64_t stride, int64_t n,
+                float* out) {
   switch (t) {
-    case DType::kQ4_1: return DotQ4_1Q8<N>(row, x, stride, n, out);
-    case DType::kQ4_0: return DotSignedQ8<N, true>(row, x, stride, n, out);
-    case DType::kQ8_0: return DotSignedQ8<N, false>(row, x, stride, n, out);
+    case DType::kQ4_1:
+      return DotQ4_1Q8<N>(row, x, stride, n, out);
+    case DType::kQ4_0:
+      return DotSignedQ8<N, true>(row, x, stride, n, out);
+    case DType::kQ8_0:
+      return DotSignedQ8<N, false>(row, x, stride, n, out);
     default:  // float weights never take the 8-bit path
       for (int i = 0; i < N; ++i) out[i] = 0.0f;
   }
@@ -214,10 +220,14 @@ void DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t stride, int c
               float* out) {
   const auto* r = static_cast<const uint8_t*>(row);
   switch (count) {
-    case 1: return DotRowsQ8N<1>(t, r, xq, stride, n, out);
-    case 2: return DotRowsQ8N<2>(t, r, xq, stride, n, out);
-    case 3: return DotRowsQ8N<3>(t, r, xq, stride, n, out);
-    default: return DotRowsQ8N<4>(t, r, xq, stride, n, out);
+    case 1:
+      return DotRowsQ8N<1>(t, r, xq, stride, n, out);
+    case 2:
+      return DotRowsQ8N<2>(t, r, xq, stride, n, out);
+    case 3:
+      return DotRowsQ8N<3>(t, r, xq, stride, n, out);
+    default:
+      return DotRowsQ8N<4>(t, r, xq, stride, n, out);
   }
 }
 
@@ -232,12 +242,18 @@ void BlockSums(const float* x, int64_t n, float* sums) {
 float DotRow(DType t, const void* row, const float* x, const float* block_sums, int64_t n) {
   const auto* r = static_cast<const uint8_t*>(row);
   switch (t) {
-    case DType::kQ4_1: return DotQ4_1(r, x, block_sums, n);
-    case DType::kQ4_0: return DotQ4_0(r, x, n);
-    case DType::kQ8_0: return DotQ8_0(r, x, n);
-    case DType::kF16: return DotF16(reinterpret_cast<const uint16_t*>(r), x, n);
-    case DType::kBF16: return DotBF16(reinterpret_cast<const uint16_t*>(r), x, n);
-    case DType::kF32: return DotF32(reinterpret_cast<const float*>(r), x, n);
+    case DType::kQ4_1:
+      return DotQ4_1(r, x, block_sums, n);
+    case DType::kQ4_0:
+      return DotQ4_0(r, x, n);
+    case DType::kQ8_0:
+      return DotQ8_0(r, x, n);
+    case DType::kF16:
+      return DotF16(reinterpret_cast<const uint16_t*>(r), x, n);
+    case DType::kBF16:
+      return DotBF16(reinterpret_cast<const uint16_t*>(r), x, n);
+    case DType::kF32:
+      return DotF32(reinterpret_cast<const float*>(r), x, n);
   }
   return 0.0f;
 }

@@ -8,22 +8,24 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/model.h"
+#include "common/sampler.h"
 #include "kernels/accelerator.h"
 #include "services/cli_args.h"
-#include "common/sampler.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
 ABSL_FLAG(std::string, prompt, "", "prompt text");
 ABSL_FLAG(int, n, 64, "maximum number of tokens to generate");
-ABSL_FLAG(bool, chat, false, "wrap the prompt in the model's <|im_start|> chat turns (SmolLM2, Qwen2)");
+ABSL_FLAG(bool, chat, false,
+          "wrap the prompt in the model's <|im_start|> chat turns (SmolLM2, Qwen2)");
 ABSL_FLAG(float, temperature, 0.0f, "sampling temperature; 0 decodes greedily");
 ABSL_FLAG(int, top_k, 0, "sample from the k most likely tokens (0: all)");
 ABSL_FLAG(float, top_p, 1.0f, "nucleus sampling mass in (0, 1]");
 ABSL_FLAG(uint64_t, seed, 0, "sampling RNG seed");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
-ABSL_FLAG(std::string, activations, "int8",
-          "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
+ABSL_FLAG(
+    std::string, activations, "int8",
+    "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
 
 namespace {
@@ -40,7 +42,11 @@ size_t CompleteUtf8Prefix(const std::string& s) {
   for (size_t back = 0; back < 4 && i > 0; ++back) {
     const unsigned char c = s[i - 1];
     if ((c & 0xC0) != 0x80) {  // lead byte or ASCII
-      const size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+      const size_t need = c < 0x80         ? 1
+                          : (c >> 5) == 6  ? 2
+                          : (c >> 4) == 14 ? 3
+                          : (c >> 3) == 30 ? 4
+                                           : 1;
       return back + 1 >= need ? s.size() : i - 1;
     }
     --i;
@@ -72,7 +78,8 @@ int main(int argc, char** argv) {
   auto sampler = riskkv::Sampler::Create(params);
   if (!sampler.ok()) return Fail(sampler.status());
   const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
-  if (kv != "f32" && kv != "f16") return Fail(absl::InvalidArgumentError("--kv_dtype must be f32 or f16, got " + kv));
+  if (kv != "f32" && kv != "f16")
+    return Fail(absl::InvalidArgumentError("--kv_dtype must be f32 or f16, got " + kv));
   if (absl::GetFlag(FLAGS_n) < 0) return Fail(absl::InvalidArgumentError("-n must be >= 0"));
 
   const auto t_load = Clock::now();
@@ -89,10 +96,12 @@ int main(int argc, char** argv) {
   } else {
     spdlog::info("no GPU: {}", gpu.reason);
   }
-  spdlog::info("loaded {} ({}, {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {:.1f} MB of weights) in {:.2f} s, {} backend with {} threads",
-               cfg.name, riskkv::ArchitectureName(cfg.arch), cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads,
-               cfg.vocab, (*model)->weight_bytes() / 1e6, Seconds(t_load, Clock::now()),
-               (*model)->backend().name(), (*model)->backend().threads());
+  spdlog::info(
+      "loaded {} ({}, {} layers, hidden {}, {} heads / {} KV heads, vocab {}, {:.1f} MB of "
+      "weights) in {:.2f} s, {} backend with {} threads",
+      cfg.name, riskkv::ArchitectureName(cfg.arch), cfg.n_layers, cfg.hidden, cfg.n_heads,
+      cfg.n_kv_heads, cfg.vocab, (*model)->weight_bytes() / 1e6, Seconds(t_load, Clock::now()),
+      (*model)->backend().name(), (*model)->backend().threads());
 
   std::string prompt = absl::GetFlag(FLAGS_prompt);
   if (absl::GetFlag(FLAGS_chat)) {
@@ -106,10 +115,12 @@ int main(int argc, char** argv) {
   const int64_t room = cfg.context_length - static_cast<int64_t>(ids->size());
   if (room <= 0) {
     return Fail(absl::OutOfRangeError("the prompt's " + std::to_string(ids->size()) +
-                                      " tokens fill the model's context of " + std::to_string(cfg.context_length)));
+                                      " tokens fill the model's context of " +
+                                      std::to_string(cfg.context_length)));
   }
   if (n_new > room) {
-    spdlog::info("generating {} tokens instead of {}: the context holds {}", room, n_new, cfg.context_length);
+    spdlog::info("generating {} tokens instead of {}: the context holds {}", room, n_new,
+                 cfg.context_length);
     n_new = static_cast<int>(room);
   }
   auto cache = (*model)->NewKvCache(static_cast<int64_t>(ids->size()) + n_new,

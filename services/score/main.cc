@@ -10,16 +10,17 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/model.h"
-#include "services/cli_args.h"
 #include "common/sampler.h"
+#include "services/cli_args.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
 ABSL_FLAG(std::string, tokens_file, "", "JSON list of token ids to score");
 ABSL_FLAG(std::string, text_file, "", "UTF-8 text to tokenize (no BOS) and score");
 ABSL_FLAG(int, max_tokens, 0, "score at most this many tokens (0: all)");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
-ABSL_FLAG(std::string, activations, "int8",
-          "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
+ABSL_FLAG(
+    std::string, activations, "int8",
+    "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
 ABSL_FLAG(std::string, out, "", "output JSON path (stdout when empty)");
 
@@ -58,19 +59,22 @@ int main(int argc, char** argv) {
   std::vector<int32_t> tokens;
   std::string content;
   if (!absl::GetFlag(FLAGS_tokens_file).empty()) {
-    if (!ReadFile(absl::GetFlag(FLAGS_tokens_file), &content)) return Fail("cannot read --tokens_file");
+    if (!ReadFile(absl::GetFlag(FLAGS_tokens_file), &content))
+      return Fail("cannot read --tokens_file");
     auto ids = riskkv::TokenIdsFromJson(content);
     if (!ids.ok()) return Fail(ids.status().ToString());
     tokens = std::move(*ids);
   } else if (!absl::GetFlag(FLAGS_text_file).empty()) {
     if (!ReadFile(absl::GetFlag(FLAGS_text_file), &content)) return Fail("cannot read --text_file");
-    auto ids = (*model)->tokenizer().Encode(content, /*add_special=*/false, /*parse_special=*/false);
+    auto ids =
+        (*model)->tokenizer().Encode(content, /*add_special=*/false, /*parse_special=*/false);
     if (!ids.ok()) return Fail(ids.status().ToString());
     tokens = std::move(*ids);
   } else {
     return Fail("one of --tokens_file or --text_file is required");
   }
-  if (absl::GetFlag(FLAGS_max_tokens) > 0 && static_cast<int>(tokens.size()) > absl::GetFlag(FLAGS_max_tokens)) {
+  if (absl::GetFlag(FLAGS_max_tokens) > 0 &&
+      static_cast<int>(tokens.size()) > absl::GetFlag(FLAGS_max_tokens)) {
     tokens.resize(absl::GetFlag(FLAGS_max_tokens));
   }
   if (tokens.size() < 2) return Fail("need at least 2 tokens to score");
@@ -90,7 +94,8 @@ int main(int argc, char** argv) {
   std::vector<float> logits;
   for (size_t start = 0; start < tokens.size(); start += kWindow) {
     const size_t m = std::min(kWindow, tokens.size() - start);
-    auto s = (*model)->Forward(std::span<const int32_t>(tokens).subspan(start, m), **cache, fwd, &logits);
+    auto s = (*model)->Forward(std::span<const int32_t>(tokens).subspan(start, m), **cache, fwd,
+                               &logits);
     if (!s.ok()) return Fail(s.ToString());
     for (size_t i = 0; i < m && start + i + 1 < tokens.size(); ++i) {
       std::span<const float> row(logits.data() + i * vocab, vocab);
@@ -98,8 +103,10 @@ int main(int argc, char** argv) {
       argmax.push_back(riskkv::Argmax(row));
     }
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  nlohmann::json out = {{"tokens", tokens}, {"nll", nll}, {"argmax", argmax}, {"prefill_seconds", seconds}};
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nlohmann::json out = {
+      {"tokens", tokens}, {"nll", nll}, {"argmax", argmax}, {"prefill_seconds", seconds}};
   if (absl::GetFlag(FLAGS_out).empty()) {
     std::printf("%s\n", out.dump().c_str());
   } else {

@@ -26,7 +26,8 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     golden_ = Golden::Load(testing::TestdataDir() / "golden" / GetParam());
-    auto model = Model::Load(golden_.model(), {.threads = 2, .activations = ActivationPrecision::kF32});
+    auto model =
+        Model::Load(golden_.model(), {.threads = 2, .activations = ActivationPrecision::kF32});
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
   }
@@ -39,7 +40,8 @@ TEST_P(GoldenTest, PrefillMatchesReference) {
   const auto& tokens = golden_.tokens;
   const int64_t n = tokens.size();
   ASSERT_EQ(c.n_layers, golden_.meta["n_layers"].get<int64_t>());
-  ASSERT_EQ(c.kv_width(), golden_.meta["n_kv_heads"].get<int64_t>() * golden_.meta["head_dim"].get<int64_t>());
+  ASSERT_EQ(c.kv_width(),
+            golden_.meta["n_kv_heads"].get<int64_t>() * golden_.meta["head_dim"].get<int64_t>());
 
   std::vector<std::vector<float>> attn_in(c.n_layers, std::vector<float>(n * c.hidden));
   ForwardOptions options;
@@ -94,11 +96,13 @@ TEST_P(GoldenTest, DecodeStepsMatchReference) {
   ASSERT_TRUE(cache.ok());
   auto logits = model_->Prefill(std::span<const int32_t>(tokens).first(half), **cache);
   ASSERT_TRUE(logits.ok());
-  EXPECT_LE(ScaledMaxError(logits->data(), ref.data() + (half - 1) * c.vocab, c.vocab), golden_.Tolerance("logits"));
+  EXPECT_LE(ScaledMaxError(logits->data(), ref.data() + (half - 1) * c.vocab, c.vocab),
+            golden_.Tolerance("logits"));
   for (int64_t i = half; i < n; ++i) {
     logits = model_->Decode(tokens[i], **cache);
     ASSERT_TRUE(logits.ok());
-    EXPECT_LE(ScaledMaxError(logits->data(), ref.data() + i * c.vocab, c.vocab), golden_.Tolerance("logits"))
+    EXPECT_LE(ScaledMaxError(logits->data(), ref.data() + i * c.vocab, c.vocab),
+              golden_.Tolerance("logits"))
         << "decode position " << i;
   }
 }
@@ -112,12 +116,14 @@ TEST_P(GoldenTest, TeacherForcedNllOnExistingCache) {
   ASSERT_TRUE(cache.ok());
   auto last = model_->Prefill(std::span<const int32_t>(tokens).first(history), **cache);
   ASSERT_TRUE(last.ok());
-  auto nll = model_->TeacherForcedNll(std::span<const int32_t>(tokens).subspan(history), **cache, *last);
+  auto nll =
+      model_->TeacherForcedNll(std::span<const int32_t>(tokens).subspan(history), **cache, *last);
   ASSERT_TRUE(nll.ok()) << nll.status();
   ASSERT_EQ(static_cast<int64_t>(nll->nll.size()), n - history);
   double mean_ref = 0;
   for (int64_t i = 0; i < n - history; ++i) {
-    EXPECT_NEAR(nll->nll[i], ref[history - 1 + i], golden_.Tolerance("nll")) << "token " << history + i;
+    EXPECT_NEAR(nll->nll[i], ref[history - 1 + i], golden_.Tolerance("nll"))
+        << "token " << history + i;
     mean_ref += ref[history - 1 + i];
   }
   EXPECT_NEAR(nll->mean, mean_ref / (n - history), golden_.Tolerance("nll"));
@@ -134,13 +140,15 @@ TEST_P(GoldenTest, F16KvCacheStaysClose) {
   ASSERT_TRUE(model_->Forward(tokens, **cache, options, &logits).ok());
   const auto ref = golden_.Read("logits.f32");
   ASSERT_EQ(ref.size(), logits.size());
-  EXPECT_LE(ScaledMaxError(logits.data(), ref.data(), ref.size()), 10 * golden_.Tolerance("logits") + 5e-3);
+  EXPECT_LE(ScaledMaxError(logits.data(), ref.data(), ref.size()),
+            10 * golden_.Tolerance("logits") + 5e-3);
 }
 
 TEST_P(GoldenTest, Int8ActivationsStayClose) {
   // llama.cpp's 8-bit activation arithmetic: not exact, but it must not move the model's
   // predictions more than activation rounding can (measured: SmolLM2 mean NLL within 0.3%).
-  auto fast = Model::Load(golden_.model(), {.threads = 2, .activations = ActivationPrecision::kInt8});
+  auto fast =
+      Model::Load(golden_.model(), {.threads = 2, .activations = ActivationPrecision::kInt8});
   ASSERT_TRUE(fast.ok());
   const auto& tokens = golden_.tokens;
 
@@ -171,13 +179,13 @@ TEST_P(GoldenTest, Int8ActivationsStayClose) {
 // Every golden the fixture writes: both architectures, every GGUF tensor type, the safetensors
 // form in each float type, the SentencePiece-tokenizer model and the real SmolLM2. A missing
 // directory fails SetUp rather than shrinking the suite.
-INSTANTIATE_TEST_SUITE_P(
-    Models, GoldenTest,
-    ::testing::Values("tiny_llama", "tiny_llama_text", "tiny_llama_hf", "tiny_llama_hf_bf16",
-                      "tiny_llama_hf_f16", "tiny_llama_f16", "tiny_llama_bf16", "tiny_llama_q8_0",
-                      "tiny_llama_q4_0", "tiny_llama_q4_1", "tiny_qwen2", "tiny_qwen2_hf", "tiny_spm",
-                      "smollm2"),
-    [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Models, GoldenTest,
+                         ::testing::Values("tiny_llama", "tiny_llama_text", "tiny_llama_hf",
+                                           "tiny_llama_hf_bf16", "tiny_llama_hf_f16",
+                                           "tiny_llama_f16", "tiny_llama_bf16", "tiny_llama_q8_0",
+                                           "tiny_llama_q4_0", "tiny_llama_q4_1", "tiny_qwen2",
+                                           "tiny_qwen2_hf", "tiny_spm", "smollm2"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace riskkv

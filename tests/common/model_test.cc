@@ -77,7 +77,8 @@ TEST(Model, GgufAndSafetensorsFormsAgree) {
     ASSERT_TRUE(a && b);
     // convert_hf_to_gguf.py permutes llama's Q/K rows to interleaved pairs; qwen2 keeps NEOX.
     const bool llama = std::string(gguf) == "tiny_llama.gguf";
-    EXPECT_EQ(a->config().rope_layout, llama ? RopeLayout::kInterleaved : RopeLayout::kHalf) << gguf;
+    EXPECT_EQ(a->config().rope_layout, llama ? RopeLayout::kInterleaved : RopeLayout::kHalf)
+        << gguf;
     EXPECT_EQ(b->config().rope_layout, RopeLayout::kHalf) << hf;
     const std::vector<int32_t> tokens = {1, 17, 300, 42, 7, 255, 3, 99, 128, 5};
     const auto la = AllLogits(*a, tokens), lb = AllLogits(*b, tokens);
@@ -121,7 +122,8 @@ TEST(Model, RejectsBadTokensAndOverlongPrompts) {
   EXPECT_NE(too_long.status().message().find("context length"), std::string::npos);
   EXPECT_EQ((*cache)->n_tokens(), 0);
   auto small = m->NewKvCache(4);
-  EXPECT_EQ(m->Prefill(std::vector<int32_t>(5, 3), **small).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(m->Prefill(std::vector<int32_t>(5, 3), **small).status().code(),
+            absl::StatusCode::kOutOfRange);
   EXPECT_EQ((*small)->n_tokens(), 0);
   EXPECT_FALSE(m->Prefill(std::vector<int32_t>{}, **small).ok());
   auto nll = m->TeacherForcedNll(std::vector<int32_t>{1, 2}, **small, std::vector<float>(3));
@@ -243,7 +245,8 @@ TEST(Model, BadFilesReturnNamedErrors) {
   for (const auto& c : cases) {
     auto m = Model::Load(Tiny(c.file).string());
     ASSERT_FALSE(m.ok()) << c.file;
-    EXPECT_NE(m.status().message().find(c.expected), std::string::npos) << c.file << ": " << m.status();
+    EXPECT_NE(m.status().message().find(c.expected), std::string::npos)
+        << c.file << ": " << m.status();
   }
   EXPECT_EQ(Model::Load("/nonexistent/model.gguf").status().code(), absl::StatusCode::kNotFound);
   const fs::path text = fs::temp_directory_path() / "riskkv_not_a_model.txt";
@@ -259,7 +262,8 @@ TEST(Model, TruncatedFilesNeverLoad) {
   const fs::path dst = fs::temp_directory_path() / "riskkv_truncated.gguf";
   int tried = 0;
   for (size_t cut = 0; cut < bytes.size(); cut += 1 + cut / 7) {
-    std::ofstream(dst, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(cut));
+    std::ofstream(dst, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(cut));
     auto m = Model::Load(dst.string());
     EXPECT_FALSE(m.ok()) << "loaded a file truncated at " << cut << " of " << bytes.size();
     ++tried;

@@ -41,7 +41,8 @@ TEST(Sampler, FrequenciesFollowSoftmax) {
   for (int id = 0; id < static_cast<int>(logits.size()); ++id) {
     const double p = std::exp(logits[id] / temperature) / z;
     // 5 standard deviations of a binomial proportion.
-    EXPECT_NEAR(counts[id] / static_cast<double>(draws), p, 5 * std::sqrt(p * (1 - p) / draws) + 1e-4)
+    EXPECT_NEAR(counts[id] / static_cast<double>(draws), p,
+                5 * std::sqrt(p * (1 - p) / draws) + 1e-4)
         << "token " << id;
   }
 }

@@ -30,7 +30,8 @@ TEST(Accelerator, BuiltModuleLoads) {
   if (p.devices.empty()) {
     // No driver (cudaErrorInsufficientDriver) or no device: named, and the count stays 0.
     EXPECT_TRUE(p.reason.find("cudaGetDeviceCount") != std::string::npos ||
-                p.reason == "no CUDA device") << p.reason;
+                p.reason == "no CUDA device")
+        << p.reason;
   }
 }
 

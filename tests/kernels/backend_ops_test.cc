@@ -54,7 +54,8 @@ TEST_P(MatMulTest, MatchesReference) {
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t r = 0; r < rows; ++r) {
       double s = bias[r];
-      for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(w.dequantized[r * cols + j]) * x[i * cols + j];
+      for (int64_t j = 0; j < cols; ++j)
+        s += static_cast<double>(w.dequantized[r * cols + j]) * x[i * cols + j];
       ref[i * rows + r] = s;
     }
   }
@@ -80,8 +81,7 @@ INSTANTIATE_TEST_SUITE_P(
     FloatOddCols, MatMulTest,
     ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
                        ::testing::Values<int64_t>(1, 3, 5, 70),  // fused and tiled paths
-                       ::testing::Values<int64_t>(1, 67),
-                       ::testing::Values<int64_t>(1, 7, 100)));
+                       ::testing::Values<int64_t>(1, 67), ::testing::Values<int64_t>(1, 7, 100)));
 
 // The 8-bit activation path against an integer reference written from ggml's definitions:
 // x quantized per block of 32 with d = amax / 127 (through f16), q = round-half-even(x / d);
@@ -139,7 +139,8 @@ TEST_P(MatMulInt8Test, MatchesIntegerReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, MatMulInt8Test,
-                         ::testing::Combine(::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_1),
+                         ::testing::Combine(::testing::Values(DType::kQ8_0, DType::kQ4_0,
+                                                              DType::kQ4_1),
                                             ::testing::Values<int64_t>(1, 4, 70)));
 
 TEST(BackendOps, Int8LeavesFloatWeightsExact) {
@@ -167,10 +168,12 @@ TEST(BackendOps, RmsNorm) {
     for (auto& be : Backends()) {
       std::vector<float> y(n * d);
       be->RmsNorm(x.data(), n, d, w.data(), 1e-5f, y.data());
-      EXPECT_LT(Nmse(y.data(), ref.data(), n * d), 1e-12) << "threads=" << be->threads() << " n=" << n;
+      EXPECT_LT(Nmse(y.data(), ref.data(), n * d), 1e-12)
+          << "threads=" << be->threads() << " n=" << n;
       std::vector<float> inplace = x;
       be->RmsNorm(inplace.data(), n, d, w.data(), 1e-5f, inplace.data());
-      EXPECT_LT(Nmse(inplace.data(), ref.data(), n * d), 1e-12) << "threads=" << be->threads() << " n=" << n;
+      EXPECT_LT(Nmse(inplace.data(), ref.data(), n * d), 1e-12)
+          << "threads=" << be->threads() << " n=" << n;
     }
   }
 }
@@ -193,8 +196,10 @@ TEST_P(RopeTest, MatchesReferenceAndInverts) {
         const int64_t a = layout == RopeLayout::kInterleaved ? 2 * i : i;
         const int64_t b = layout == RopeLayout::kInterleaved ? 2 * i + 1 : i + hd / 2;
         const double x0 = x[(t * heads + h) * hd + a], x1 = x[(t * heads + h) * hd + b];
-        ref[(t * heads + h) * hd + a] = static_cast<float>(x0 * std::cos(theta) - x1 * std::sin(theta));
-        ref[(t * heads + h) * hd + b] = static_cast<float>(x0 * std::sin(theta) + x1 * std::cos(theta));
+        ref[(t * heads + h) * hd + a] =
+            static_cast<float>(x0 * std::cos(theta) - x1 * std::sin(theta));
+        ref[(t * heads + h) * hd + b] =
+            static_cast<float>(x0 * std::sin(theta) + x1 * std::cos(theta));
       }
     }
   }
@@ -209,7 +214,8 @@ TEST_P(RopeTest, MatchesReferenceAndInverts) {
 
 // 5 tokens stay on the caller; 40 span several 16-token chunks of the pool.
 INSTANTIATE_TEST_SUITE_P(Layouts, RopeTest,
-                         ::testing::Combine(::testing::Values(RopeLayout::kInterleaved, RopeLayout::kHalf),
+                         ::testing::Combine(::testing::Values(RopeLayout::kInterleaved,
+                                                              RopeLayout::kHalf),
                                             ::testing::Values<int64_t>(5, 40)));
 
 TEST(BackendOps, SwiGlu) {
@@ -226,7 +232,8 @@ TEST(BackendOps, SwiGlu) {
       EXPECT_LT(Nmse(y.data(), ref.data(), n), 1e-12) << "threads=" << be->threads() << " n=" << n;
       std::vector<float> inplace = g;  // the model writes over the gate
       be->SwiGlu(inplace.data(), u.data(), n, inplace.data());
-      EXPECT_LT(Nmse(inplace.data(), ref.data(), n), 1e-12) << "threads=" << be->threads() << " n=" << n;
+      EXPECT_LT(Nmse(inplace.data(), ref.data(), n), 1e-12)
+          << "threads=" << be->threads() << " n=" << n;
     }
   }
 }
@@ -268,7 +275,9 @@ TEST_P(AttentionTest, MatchesReference) {
       double mx = -1e300;
       for (int64_t t = 0; t < visible; ++t) {
         double dot = 0;
-        for (int64_t j = 0; j < hd; ++j) dot += static_cast<double>(q[(i * n_heads + h) * hd + j]) * k[(t * n_kv_heads + kvh) * hd + j];
+        for (int64_t j = 0; j < hd; ++j)
+          dot += static_cast<double>(q[(i * n_heads + h) * hd + j]) *
+                 k[(t * n_kv_heads + kvh) * hd + j];
         s[t] = dot / std::sqrt(static_cast<double>(hd));
         mx = std::max(mx, s[t]);
       }
@@ -281,8 +290,10 @@ TEST_P(AttentionTest, MatchesReference) {
       }
     }
   }
-  const KvView kv_k{kv_dtype, kv_dtype == DType::kF16 ? static_cast<const void*>(k16.data()) : k.data(), n_ctx};
-  const KvView kv_v{kv_dtype, kv_dtype == DType::kF16 ? static_cast<const void*>(v16.data()) : v.data(), n_ctx};
+  const KvView kv_k{
+      kv_dtype, kv_dtype == DType::kF16 ? static_cast<const void*>(k16.data()) : k.data(), n_ctx};
+  const KvView kv_v{
+      kv_dtype, kv_dtype == DType::kF16 ? static_cast<const void*>(v16.data()) : v.data(), n_ctx};
   for (auto& be : Backends()) {
     std::vector<float> out(n * n_heads * hd);
     be->Attention(q.data(), n, q_pos0, kv_k, kv_v, n_heads, n_kv_heads, hd, out.data());

@@ -43,7 +43,8 @@ TEST(DType, BFloat16) {
 }
 
 TEST(DType, Q4_1HandBuiltBlock) {
-  // d = 0.5, m = -1, nibbles j and 15 - j: element j = 0.5 * j - 1, element 16 + j = 0.5 * (15 - j) - 1.
+  // d = 0.5, m = -1, nibbles j and 15 - j: element j = 0.5 * j - 1, element 16 + j = 0.5 * (15 - j)
+  // - 1.
   std::vector<uint8_t> block;
   testing::PutHalf(block, 0.5f);
   testing::PutHalf(block, -1.0f);
@@ -91,13 +92,25 @@ TEST(DType, QuantizationErrorWithinHalfStep) {
       // Largest possible error of each scheme for this block (plus f16 rounding of scales).
       float bound = 0;
       switch (t) {
-        case DType::kF16: bound = amax * 1e-3f; break;
-        case DType::kBF16: bound = amax * 8e-3f; break;
-        case DType::kQ8_0: bound = amax / 127.0f * 0.51f + amax * 1e-3f; break;
-        // The side opposite the largest magnitude reaches only 7/8 of it: clipping error <= amax / 8.
-        case DType::kQ4_0: bound = amax / 8.0f * 1.01f + amax * 2e-3f; break;
-        case DType::kQ4_1: bound = (hi - lo) / 15.0f * 0.51f + amax * 2e-3f; break;
-        default: break;
+        case DType::kF16:
+          bound = amax * 1e-3f;
+          break;
+        case DType::kBF16:
+          bound = amax * 8e-3f;
+          break;
+        case DType::kQ8_0:
+          bound = amax / 127.0f * 0.51f + amax * 1e-3f;
+          break;
+        // The side opposite the largest magnitude reaches only 7/8 of it: clipping error <= amax
+        // / 8.
+        case DType::kQ4_0:
+          bound = amax / 8.0f * 1.01f + amax * 2e-3f;
+          break;
+        case DType::kQ4_1:
+          bound = (hi - lo) / 15.0f * 0.51f + amax * 2e-3f;
+          break;
+        default:
+          break;
       }
       for (int j = 0; j < 32; ++j) {
         EXPECT_LE(std::fabs(y[b + j] - x[b + j]), bound) << DTypeName(t) << " element " << b + j;

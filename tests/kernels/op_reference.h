@@ -52,7 +52,8 @@ inline std::vector<uint8_t> QuantizeRow(DType t, const float* x, int64_t n) {
         const float d = amax / 127.0f;
         PutHalf(out, d);
         for (int j = 0; j < 32; ++j) {
-          out.push_back(static_cast<uint8_t>(static_cast<int8_t>(d ? std::lround(x[b + j] / d) : 0)));
+          out.push_back(
+              static_cast<uint8_t>(static_cast<int8_t>(d ? std::lround(x[b + j] / d) : 0)));
         }
       }
       break;
@@ -60,7 +61,10 @@ inline std::vector<uint8_t> QuantizeRow(DType t, const float* x, int64_t n) {
       for (int64_t b = 0; b < n; b += 32) {
         float amax = 0, maxv = 0;
         for (int j = 0; j < 32; ++j) {
-          if (std::fabs(x[b + j]) > amax) { amax = std::fabs(x[b + j]); maxv = x[b + j]; }
+          if (std::fabs(x[b + j]) > amax) {
+            amax = std::fabs(x[b + j]);
+            maxv = x[b + j];
+          }
         }
         const float d = maxv / -8.0f;
         const float id = d ? 1.0f / d : 0.0f;
@@ -75,7 +79,10 @@ inline std::vector<uint8_t> QuantizeRow(DType t, const float* x, int64_t n) {
     case DType::kQ4_1:
       for (int64_t b = 0; b < n; b += 32) {
         float mn = x[b], mx = x[b];
-        for (int j = 0; j < 32; ++j) { mn = std::min(mn, x[b + j]); mx = std::max(mx, x[b + j]); }
+        for (int j = 0; j < 32; ++j) {
+          mn = std::min(mn, x[b + j]);
+          mx = std::max(mx, x[b + j]);
+        }
         const float d = (mx - mn) / 15.0f;
         const float id = d ? 1.0f / d : 0.0f;
         PutHalf(out, d);

@@ -155,7 +155,8 @@ struct Handshake {
 };
 
 template <typename CallerBody, typename WorkerBody>
-void RunOnBothThreads(ThreadPool& pool, Handshake& h, CallerBody caller_body, WorkerBody worker_body) {
+void RunOnBothThreads(ThreadPool& pool, Handshake& h, CallerBody caller_body,
+                      WorkerBody worker_body) {
   const auto caller_id = std::this_thread::get_id();
   pool.ParallelFor(2, 1, [&](int64_t, int64_t) {
     if (std::this_thread::get_id() == caller_id) {
@@ -269,7 +270,8 @@ TEST(ThreadPool, ThrowingChunksNeverOutliveTheCallAndPoolRecovers) {
           ~Leave() { c.fetch_sub(1); }
         } leave{in_flight};
         if (it % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
-        if ((begin / grain) % 7 == it % 7) throw std::runtime_error("chunk " + std::to_string(begin));
+        if ((begin / grain) % 7 == it % 7)
+          throw std::runtime_error("chunk " + std::to_string(begin));
       });
     } catch (const std::runtime_error& e) {
       threw = true;
@@ -278,13 +280,15 @@ TEST(ThreadPool, ThrowingChunksNeverOutliveTheCallAndPoolRecovers) {
       EXPECT_EQ((begin / grain) % 7, it % 7) << "rethrew an exception no chunk threw";
     }
     ASSERT_TRUE(threw) << "iteration " << it;
-    ASSERT_EQ(in_flight.load(), 0) << "a chunk was still running when ParallelFor threw, iteration " << it;
+    ASSERT_EQ(in_flight.load(), 0)
+        << "a chunk was still running when ParallelFor threw, iteration " << it;
     const int after = entered.load();
     std::vector<std::atomic<int>> visits(n);
     pool.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) visits[i].fetch_add(1);
     });
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(visits[i].load(), 1) << "iteration " << it << " index " << i;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(visits[i].load(), 1) << "iteration " << it << " index " << i;
     ASSERT_EQ(entered.load(), after) << "a chunk of the failed job started after it returned";
   }
 }
