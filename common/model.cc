@@ -28,6 +28,39 @@ double TokenNll(std::span<const float> logits, int32_t target) {
   return std::log(sum) + mx - logits[target];
 }
 
+Model::KvProjection Model::kv_projection(int64_t layer) const {
+  const Layer& l = layers_[layer];
+  return {l.wk, l.wv, l.bk, l.bv};
+}
+
+void Model::ForEachWeight(const WeightVisitor& fn) const {
+  auto matrix = [&fn](const std::string& name, const WeightMatrix& w) {
+    fn(name, w.dtype, w.data, static_cast<size_t>(w.rows * RowBytes(w.dtype, w.cols)));
+  };
+  auto vector = [&fn](const std::string& name, const std::vector<float>& v) {
+    fn(name, DType::kF32, v.data(), v.size() * sizeof(float));
+  };
+  matrix("token_embd", token_embedding_);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& w = layers_[l];
+    const std::string p = absl::StrCat("blk.", l, ".");
+    vector(p + "attn_norm", w.attn_norm);
+    matrix(p + "wq", w.wq);
+    matrix(p + "wk", w.wk);
+    matrix(p + "wv", w.wv);
+    if (!w.bq.empty()) vector(p + "bq", w.bq);
+    if (!w.bk.empty()) vector(p + "bk", w.bk);
+    if (!w.bv.empty()) vector(p + "bv", w.bv);
+    matrix(p + "wo", w.wo);
+    vector(p + "ffn_norm", w.ffn_norm);
+    matrix(p + "w_gate", w.w_gate);
+    matrix(p + "w_up", w.w_up);
+    matrix(p + "w_down", w.w_down);
+  }
+  vector("output_norm", output_norm_);
+  if (!config_.tied_embeddings) matrix("lm_head", lm_head_);
+}
+
 absl::StatusOr<std::unique_ptr<KvCache>> Model::NewKvCache(int64_t capacity, DType dtype) const {
   return KvCache::Create(config_.n_layers, config_.n_kv_heads, config_.head_dim,
                          std::min(capacity, config_.context_length), dtype);

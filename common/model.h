@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,6 +56,22 @@ class Model {
   Backend& backend() { return *backend_; }
   // Bytes of weights as stored (quantized blocks stay quantized).
   int64_t weight_bytes() const { return weight_bytes_; }
+
+  // Layer `layer`'s frozen K and V projections ([kv_width, hidden] as stored) and their biases
+  // (empty spans when the architecture has none): what RISK-KV folds its predictors into.
+  struct KvProjection {
+    WeightMatrix k, v;
+    std::span<const float> k_bias, v_bias;
+  };
+  KvProjection kv_projection(int64_t layer) const;
+
+  // Calls `fn` on every weight tensor in a fixed order: token_embd; per layer attn_norm, wq, wk,
+  // wv, [bq, bk, bv,] wo, ffn_norm, w_gate, w_up, w_down; output_norm; lm_head (left out when
+  // tied to token_embd). Matrices are passed as stored (dtype and bytes of the file), norms and
+  // biases as the f32 copies the forward pass uses. `data` is valid as long as the model.
+  using WeightVisitor =
+      std::function<void(std::string_view name, DType dtype, const void* data, size_t bytes)>;
+  void ForEachWeight(const WeightVisitor& fn) const;
 
   // A cache sized for this model; capacity is clamped to the context length.
   absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int64_t capacity,

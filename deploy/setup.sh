@@ -27,7 +27,7 @@ APT_PACKAGES=(
   build-essential cmake pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libeigen3-dev prometheus-cpp-dev libspdlog-dev nlohmann-json3-dev libpcre2-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
   python3 python3-venv python3-pip
   jargon-text
 )
