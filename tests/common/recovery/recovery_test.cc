@@ -3,45 +3,23 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 
 #include "common/model.h"
+#include "common/model_fingerprint.h"
 #include "common/recovery/features.h"
 #include "common/recovery/fold.h"
 #include "common/recovery/layer_group.h"
+#include "common/recovery/predictor_bank.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/ridge.h"
 #include "tests/test_paths.h"
 
 namespace riskkv {
 namespace {
-
-// A FoldedGroup over f32 copies of fitted maps, owning its storage.
-struct OwnedGroup {
-  std::vector<std::vector<float>> store;
-  FoldedGroup folded;
-};
-
-OwnedGroup Own(const GroupFit& fit) {
-  OwnedGroup g;
-  g.folded.group = fit.group;
-  g.store.reserve(4 * fit.layers.size());
-  for (const LayerFit& l : fit.layers) {
-    for (const auto* v : {&l.a_k, &l.a_v, &l.c_k, &l.c_v})
-      g.store.emplace_back(v->begin(), v->end());
-    const size_t i = g.store.size() - 4;
-    FoldedMap m;
-    m.layer = l.layer;
-    m.k = {DType::kF32, g.store[i].data(), l.kv_width, l.n_features};
-    m.v = {DType::kF32, g.store[i + 1].data(), l.kv_width, l.n_features};
-    m.c_k = g.store[i + 2];
-    m.c_v = g.store[i + 3];
-    g.folded.maps.push_back(m);
-  }
-  return g;
-}
 
 TEST(LayerGroups, SmolLM2Tiling) {
   auto groups = CandidateGroups(30, {});
@@ -259,7 +237,18 @@ TEST(Rebuild, RecoversSmolLM2LayersFromAnchors) {
     ASSERT_TRUE(folded.ok());
     fit.layers.push_back(*folded);
   }
-  OwnedGroup owned = Own(fit);
+  // The serving path: an f16 bank written for this model's fingerprint, mapped back, applied.
+  auto fingerprint = ModelFingerprint(*model);
+  ASSERT_TRUE(fingerprint.ok());
+  auto made = PredictorBank::FromFits(*fingerprint, DType::kF16, {fit});
+  ASSERT_TRUE(made.ok()) << made.status();
+  const std::string bank_path =
+      (std::filesystem::temp_directory_path() / "riskkv_recovery_test.bank").string();
+  ASSERT_TRUE((*made)->Write(bank_path).ok());
+  auto bank = PredictorBank::Open(bank_path, *fingerprint);
+  ASSERT_TRUE(bank.ok()) << bank.status();
+  EXPECT_EQ((*bank)->content_hash(), (*made)->content_hash());
+  ASSERT_EQ((*bank)->groups().size(), 1u);
 
   // Keep the exact target KV, wipe it, rebuild, compare.
   std::vector<std::vector<float>> exact_k, exact_v;
@@ -274,7 +263,7 @@ TEST(Rebuild, RecoversSmolLM2LayersFromAnchors) {
   }
   std::vector<float> anchor_before(n * w), anchor_after(n * w);
   ASSERT_TRUE(test_cache->ReadKeys(3, 0, n, anchor_before.data()).ok());
-  ASSERT_TRUE(RebuildGroup(*test_cache, owned.folded, c, model->backend(), 0, n).ok());
+  ASSERT_TRUE(RebuildGroup(*test_cache, (*bank)->groups()[0], c, model->backend(), 0, n).ok());
   ASSERT_TRUE(test_cache->ReadKeys(3, 0, n, anchor_after.data()).ok());
   EXPECT_EQ(anchor_before, anchor_after);  // anchors untouched
 
