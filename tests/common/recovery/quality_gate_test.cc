@@ -1,0 +1,134 @@
+// The bootstrap and the gates on hand-made per-request NLL differences.
+#include "common/recovery/quality_gate.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace riskkv {
+namespace {
+
+std::vector<double> Normal(int n, double mean, double sd, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> dist(mean, sd);
+  std::vector<double> v(n);
+  for (double& x : v) x = dist(rng);
+  return v;
+}
+
+double SampleMean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / v.size();
+}
+
+double SampleSd(const std::vector<double>& v) {
+  const double m = SampleMean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / (v.size() - 1));
+}
+
+TEST(Bootstrap, ConstantDeltasGiveADegenerateInterval) {
+  const std::vector<double> d(50, 0.004);
+  auto ci = BootstrapMeanInterval(d, 0.95);
+  ASSERT_TRUE(ci.ok());
+  EXPECT_DOUBLE_EQ(ci->mean, 0.004);
+  EXPECT_NEAR(ci->lo, 0.004, 1e-15);
+  EXPECT_NEAR(ci->hi, 0.004, 1e-15);
+}
+
+TEST(Bootstrap, MatchesTheNormalApproximationForLargeSamples) {
+  const auto d = Normal(400, 0.01, 0.05, 1);
+  const double se = SampleSd(d) / std::sqrt(400.0);
+  auto ci = BootstrapMeanInterval(d, 0.95, {.resamples = 20000, .seed = 3});
+  ASSERT_TRUE(ci.ok());
+  EXPECT_NEAR(ci->mean, SampleMean(d), 1e-12);
+  EXPECT_NEAR(ci->hi - ci->mean, 1.96 * se, 0.1 * 1.96 * se);
+  EXPECT_NEAR(ci->mean - ci->lo, 1.96 * se, 0.1 * 1.96 * se);
+  auto ub = BootstrapUpperBound(d, 0.9, {.resamples = 20000, .seed = 3});
+  ASSERT_TRUE(ub.ok());
+  EXPECT_NEAR(*ub - SampleMean(d), 1.2816 * se, 0.1 * 1.2816 * se);
+  EXPECT_LT(*ub, ci->hi);  // one-sided 90% sits inside the two-sided 95% interval
+}
+
+TEST(Bootstrap, DeterministicForASeed) {
+  const auto d = Normal(30, 0.0, 1.0, 2);
+  EXPECT_EQ(*BootstrapUpperBound(d, 0.9, {.seed = 7}), *BootstrapUpperBound(d, 0.9, {.seed = 7}));
+  EXPECT_NE(*BootstrapUpperBound(d, 0.9, {.seed = 7}), *BootstrapUpperBound(d, 0.9, {.seed = 8}));
+}
+
+TEST(Bootstrap, RejectsBadInput) {
+  EXPECT_FALSE(BootstrapMeanInterval({}, 0.95).ok());
+  const std::vector<double> nan = {0.1, NAN};
+  EXPECT_FALSE(BootstrapMeanInterval(nan, 0.95).ok());
+  const std::vector<double> ok = {0.1, 0.2};
+  EXPECT_FALSE(BootstrapMeanInterval(ok, 1.0).ok());
+  EXPECT_FALSE(BootstrapUpperBound(ok, 0.0).ok());
+  EXPECT_FALSE(BootstrapUpperBound(ok, 0.9, {.resamples = 5}).ok());
+}
+
+// `n` values alternating mean + spread and mean - spread: sample mean exactly `mean`.
+std::vector<double> Alternating(int n, double mean, double spread) {
+  std::vector<double> v(n);
+  for (int i = 0; i < n; ++i) v[i] = mean + (i % 2 ? -spread : spread);
+  return v;
+}
+
+// A path of growing configurations: the first two are within 0.005 on average, the second with
+// a wide spread (standard error 0.0039) and over budget on the independent requests; the third
+// is over budget everywhere.
+std::vector<PathPoint> HandMadePath() {
+  std::vector<PathPoint> path(3);
+  path[0] = {0.10, Alternating(60, 0.001, 0.002), Alternating(60, 0.001, 0.002)};
+  path[1] = {0.20, Alternating(60, 0.003, 0.030), std::vector<double>(60, 0.009)};
+  path[2] = {0.30, std::vector<double>(60, 0.012), std::vector<double>(60, 0.012)};
+  return path;
+}
+
+TEST(Gates, EachGateChoosesAsItsRuleSays) {
+  const auto path = HandMadePath();
+
+  auto mean = ApplyGate(Gate::kMean, path, 0.005);
+  ASSERT_TRUE(mean.ok());
+  EXPECT_EQ(mean->chosen, 1);  // largest point whose mean is within budget
+  EXPECT_EQ(mean->passed, (std::vector<bool>{true, true, false}));
+
+  auto upper = ApplyGate(Gate::kUpper90, path, 0.005);
+  ASSERT_TRUE(upper.ok());
+  EXPECT_EQ(upper->chosen, 0);  // point 1's spread puts its upper bound over budget
+  EXPECT_GT(upper->statistic[1], 0.005);
+  EXPECT_GT(upper->statistic[1], mean->statistic[1]);
+
+  auto split = ApplyGate(Gate::kStableSplit, path, 0.005);
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(split->chosen, 0);  // point 1 fails on the independent requests
+}
+
+TEST(Gates, FallBackToExactKvWhenNothingPasses) {
+  auto d = ApplyGate(Gate::kMean, HandMadePath(), 0.0001);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->chosen, -1);
+  auto empty = ApplyGate(Gate::kUpper90, {}, 0.005);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->chosen, -1);
+}
+
+TEST(Gates, PicksTheMostKvSavedNotTheLastPassing) {
+  std::vector<PathPoint> path = {{0.25, {0.001, 0.002}, {}}, {0.15, {0.001, 0.001}, {}}};
+  auto d = ApplyGate(Gate::kMean, path, 0.005);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->chosen, 0);
+}
+
+TEST(Gates, RejectsBadInput) {
+  EXPECT_FALSE(ApplyGate(Gate::kMean, HandMadePath(), -1.0).ok());
+  std::vector<PathPoint> no_confirm = {{0.1, {0.001}, {}}};
+  EXPECT_FALSE(ApplyGate(Gate::kStableSplit, no_confirm, 0.005).ok());
+  std::vector<PathPoint> no_deltas = {{0.1, {}, {}}};
+  EXPECT_FALSE(ApplyGate(Gate::kMean, no_deltas, 0.005).ok());
+}
+
+}  // namespace
+}  // namespace riskkv
