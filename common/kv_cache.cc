@@ -49,6 +49,27 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int64_t n_layers, int64
   return cache;
 }
 
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Clone() const {
+  auto copy = Create(n_layers_, n_kv_heads_, head_dim_, capacity_, dtype_);
+  if (!copy.ok()) return copy.status();
+  if (auto s = (*copy)->CopyFrom(*this); !s.ok()) return s;
+  return copy;
+}
+
+absl::Status KvCache::CopyFrom(const KvCache& other) {
+  if (other.n_layers_ != n_layers_ || other.n_kv_heads_ != n_kv_heads_ ||
+      other.head_dim_ != head_dim_ || other.capacity_ != capacity_ || other.dtype_ != dtype_) {
+    return absl::InvalidArgumentError("KV cache copy between caches of different shapes");
+  }
+  const size_t bytes = static_cast<size_t>(other.n_tokens_ * token_bytes());
+  for (int64_t l = 0; l < n_layers_; ++l) {
+    std::memcpy(k_[l].get(), other.k_[l].get(), bytes);
+    std::memcpy(v_[l].get(), other.v_[l].get(), bytes);
+  }
+  n_tokens_ = other.n_tokens_;
+  return absl::OkStatus();
+}
+
 absl::Status KvCache::SetTokens(int64_t n) {
   if (n < 0 || n > capacity_) {
     return absl::OutOfRangeError(

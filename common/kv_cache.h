@@ -37,6 +37,11 @@ class KvCache {
   // Bytes of one token's K (or V) in one layer.
   int64_t token_bytes() const { return width() * (dtype_ == DType::kF16 ? 2 : 4); }
 
+  // A deep copy (same shape, dtype, contents and token count).
+  absl::StatusOr<std::unique_ptr<KvCache>> Clone() const;
+  // Copies the contents and token count of a cache of the same shape and dtype.
+  absl::Status CopyFrom(const KvCache& other);
+
   // Number of valid positions.
   int64_t n_tokens() const { return n_tokens_; }
   // Marks positions [0, n) valid (n <= capacity). Shrinking discards the tail.

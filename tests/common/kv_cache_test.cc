@@ -56,5 +56,30 @@ TEST(KvCache, RejectsBadArguments) {
   EXPECT_TRUE((*cache)->SetTokens(4).ok());
 }
 
+TEST(KvCache, CloneAndCopyFrom) {
+  auto a = KvCache::Create(2, 1, 8, 6, DType::kF16);
+  ASSERT_TRUE(a.ok());
+  const auto x = testing::RandomVector(3 * 8, 4);
+  ASSERT_TRUE((*a)->WriteKeys(1, 0, 3, x.data()).ok());
+  ASSERT_TRUE((*a)->SetTokens(3).ok());
+  auto b = (*a)->Clone();
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->n_tokens(), 3);
+  std::vector<float> ya(3 * 8), yb(3 * 8);
+  ASSERT_TRUE((*a)->ReadKeys(1, 0, 3, ya.data()).ok());
+  ASSERT_TRUE((*b)->ReadKeys(1, 0, 3, yb.data()).ok());
+  EXPECT_EQ(ya, yb);
+  // Independent storage: writing the copy leaves the original alone.
+  std::vector<float> zeros(8, 0.0f);
+  ASSERT_TRUE((*b)->WriteKeys(1, 0, 1, zeros.data()).ok());
+  ASSERT_TRUE((*a)->ReadKeys(1, 0, 3, yb.data()).ok());
+  EXPECT_EQ(ya, yb);
+  ASSERT_TRUE((*b)->CopyFrom(**a).ok());
+  ASSERT_TRUE((*b)->ReadKeys(1, 0, 3, yb.data()).ok());
+  EXPECT_EQ(ya, yb);
+  auto other = KvCache::Create(2, 1, 8, 6, DType::kF32);
+  EXPECT_FALSE((*other)->CopyFrom(**a).ok());
+}
+
 }  // namespace
 }  // namespace riskkv
