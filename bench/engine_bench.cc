@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -62,32 +60,16 @@ int main(int argc, char** argv) {
   const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
   if (kv != "f32" && kv != "f16") return Fail("--kv-dtype must be f32 or f16");
 
-  riskkv::ModelOptions options;
-  options.threads = absl::GetFlag(FLAGS_threads);
-  auto act = riskkv::ParseActivations(absl::GetFlag(FLAGS_activations));
-  if (!act.ok()) return Fail(act.status().ToString());
-  options.activations = *act;
-  auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
+  auto options =
+      riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
+  if (!options.ok()) return Fail(options.status().ToString());
+  auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), *options);
   if (!model.ok()) return Fail(model.status().ToString());
 
-  std::vector<int32_t> tokens;
-  std::string content;
-  const bool from_ids = !absl::GetFlag(FLAGS_tokens_file).empty();
-  std::ifstream in(from_ids ? absl::GetFlag(FLAGS_tokens_file) : absl::GetFlag(FLAGS_text_file),
-                   std::ios::binary);
-  if (!in) return Fail("cannot read the history file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  content = ss.str();
-  if (from_ids) {
-    auto ids = riskkv::TokenIdsFromJson(content);
-    if (!ids.ok()) return Fail(ids.status().ToString());
-    tokens = std::move(*ids);
-  } else {
-    auto ids = (*model)->tokenizer().Encode(content, false, false);
-    if (!ids.ok()) return Fail(ids.status().ToString());
-    tokens = std::move(*ids);
-  }
+  auto loaded = riskkv::LoadTokens((*model)->tokenizer(), absl::GetFlag(FLAGS_tokens_file),
+                                   absl::GetFlag(FLAGS_text_file));
+  if (!loaded.ok()) return Fail(loaded.status().ToString());
+  std::vector<int32_t> tokens = std::move(*loaded);
   if (static_cast<int>(tokens.size()) < n_prompt)
     return Fail("history file has fewer tokens than --prompt-tokens");
   tokens.resize(n_prompt);

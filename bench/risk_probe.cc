@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -60,11 +58,7 @@ int main(int argc, char** argv) {
       {.threads = absl::GetFlag(FLAGS_threads), .activations = riskkv::ActivationPrecision::kF32});
   if (!model.ok()) return Fail(model.status().ToString());
   riskkv::Model& m = **model;
-  std::ifstream in(absl::GetFlag(FLAGS_text_file));
-  if (!in) return Fail("cannot read --text-file");
-  std::stringstream text;
-  text << in.rdbuf();
-  auto tokens = m.tokenizer().Encode(text.str(), false, false);
+  auto tokens = riskkv::LoadTokens(m.tokenizer(), "", absl::GetFlag(FLAGS_text_file));
   if (!tokens.ok()) return Fail(tokens.status().ToString());
   const auto requests =
       riskkv::MakeRequests(*tokens, absl::GetFlag(FLAGS_history), absl::GetFlag(FLAGS_eval_tokens),

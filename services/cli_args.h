@@ -2,12 +2,16 @@
 // the absl flag tokens_file, so flags read the same as the documentation in either form.
 #pragma once
 
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/reflection.h"
 #include "absl/status/statusor.h"
+#include "common/model.h"
+#include "common/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 
 namespace riskkv {
@@ -38,11 +42,28 @@ inline std::vector<char*> NormalizeFlagNames(int argc, char** argv,
   return out;
 }
 
-// "int8" or "f32" (the --activations flag).
-inline absl::StatusOr<ActivationPrecision> ParseActivations(const std::string& s) {
-  if (s == "int8") return ActivationPrecision::kInt8;
-  if (s == "f32") return ActivationPrecision::kF32;
-  return absl::InvalidArgumentError("--activations must be int8 or f32, got '" + s + "'");
+// Model options from the --threads and --activations ("int8" or "f32") flags.
+inline absl::StatusOr<ModelOptions> ModelOptionsFromFlags(int threads,
+                                                          const std::string& activations) {
+  ModelOptions options;
+  options.threads = threads;
+  if (activations == "int8") {
+    options.activations = ActivationPrecision::kInt8;
+  } else if (activations == "f32") {
+    options.activations = ActivationPrecision::kF32;
+  } else {
+    return absl::InvalidArgumentError("--activations must be int8 or f32, got '" + activations +
+                                      "'");
+  }
+  return options;
+}
+
+inline absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError("cannot read " + path);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
 }
 
 // Token ids from a JSON list: every element an integer in [0, 2^31).
@@ -61,6 +82,20 @@ inline absl::StatusOr<std::vector<int32_t>> TokenIdsFromJson(const std::string& 
     ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
   }
   return ids;
+}
+
+// Token ids from a JSON list in `tokens_file` when it is set, else the text of `text_file`
+// through the model's tokenizer (no BOS).
+inline absl::StatusOr<std::vector<int32_t>> LoadTokens(const Tokenizer& tokenizer,
+                                                       const std::string& tokens_file,
+                                                       const std::string& text_file) {
+  if (tokens_file.empty() && text_file.empty()) {
+    return absl::InvalidArgumentError("one of --tokens-file or --text-file is required");
+  }
+  auto content = ReadFileToString(tokens_file.empty() ? text_file : tokens_file);
+  if (!content.ok()) return content.status();
+  if (!tokens_file.empty()) return TokenIdsFromJson(*content);
+  return tokenizer.Encode(*content, /*add_special=*/false, /*parse_special=*/false);
 }
 
 }  // namespace riskkv

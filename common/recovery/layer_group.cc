@@ -88,7 +88,7 @@ absl::Status ValidateGroups(const std::vector<LayerGroup>& groups, int32_t n_lay
       if (rebuilt.count(a)) {
         return absl::InvalidArgumentError(
             absl::StrCat("group ", g.ToString(), ": anchor ", a,
-                         " is rebuilt by another group; anchors stay exact"));
+                         " is also a target of a rebuilt group; anchors stay exact"));
       }
     }
   }

@@ -16,11 +16,9 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <set>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 namespace riskkv {
@@ -49,15 +47,6 @@ uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 // Debian's Abseil has its own string_view, which StrCat does not take a std one for.
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-std::string GroupName(const LayerGroup& g) {
-  std::string s = "L";
-  if (!g.targets.empty()) {
-    absl::StrAppend(&s, g.targets.front());
-    if (g.targets.size() > 1) absl::StrAppend(&s, "-", g.targets.back());
-  }
-  return absl::StrCat(s, " <- L", absl::StrJoin(g.anchors, ",L"));
-}
-
 struct MdCtxFree {
   void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
 };
@@ -85,26 +74,10 @@ absl::StatusOr<std::string> Sha256(const uint8_t* data, uint64_t size, uint64_t 
 
 std::string Hex(std::string_view bytes) { return absl::BytesToHexString(Sv(bytes)); }
 
-// Target and anchor ids of one group: what both FromFits and the parser require.
-absl::Status CheckGroupLayers(const LayerGroup& g, std::set<int32_t>& seen_targets) {
-  if (g.targets.empty()) return absl::InvalidArgumentError("the group has no target layers");
-  for (size_t i = 0; i < g.targets.size(); ++i) {
-    const int32_t t = g.targets[i];
-    if (t < 0 || t > kMaxLayerId) return absl::InvalidArgumentError(absl::StrCat("target ", t));
-    if (i > 0 && t != g.targets[i - 1] + 1) {
-      return absl::InvalidArgumentError("targets are not ascending and consecutive");
-    }
-    if (!seen_targets.insert(t).second) {
-      return absl::InvalidArgumentError(absl::StrCat("layer ", t, " is a target of two groups"));
-    }
-  }
-  for (int32_t a : g.anchors) {
-    if (a < 0 || a > kMaxLayerId) return absl::InvalidArgumentError(absl::StrCat("anchor ", a));
-    if (a >= g.targets.front() && a <= g.targets.back()) {
-      return absl::InvalidArgumentError(absl::StrCat("anchor ", a, " is also a target"));
-    }
-  }
-  return absl::OkStatus();
+// Target and anchor ids of the groups so far: what both FromFits and the parser require. A bank
+// does not know the model's depth, so only the id ceiling bounds the layers here.
+absl::Status CheckGroupLayers(const std::vector<LayerGroup>& groups) {
+  return ValidateGroups(groups, kMaxLayerId + 1, {.keep_first = false, .keep_last = false});
 }
 
 // Little-endian field writer over a zeroed image.
@@ -254,7 +227,7 @@ absl::Status PredictorBank::Load(std::string_view source, std::string_view expec
   const uint64_t payload_start = AlignUp(header_bytes, kBlockAlign);
   uint64_t payload_end = header_bytes;  // end of the last block seen
   int64_t kv_width = 0;
-  std::set<int32_t> seen_targets;
+  std::vector<LayerGroup> parsed;
   groups_.assign(n_groups, {});
   lambdas_.assign(n_groups, {});
   for (uint32_t g = 0; g < n_groups; ++g) {
@@ -277,7 +250,8 @@ absl::Status PredictorBank::Load(std::string_view source, std::string_view expec
       ASSIGN_OR_RETURN(int32_t a, p.Read<int32_t>(gname + " anchor"));
       group.anchors.push_back(a);
     }
-    if (absl::Status s = CheckGroupLayers(group, seen_targets); !s.ok()) {
+    parsed.push_back(group);
+    if (absl::Status s = CheckGroupLayers(parsed); !s.ok()) {
       return p.Error(gname, group_at, s.message());
     }
     p.Seek(AlignUp(p.pos(), 8));
@@ -383,16 +357,17 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::FromFits(
   const uint64_t elem_bytes = dtype == DType::kF32 ? 4 : 2;
 
   // Validate, and lay out the directory and the payload.
-  std::set<int32_t> seen_targets;
+  std::vector<LayerGroup> checked;
   int64_t kv_width = 0;
   uint64_t header_bytes = AlignUp(kFixedBytes + model_fingerprint.size(), 8);
   for (size_t g = 0; g < fits.size(); ++g) {
     const GroupFit& fit = fits[g];
-    const std::string where = absl::StrCat(src, ": group ", g, " (", GroupName(fit.group), ")");
+    const std::string where = absl::StrCat(src, ": group ", g, " (", fit.group.ToString(), ")");
     if (fit.group.targets.size() > kMaxGroupLayers || fit.group.anchors.size() > kMaxGroupLayers) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": too many layers"));
     }
-    if (absl::Status s = CheckGroupLayers(fit.group, seen_targets); !s.ok()) {
+    checked.push_back(fit.group);
+    if (absl::Status s = CheckGroupLayers(checked); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
     }
     if (fit.layers.size() != fit.group.targets.size()) {
@@ -506,7 +481,7 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::FromFits(
           if (half) std::memcpy(&h, dst + 2 * i, 2);
           if (half ? (h & 0x7c00) == 0x7c00 : !std::isfinite(row[i])) {
             return absl::InvalidArgumentError(absl::StrCat(
-                src, ": group ", g, " (", GroupName(fit.group), "), layer ", l.layer, ": ",
+                src, ": group ", g, " (", fit.group.ToString(), "), layer ", l.layer, ": ",
                 kNames[b], "[", i, "] = ", v[i], " is not finite in ", half ? "f16" : "f32"));
           }
         }

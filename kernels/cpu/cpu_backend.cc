@@ -130,11 +130,14 @@ class CpuBackend final : public Backend {
     const int64_t n_blocks = (n + kQueryBlock - 1) / kQueryBlock;
     const bool f16 = k.dtype == DType::kF16;
     pool_.ParallelFor(n_kv_heads * n_blocks, 1, [&](int64_t item_begin, int64_t item_end) {
-      thread_local RowMatrix k16, v16, scores;
+      // Per-thread scratch that only grows: the context grows by one token per decode step,
+      // and a re-sized Eigen matrix would reallocate every time.
+      thread_local std::vector<float> k16, v16, score_buf;
       if (f16) {
-        k16.resize(n_ctx, head_dim);
-        v16.resize(n_ctx, head_dim);
+        k16.resize(n_ctx * head_dim);
+        v16.resize(n_ctx * head_dim);
       }
+      score_buf.resize(std::min(kQueryBlock, n) * n_ctx);
       int64_t loaded_head = -1;
       for (int64_t item = item_begin; item < item_end; ++item) {
         const int64_t kvh = item / n_blocks;
@@ -158,6 +161,7 @@ class CpuBackend final : public Backend {
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
           ConstMap qh(q + i0 * q_stride + h * head_dim, nb, head_dim,
                       Eigen::OuterStride<>(q_stride));
+          Map scores(score_buf.data(), nb, ctx, Eigen::OuterStride<>(ctx));
           scores.noalias() = (qh * kh.topRows(ctx).transpose()) * scale;
           for (int64_t i = 0; i < nb; ++i) {
             const int64_t visible = q_pos0 + i0 + i + 1;
@@ -240,8 +244,9 @@ class CpuBackend final : public Backend {
     const int64_t n_tiles = (w.rows + kTileRows - 1) / kTileRows;
     ConstMap xm(x, n, w.cols, Eigen::OuterStride<>(w.cols));
     pool_.ParallelFor(n_tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
-      thread_local RowMatrix tile;
-      tile.resize(kTileRows, w.cols);
+      thread_local std::vector<float> tile_buf;  // grows only (cols alternate hidden / FFN)
+      tile_buf.resize(kTileRows * w.cols);
+      Map tile(tile_buf.data(), kTileRows, w.cols, Eigen::OuterStride<>(w.cols));
       for (int64_t t = tile_begin; t < tile_end; ++t) {
         const int64_t r0 = t * kTileRows;
         const int64_t nr = std::min(kTileRows, w.rows - r0);

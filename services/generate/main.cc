@@ -83,12 +83,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_n) < 0) return Fail(absl::InvalidArgumentError("-n must be >= 0"));
 
   const auto t_load = Clock::now();
-  riskkv::ModelOptions options;
-  options.threads = absl::GetFlag(FLAGS_threads);
-  auto act = riskkv::ParseActivations(absl::GetFlag(FLAGS_activations));
-  if (!act.ok()) return Fail(act.status());
-  options.activations = *act;
-  auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
+  auto options =
+      riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
+  if (!options.ok()) return Fail(options.status());
+  auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), *options);
   if (!model.ok()) return Fail(model.status());
   const riskkv::ModelConfig& cfg = (*model)->config();
   if (const riskkv::AcceleratorProbe gpu = riskkv::ProbeCuda(); !gpu.devices.empty()) {

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -31,15 +30,6 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,31 +38,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> arg_store;
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &arg_store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  riskkv::ModelOptions options;
-  options.threads = absl::GetFlag(FLAGS_threads);
-  auto act = riskkv::ParseActivations(absl::GetFlag(FLAGS_activations));
-  if (!act.ok()) return Fail(act.status().ToString());
-  options.activations = *act;
-  auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), options);
+  auto options =
+      riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
+  if (!options.ok()) return Fail(options.status().ToString());
+  auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), *options);
   if (!model.ok()) return Fail(model.status().ToString());
 
-  std::vector<int32_t> tokens;
-  std::string content;
-  if (!absl::GetFlag(FLAGS_tokens_file).empty()) {
-    if (!ReadFile(absl::GetFlag(FLAGS_tokens_file), &content))
-      return Fail("cannot read --tokens_file");
-    auto ids = riskkv::TokenIdsFromJson(content);
-    if (!ids.ok()) return Fail(ids.status().ToString());
-    tokens = std::move(*ids);
-  } else if (!absl::GetFlag(FLAGS_text_file).empty()) {
-    if (!ReadFile(absl::GetFlag(FLAGS_text_file), &content)) return Fail("cannot read --text_file");
-    auto ids =
-        (*model)->tokenizer().Encode(content, /*add_special=*/false, /*parse_special=*/false);
-    if (!ids.ok()) return Fail(ids.status().ToString());
-    tokens = std::move(*ids);
-  } else {
-    return Fail("one of --tokens_file or --text_file is required");
-  }
+  auto loaded = riskkv::LoadTokens((*model)->tokenizer(), absl::GetFlag(FLAGS_tokens_file),
+                                   absl::GetFlag(FLAGS_text_file));
+  if (!loaded.ok()) return Fail(loaded.status().ToString());
+  std::vector<int32_t> tokens = std::move(*loaded);
   if (absl::GetFlag(FLAGS_max_tokens) > 0 &&
       static_cast<int>(tokens.size()) > absl::GetFlag(FLAGS_max_tokens)) {
     tokens.resize(absl::GetFlag(FLAGS_max_tokens));

@@ -3,9 +3,7 @@
 // tokenizer can be loaded: GGUF metadata values, a GGUF file, tokenizer.json, the real model.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <filesystem>
-#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -205,21 +203,21 @@ TEST_P(TokenizerGoldenTest, TokenBytesConcatenateToDecode) {
   }
 }
 
-TEST_P(TokenizerGoldenTest, EncodesLongTextQuickly) {
-  // Not a timing assertion: the figure is printed for the record.
+TEST_P(TokenizerGoldenTest, LongTextRoundTrips) {
+  // 100 KiB of real text: every merge path at scale, and decoding gives the text back.
   std::string text;
   for (const json& t : Golden()["texts"]) {
     if (t["name"] == "jargon_long") text = t["text"];
   }
   ASSERT_FALSE(text.empty());
   while (text.size() < 100 * 1024) text += text;
-  const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(text, false, true);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(text, false, false);
   ASSERT_TRUE(ids.ok()) << ids.status();
-  std::cout << "[ timing   ] " << GetParam().tokenizer << ": encoded " << text.size() / 1024
-            << " KiB into " << ids->size() << " tokens in " << ms << " ms\n";
+  EXPECT_GT(ids->size(), text.size() / 16);
+  EXPECT_LT(ids->size(), text.size());
+  absl::StatusOr<std::string> back = tokenizer_->Decode(*ids);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, text);
 }
 
 INSTANTIATE_TEST_SUITE_P(
