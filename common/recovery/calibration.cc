@@ -1,6 +1,9 @@
 // Fitting group predictors and measuring NLL with rebuilt KV.
 #include "common/recovery/calibration.h"
 
+#include <cmath>
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "common/recovery/features.h"
 #include "common/recovery/fold.h"
@@ -128,8 +131,6 @@ absl::StatusOr<std::vector<GroupFit>> FitGroups(Model& model, std::span<const Re
 absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
     Model& model, std::span<const Request> requests, std::span<const FoldedGroup> groups,
     std::span<const std::vector<int>> configs, const Progress& progress) {
-  const ModelConfig& c = model.config();
-  RETURN_IF_ERROR(CheckRequests(requests, c));
   for (const auto& config : configs) {
     for (int g : config) {
       if (g < 0 || g >= static_cast<int>(groups.size())) {
@@ -138,22 +139,36 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
       }
     }
   }
-  std::vector<std::vector<double>> nll(configs.size(), std::vector<double>(requests.size()));
+  const ModelConfig& c = model.config();
+  auto apply = [&](size_t k, size_t r, const KvCache&, KvCache& work) -> absl::Status {
+    for (int g : configs[k]) {
+      RETURN_IF_ERROR(RebuildGroup(work, groups[g], c, model.backend(), 0, requests[r].history));
+    }
+    return absl::OkStatus();
+  };
+  return MeasureNllWith(model, requests, configs.size(), apply, progress);
+}
+
+absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
+                                                                std::span<const Request> requests,
+                                                                size_t n_configs,
+                                                                const ApplyConfig& apply,
+                                                                const Progress& progress) {
+  RETURN_IF_ERROR(CheckRequests(requests, model.config()));
+  std::vector<std::vector<double>> nll(n_configs, std::vector<double>(requests.size()));
   int64_t done = 0;
-  const int64_t total = static_cast<int64_t>(requests.size() * configs.size());
+  const int64_t total = static_cast<int64_t>(requests.size() * n_configs);
   for (size_t r = 0; r < requests.size(); ++r) {
     const Request& req = requests[r];
     const auto tokens = std::span<const int32_t>(req.tokens);
     ASSIGN_OR_RETURN(auto exact, model.NewKvCache(static_cast<int64_t>(req.tokens.size())));
     ASSIGN_OR_RETURN(std::vector<float> last, model.Prefill(tokens.first(req.history), *exact));
     ASSIGN_OR_RETURN(auto work, exact->Clone());
-    for (size_t k = 0; k < configs.size(); ++k) {
+    for (size_t k = 0; k < n_configs; ++k) {
       RETURN_IF_ERROR(work->CopyFrom(*exact));
-      for (int g : configs[k]) {
-        RETURN_IF_ERROR(RebuildGroup(*work, groups[g], c, model.backend(), 0, req.history));
-      }
+      RETURN_IF_ERROR(apply(k, r, *exact, *work));
       // The first eval token is scored from the history's last logits, which no rebuild
-      // changes (they come from the exact prefill); the rest see the rebuilt cache.
+      // changes (they come from the exact prefill); the rest see the configuration's cache.
       ASSIGN_OR_RETURN(NllResult res,
                        model.TeacherForcedNll(tokens.subspan(req.history), *work, last));
       nll[k][r] = res.mean;
@@ -161,6 +176,56 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
     }
   }
   return nll;
+}
+
+absl::StatusOr<KvError> LayerNrmse(const KvCache& exact, const KvCache& approx, int64_t layer,
+                                   int64_t count) {
+  if (exact.width() != approx.width() || exact.n_layers() != approx.n_layers()) {
+    return absl::InvalidArgumentError("LayerNrmse: caches of different shapes");
+  }
+  const int64_t n = count * exact.width();
+  std::vector<float> a(n), b(n);
+  auto nrmse = [&]() {
+    double diff = 0.0, ref = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = static_cast<double>(b[i]) - a[i];
+      diff += d * d;
+      ref += static_cast<double>(a[i]) * a[i];
+    }
+    return ref > 0.0 ? std::sqrt(diff / ref) : 0.0;
+  };
+  KvError e;
+  RETURN_IF_ERROR(exact.ReadKeys(layer, 0, count, a.data()));
+  RETURN_IF_ERROR(approx.ReadKeys(layer, 0, count, b.data()));
+  e.k = nrmse();
+  RETURN_IF_ERROR(exact.ReadValues(layer, 0, count, a.data()));
+  RETURN_IF_ERROR(approx.ReadValues(layer, 0, count, b.data()));
+  e.v = nrmse();
+  return e;
+}
+
+absl::Status ReplaceWithMatchedNoise(const KvCache& exact, KvCache& cache, int64_t layer,
+                                     int64_t count, const KvError& error, uint64_t seed) {
+  if (!(error.k >= 0.0) || !(error.v >= 0.0)) {
+    return absl::InvalidArgumentError("ReplaceWithMatchedNoise: negative or NaN NRMSE");
+  }
+  const int64_t n = count * exact.width();
+  std::vector<float> x(n);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  // E||noise||^2 = n sigma^2 = (nrmse ||x||)^2.
+  auto perturb = [&](double nrmse) {
+    double ss = 0.0;
+    for (float v : x) ss += static_cast<double>(v) * v;
+    const double sigma = n > 0 ? nrmse * std::sqrt(ss / static_cast<double>(n)) : 0.0;
+    for (float& v : x) v = static_cast<float>(v + sigma * normal(rng));
+  };
+  RETURN_IF_ERROR(exact.ReadKeys(layer, 0, count, x.data()));
+  perturb(error.k);
+  RETURN_IF_ERROR(cache.WriteKeys(layer, 0, count, x.data()));
+  RETURN_IF_ERROR(exact.ReadValues(layer, 0, count, x.data()));
+  perturb(error.v);
+  return cache.WriteValues(layer, 0, count, x.data());
 }
 
 }  // namespace riskkv

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kv_cache.h"
 #include "common/model.h"
 #include "common/recovery/folded_map.h"
 #include "common/recovery/layer_group.h"
@@ -44,5 +45,32 @@ absl::StatusOr<std::vector<GroupFit>> FitGroups(Model& model, std::span<const Re
 absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
     Model& model, std::span<const Request> requests, std::span<const FoldedGroup> groups,
     std::span<const std::vector<int>> configs, const Progress& progress = {});
+
+// Turns `work` (holding a copy of request `request`'s exact history KV) into configuration
+// `config`'s cache; `exact` is the untouched original.
+using ApplyConfig =
+    std::function<absl::Status(size_t config, size_t request, const KvCache& exact, KvCache& work)>;
+
+// The general form of MeasureNll: n_configs configurations, each made by `apply`.
+absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
+                                                                std::span<const Request> requests,
+                                                                size_t n_configs,
+                                                                const ApplyConfig& apply,
+                                                                const Progress& progress = {});
+
+// Normalised RMS error of a layer's K and V rows [0, count) in `approx` against `exact`:
+// ||approx - exact|| / ||exact|| (Frobenius), K and V separately.
+struct KvError {
+  double k = 0.0;
+  double v = 0.0;
+};
+absl::StatusOr<KvError> LayerNrmse(const KvCache& exact, const KvCache& approx, int64_t layer,
+                                   int64_t count);
+
+// Replaces a layer's rows [0, count) in `cache` by `exact` plus isotropic Gaussian noise whose
+// NRMSE against `exact` is `error` (K and V separately, in expectation): the control that
+// separates the size of a reconstruction error from its direction.
+absl::Status ReplaceWithMatchedNoise(const KvCache& exact, KvCache& cache, int64_t layer,
+                                     int64_t count, const KvError& error, uint64_t seed);
 
 }  // namespace riskkv

@@ -59,7 +59,8 @@ def log(msg: str) -> None:
 # Weights
 
 
-def random_weights(seed: int, *, qkv_bias: bool, tied: bool) -> dict[str, np.ndarray]:
+def random_weights(seed: int, *, qkv_bias: bool, tied: bool,
+                   n_layers: int = SHAPE.n_layers) -> dict[str, np.ndarray]:
     """HF-named float32 weights, [out, in] like nn.Linear.
 
     Scales keep the residual stream O(1) and the logits spread (std ~1.5) rather than flat:
@@ -80,7 +81,7 @@ def random_weights(seed: int, *, qkv_bias: bool, tied: bool) -> dict[str, np.nda
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     w = {"model.embed_tokens.weight": linear(s.vocab, s.hidden, 1.5)}
-    for i in range(s.n_layers):
+    for i in range(n_layers):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(s.hidden)
         w[p + "self_attn.q_proj.weight"] = linear(q_rows, s.hidden)
@@ -243,7 +244,7 @@ def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: st
                                                            gguf.LlamaFileType.ALL_F32)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
-    writer.add_block_count(s.n_layers)
+    writer.add_block_count(sum(1 for k in weights if k.endswith("input_layernorm.weight")))
     writer.add_context_length(s.context)
     writer.add_embedding_length(s.hidden)
     writer.add_feed_forward_length(s.ffn)
@@ -314,6 +315,10 @@ def main() -> None:
     log("tiny_spm (llama arch, SentencePiece tokenizer)")
     spm = random_weights(seed=3, qkv_bias=False, tied=False)
     write_gguf(out / "tiny_spm.gguf", "llama", spm, spm_meta, None, "tiny_spm")
+
+    log("tiny_llama_deep (8 layers: several candidate groups for calibration)")
+    deep = random_weights(seed=4, qkv_bias=False, tied=False, n_layers=8)
+    write_gguf(out / "tiny_llama_deep.gguf", "llama", deep, bpe_meta, None, "tiny_llama_deep")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,176 @@
+// riskkv-calibrate's pipeline: from a model and a text corpus to a retention policy, the
+// predictor bank it needs and a report, following RISK-KV's offline selection:
+//   1. split the corpus by document into train / validation / test;
+//   2. fit every candidate group's folded predictor on training histories (ridge strength
+//      chosen on validation histories);
+//   3. measure each group's singleton risk on validation requests and rank the groups;
+//   4. measure the joint configurations along the ranking (G more evaluations), on validation
+//      requests and on independent confirmation requests from the same split;
+//   5. choose with the quality gate (the largest passing configuration, else exact KV);
+//   6. report every configuration of the path on the held-out test requests, the
+//      Gaussian-noise control, and (for small G) the exhaustive search the path stands in for.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model.h"
+#include "common/recovery/folded_map.h"
+#include "common/recovery/layer_group.h"
+#include "common/recovery/predictor_bank.h"
+#include "common/recovery/quality_gate.h"
+#include "riskkv/v1/retention_policy.pb.h"
+#include "services/calibrate/corpus.h"
+
+namespace riskkv {
+
+// Lines that start a document in the Jargon File (Debian package jargon-text): lexicon entries
+// (an indented ":term:") and headings (chapters, appendices and their sections start at column 0;
+// body text is indented).
+inline constexpr char kJargonBoundary[] = R"(^([A-Za-z]|\s+:[^:]+:))";
+inline constexpr char kJargonCorpus[] = "/usr/share/doc/jargon-text/jargon.txt.gz";
+
+struct CalibrateOptions {
+  std::string corpus = kJargonCorpus;
+  std::string doc_boundary = kJargonBoundary;
+  double min_prose = 0.5;  // drop documents with less running prose (see ProseFraction)
+  SplitFractions fractions;
+  uint64_t seed = 1;  // document assignment, bootstrap and noise draws
+
+  int64_t history = 512;   // H
+  int64_t eval = 512;      // T
+  int train = 32;          // requests fitting the predictors (train split)
+  int validation = 16;     // requests choosing ridge strength, ranking and path (validation split)
+  int confirm = 8;         // independent requests for Stable-split (validation split)
+  int test = 24;           // held-out requests for the report (test split)
+  int noise_requests = 8;  // validation requests of the Gaussian-noise control (0: skip)
+  int noise_draws = 1;     // noise draws per request and group
+
+  double epsilon = 0.005;
+  Gate gate = Gate::kUpper90;
+  GroupRule rule;
+  std::vector<LayerGroup> groups;  // explicit candidates; empty: generated from `rule`
+  bool exhaustive = false;         // also measure every subset of the candidates
+  int exhaustive_max_groups = 8;   // refuse the exhaustive search above this many candidates
+  int bootstrap_resamples = 2000;
+
+  DType bank_dtype = DType::kF16;  // storage of the folded maps
+  DType kv_dtype = DType::kF16;    // KV dtype a migration sends; sizes the byte counts
+  std::string policy_id;
+  uint64_t policy_version = 1;
+  bool quiet = false;  // no progress bars
+
+  // Small sizes for tests and smoke runs.
+  void MakeQuick();
+  absl::Status Validate() const;
+};
+
+// Per-request NLL increases of one configuration on one set of requests, with their summaries.
+struct Measured {
+  std::vector<double> deltas;
+  Interval ci95;
+  double upper90 = 0.0;
+  double exact_nll = 0.0;    // mean over requests, exact KV
+  double rebuilt_nll = 0.0;  // mean over requests, this configuration
+  int violations = 0;        // requests whose delta exceeds epsilon
+};
+
+struct PathPointResult {
+  std::vector<int> groups;  // indices into CalibrationResult::groups: the ranking's first k
+  int layers = 0;           // rebuilt layers
+  double kv_fraction = 0.0;
+  Measured validation, confirm, test;
+};
+
+struct GateResult {
+  Gate gate = Gate::kUpper90;
+  GateDecision decision;  // over the path points
+};
+
+struct NoiseResult {
+  int group = 0;
+  double rebuilt_mean = 0.0;  // singleton delta on the same requests
+  double noise_mean = 0.0;    // Gaussian replacement of matched NRMSE
+  double nrmse_k = 0.0;       // mean over requests and target layers
+  double nrmse_v = 0.0;
+};
+
+struct ExhaustiveResult {
+  uint32_t mask = 0;  // bit g: group g rebuilt
+  int layers = 0;
+  double kv_fraction = 0.0;
+  double mean = 0.0;
+  double upper90 = 0.0;
+};
+
+struct StorageResult {
+  int64_t unfolded_bytes = 0;    // ridge predictors to the attention input, f32
+  int64_t folded_f32_bytes = 0;  // folded K/V maps, f32
+  int64_t folded_f16_bytes = 0;  // folded K/V maps, f16 matrices and f32 offsets
+};
+
+struct CorpusStats {
+  int64_t documents = 0;  // cut by the boundary pattern
+  int64_t dropped = 0;    // below min_prose
+};
+
+struct SplitStats {
+  int64_t documents = 0;
+  int64_t documents_used = 0;
+  int64_t tokens = 0;
+  int requests = 0;
+};
+
+struct CalibrationResult {
+  CalibrateOptions options;
+  std::string model_path;
+  ModelConfig config;
+  std::string fingerprint;
+  CorpusStats corpus;
+  std::array<SplitStats, 3> splits;
+
+  std::vector<LayerGroup> groups;     // candidates
+  std::vector<GroupFit> fits;         // parallel to groups
+  std::vector<Measured> singleton;    // parallel to groups, on validation requests
+  std::vector<int> ranking;           // group indices, least risky first
+  std::vector<PathPointResult> path;  // path[k] rebuilds the first k + 1 ranked groups
+  std::array<GateResult, 3> gates;    // kMean, kUpper90, kStableSplit
+  int chosen = -1;                    // path index chosen by options.gate; -1: exact KV
+  Measured test_exact;                // exact KV on the test requests (deltas all zero)
+
+  std::vector<NoiseResult> noise;            // empty when skipped
+  double noise_rank_correlation = 0.0;       // Spearman, noise vs rebuilt singleton risk
+  std::vector<ExhaustiveResult> exhaustive;  // empty unless requested
+
+  std::vector<StorageResult> storage;  // parallel to groups
+  int64_t kv_bytes_per_token = 0;      // every layer, K and V, at kv_dtype
+  std::vector<std::pair<std::string, double>> phase_seconds;
+
+  // Layers rebuilt by the chosen configuration (ascending), and its groups sorted by layer.
+  std::vector<LayerGroup> ChosenGroups() const;
+};
+
+// Parses an explicit candidate list: groups separated by ';', each "TARGETS:ANCHORS" where
+// TARGETS is "a" or "a-b" and ANCHORS a comma-separated list, e.g. "4-5:3,6;8:7,9".
+absl::StatusOr<std::vector<LayerGroup>> ParseGroupList(const std::string& text);
+
+// Runs steps 1-6. `model` must have been loaded from `model_path` (named in the report).
+absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& model_path,
+                                            const CalibrateOptions& options);
+
+// The retention policy for the chosen configuration; bank_sha256 is the content hash of the
+// bank of its groups (empty when nothing is rebuilt).
+v1::RetentionPolicy MakePolicy(const CalibrationResult& result, const std::string& bank_sha256);
+
+// The bank of the chosen configuration's groups, or nullptr when nothing is rebuilt.
+absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationResult& result);
+
+// Writes into `dir` (created when missing): policy.pb (binary), policy.txt (text format),
+// bank.rkvbank (when something is rebuilt), report.html and calibration.json.
+absl::Status WriteOutputs(const CalibrationResult& result, const std::string& dir);
+
+}  // namespace riskkv

@@ -1,0 +1,59 @@
+// Calibration text: a plain or gzip-compressed UTF-8 file (such as a Debian package's
+// documentation), cut into documents, each document assigned to exactly one of the train,
+// validation and test splits, so no text is shared between fitting, selection and the held-out
+// report.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tokenizer/tokenizer.h"
+
+namespace riskkv {
+
+// Reads a text file, decompressing it when it is gzip (by content, not name). NotFound when it
+// cannot be opened, DataLoss when the gzip stream is corrupt or truncated, InvalidArgument when
+// it is empty or not UTF-8 (the byte offset of the first bad sequence is named).
+absl::StatusOr<std::string> ReadCorpusText(const std::string& path);
+
+// Cuts `text` into documents: a document starts at every line matching `boundary` (ECMAScript
+// regular expression, matched against the line without its newline) and runs to the next such
+// line; text before the first match is a document of its own. Documents that hold only
+// whitespace are dropped. InvalidArgument for a malformed pattern.
+absl::StatusOr<std::vector<std::string>> SplitDocuments(std::string_view text,
+                                                        const std::string& boundary);
+
+// Share of a document's non-blank characters that sit on lines of at least `min_line_chars`
+// characters: near 1 for running prose, near 0 for indexes, word lists and tables of contents.
+double ProseFraction(std::string_view document, size_t min_line_chars = 40);
+
+// Keeps the documents whose ProseFraction is at least `min_fraction` (in order).
+std::vector<std::string> KeepProse(std::vector<std::string> documents, double min_fraction);
+
+enum Split { kTrain = 0, kValidation = 1, kTest = 2 };
+const char* SplitName(Split split);
+
+struct SplitFractions {
+  double train = 0.5;
+  double validation = 0.25;  // the test split takes the rest
+};
+
+// Assigns document i to a split by a seeded hash of i, so the assignment is stable under
+// reordering of other documents' content and reproducible for a seed. Documents keep their
+// order within a split.
+std::array<std::vector<std::string>, 3> AssignSplits(std::vector<std::string> documents,
+                                                     const SplitFractions& fractions,
+                                                     uint64_t seed);
+
+// Encodes documents one by one, in order, and concatenates their tokens, stopping once at least
+// `want` tokens are collected (0: all). *used receives how many documents were encoded.
+absl::StatusOr<std::vector<int32_t>> TokenizeDocuments(const Tokenizer& tokenizer,
+                                                       std::span<const std::string> documents,
+                                                       int64_t want, int64_t* used);
+
+}  // namespace riskkv

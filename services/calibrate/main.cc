@@ -1,0 +1,177 @@
+// riskkv-calibrate: decides, for one model, which layers' KV a migration may omit and rebuild,
+// and writes the retention policy, the predictor bank it needs and a report (see
+// services/calibrate/calibrate.h for the method).
+//   riskkv-calibrate --model M --out DIR            (about 30 min for SmolLM2 on 2 cores)
+//   riskkv-calibrate --model M --out DIR --quick    (a smoke run, under 3 min)
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/model.h"
+#include "services/calibrate/calibrate.h"
+#include "services/cli_args.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory (required)");
+ABSL_FLAG(std::string, out, "",
+          "output directory: policy.pb, policy.txt, bank.rkvbank, "
+          "report.html, calibration.json (required)");
+ABSL_FLAG(std::string, corpus, riskkv::kJargonCorpus, "UTF-8 text, plain or gzip");
+ABSL_FLAG(std::string, doc_boundary, riskkv::kJargonBoundary,
+          "regular expression matching the first line of each document");
+ABSL_FLAG(double, min_prose, 0.5,
+          "drop documents with a smaller share of characters on lines of 40+ characters "
+          "(indexes, word lists)");
+ABSL_FLAG(double, train_fraction, 0.5, "share of documents in the train split");
+ABSL_FLAG(double, validation_fraction, 0.25, "share in the validation split (test: the rest)");
+ABSL_FLAG(bool, quick, false, "small sizes for tests and smoke runs (explicit flags still win)");
+ABSL_FLAG(int64_t, history, 512, "history tokens per request (H)");
+ABSL_FLAG(int64_t, eval_tokens, 512, "scored tokens per request (T)");
+ABSL_FLAG(int, train, 32, "training requests");
+ABSL_FLAG(int, validation, 16, "validation requests for ridge strength, risks, path and gates");
+ABSL_FLAG(int, confirm, 8, "independent validation-split requests for Stable-split (0: none)");
+ABSL_FLAG(int, test, 24, "held-out test requests for the report");
+ABSL_FLAG(int, noise_requests, 8, "validation requests of the Gaussian-noise control (0: skip)");
+ABSL_FLAG(int, noise_draws, 1, "noise draws per request and group");
+ABSL_FLAG(double, epsilon, 0.005, "budget on the mean NLL increase (nats per token)");
+ABSL_FLAG(std::string, gate, "upper90", "quality gate: mean, upper90 or stable-split");
+ABSL_FLAG(int, group_size, 2, "target layers per candidate group");
+ABSL_FLAG(int, anchors_per_side, 1, "exact anchor layers on each side of a group");
+ABSL_FLAG(std::string, groups, "", "explicit candidates instead, e.g. '4-5:3,6;8-9:7,10'");
+ABSL_FLAG(bool, exhaustive, false, "also measure every subset of the candidates");
+ABSL_FLAG(int, exhaustive_max_groups, 8, "refuse --exhaustive above this many candidates");
+ABSL_FLAG(int, bootstrap, 2000, "bootstrap resamples");
+ABSL_FLAG(std::string, bank_dtype, "f16", "folded map storage: f16 or f32");
+ABSL_FLAG(std::string, kv_dtype, "f16", "KV dtype a migration sends (sizes the byte counts)");
+ABSL_FLAG(std::string, policy_id, "", "policy id (default: from the model name)");
+ABSL_FLAG(uint64_t, policy_version, 1, "policy version");
+ABSL_FLAG(uint64_t, seed, 1, "document assignment, bootstrap and noise seed");
+ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(std::string, activations, "f32", "int8 or f32 (exact, the default for calibration)");
+ABSL_FLAG(bool, quiet, false, "no progress bars");
+
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "riskkv-calibrate: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+// The normalised command line, to tell flags given explicitly from defaults.
+std::vector<std::string> g_args;
+
+bool Given(const std::string& name) {
+  for (const std::string& a : g_args) {
+    if (a == "--") break;
+    for (const std::string& form : {"--" + name, "-" + name}) {
+      if (a == form || a.rfind(form + "=", 0) == 0) return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<riskkv::DType> FloatDType(const std::string& flag, const std::string& v) {
+  if (v == "f16") return riskkv::DType::kF16;
+  if (v == "f32") return riskkv::DType::kF32;
+  return absl::InvalidArgumentError("--" + flag + " must be f16 or f32, got '" + v + "'");
+}
+
+absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
+  riskkv::CalibrateOptions o;
+  if (absl::GetFlag(FLAGS_quick)) o.MakeQuick();
+  o.corpus = absl::GetFlag(FLAGS_corpus);
+  o.doc_boundary = absl::GetFlag(FLAGS_doc_boundary);
+  o.min_prose = absl::GetFlag(FLAGS_min_prose);
+  o.fractions = {absl::GetFlag(FLAGS_train_fraction), absl::GetFlag(FLAGS_validation_fraction)};
+  auto take = [](const char* name, auto flag_value, auto* field) {
+    if (!absl::GetFlag(FLAGS_quick) || Given(name)) *field = flag_value;
+  };
+  take("history", absl::GetFlag(FLAGS_history), &o.history);
+  take("eval_tokens", absl::GetFlag(FLAGS_eval_tokens), &o.eval);
+  take("train", absl::GetFlag(FLAGS_train), &o.train);
+  take("validation", absl::GetFlag(FLAGS_validation), &o.validation);
+  take("confirm", absl::GetFlag(FLAGS_confirm), &o.confirm);
+  take("test", absl::GetFlag(FLAGS_test), &o.test);
+  take("noise_requests", absl::GetFlag(FLAGS_noise_requests), &o.noise_requests);
+  take("noise_draws", absl::GetFlag(FLAGS_noise_draws), &o.noise_draws);
+  take("bootstrap", absl::GetFlag(FLAGS_bootstrap), &o.bootstrap_resamples);
+  o.epsilon = absl::GetFlag(FLAGS_epsilon);
+  const std::string gate = absl::GetFlag(FLAGS_gate);
+  if (gate == "mean") {
+    o.gate = riskkv::Gate::kMean;
+  } else if (gate == "upper90") {
+    o.gate = riskkv::Gate::kUpper90;
+  } else if (gate == "stable-split") {
+    o.gate = riskkv::Gate::kStableSplit;
+  } else {
+    return absl::InvalidArgumentError("--gate must be mean, upper90 or stable-split, got '" + gate +
+                                      "'");
+  }
+  o.rule.group_size = absl::GetFlag(FLAGS_group_size);
+  o.rule.anchors_per_side = absl::GetFlag(FLAGS_anchors_per_side);
+  if (const std::string g = absl::GetFlag(FLAGS_groups); !g.empty()) {
+    auto groups = riskkv::ParseGroupList(g);
+    if (!groups.ok()) return groups.status();
+    o.groups = *groups;
+  }
+  o.exhaustive = absl::GetFlag(FLAGS_exhaustive);
+  o.exhaustive_max_groups = absl::GetFlag(FLAGS_exhaustive_max_groups);
+  auto bank = FloatDType("bank-dtype", absl::GetFlag(FLAGS_bank_dtype));
+  if (!bank.ok()) return bank.status();
+  o.bank_dtype = *bank;
+  auto kv = FloatDType("kv-dtype", absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv.ok()) return kv.status();
+  o.kv_dtype = *kv;
+  o.policy_id = absl::GetFlag(FLAGS_policy_id);
+  o.policy_version = absl::GetFlag(FLAGS_policy_version);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.quiet = absl::GetFlag(FLAGS_quiet);
+  if (auto s = o.Validate(); !s.ok()) return s;
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "riskkv-calibrate --model PATH --out DIR [--quick] [--epsilon 0.005] [--gate upper90]");
+  std::vector<std::string> store;
+  std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
+  g_args = store;
+  const std::vector<char*> rest =
+      absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (rest.size() > 1) {
+    return Fail(absl::InvalidArgumentError(std::string("unexpected argument '") + rest[1] + "'"));
+  }
+  const std::string model_path = absl::GetFlag(FLAGS_model), out = absl::GetFlag(FLAGS_out);
+  if (model_path.empty()) return Fail(absl::InvalidArgumentError("--model is required"));
+  if (out.empty()) return Fail(absl::InvalidArgumentError("--out is required"));
+  auto options = OptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  auto model_options =
+      riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
+  if (!model_options.ok()) return Fail(model_options.status());
+  auto model = riskkv::Model::Load(model_path, *model_options);
+  if (!model.ok()) return Fail(model.status());
+  auto result = riskkv::Calibrate(**model, model_path, *options);
+  if (!result.ok()) return Fail(result.status());
+  if (auto s = riskkv::WriteOutputs(*result, out); !s.ok()) return Fail(s);
+
+  const riskkv::CalibrationResult& r = *result;
+  const riskkv::Measured& t = r.chosen >= 0 ? r.path[r.chosen].test : r.test_exact;
+  std::printf("%s gate at epsilon %g: ", riskkv::GateName(options->gate), options->epsilon);
+  if (r.chosen >= 0) {
+    std::printf("rebuild %d of %lld layers (%.1f%% of the KV omitted)\n", r.path[r.chosen].layers,
+                static_cast<long long>(r.config.n_layers), 100 * r.path[r.chosen].kv_fraction);
+  } else {
+    std::printf("nothing passes; every layer kept exact\n");
+  }
+  std::printf("held-out test (%zu requests): dNLL %+.5f [%+.5f, %+.5f], dPPL %+.3f%%\n",
+              t.deltas.size(), t.ci95.mean, t.ci95.lo, t.ci95.hi,
+              100.0 * (std::exp(t.ci95.mean) - 1.0));
+  std::printf("wrote %s/{policy.pb,policy.txt,%sreport.html,calibration.json}\n", out.c_str(),
+              r.chosen >= 0 ? "bank.rkvbank," : "");
+  return 0;
+}

@@ -1,0 +1,19 @@
+// riskkv-calibrate's outputs for people and scripts: a self-contained HTML report with inline SVG
+// charts, and the same figures as JSON.
+#pragma once
+
+#include <string>
+
+#include "common/recovery/predictor_bank.h"
+#include "riskkv/v1/retention_policy.pb.h"
+#include "services/calibrate/calibrate.h"
+
+namespace riskkv {
+
+// `bank` is the chosen configuration's bank (nullptr when nothing is rebuilt).
+std::string RenderReport(const CalibrationResult& result, const v1::RetentionPolicy& policy,
+                         const PredictorBank* bank);
+
+std::string ResultToJson(const CalibrationResult& result, const v1::RetentionPolicy& policy);
+
+}  // namespace riskkv

@@ -1,0 +1,292 @@
+// riskkv-calibrate's pipeline end to end on an 8-layer tiny model: the outputs load back and
+// agree with each other, measurements repeat exactly, and bad options fail before any work.
+#include "services/calibrate/calibrate.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/model_fingerprint.h"
+#include "common/recovery/calibration.h"
+#include "common/recovery/retention_policy.h"
+#include "tests/test_paths.h"
+
+namespace riskkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+// English-looking documents, each starting with a "Doc N" heading at column 0.
+std::string SyntheticCorpus(int documents) {
+  const char* words[] = {"the",  "hacker", "wrote", "a",       "program", "that", "ran",
+                         "on",   "every",  "old",   "machine", "in",      "lab",  "and",
+                         "then", "it",     "was",   "called",  "by",      "name", "of"};
+  std::mt19937 rng(5);
+  std::string text;
+  for (int d = 0; d < documents; ++d) {
+    text += "Doc " + std::to_string(d) + "\n";
+    for (int line = 0; line < 3; ++line) {
+      std::string l = "   ";
+      while (l.size() < 60) l += std::string(words[rng() % std::size(words)]) + " ";
+      text += l + "\n";
+    }
+  }
+  return text;
+}
+
+class CalibrateTiny : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ =
+        new fs::path(fs::temp_directory_path() / ("riskkv_calibrate_" + std::to_string(getpid())));
+    fs::create_directories(*dir_);
+    std::ofstream(*dir_ / "corpus.txt") << SyntheticCorpus(300);
+    auto m = Model::Load((testing::TestdataDir() / "tiny_llama_deep.gguf").string(),
+                         {.threads = 2, .activations = ActivationPrecision::kF32});
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = m->release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static CalibrateOptions Quick() {
+    CalibrateOptions o;
+    o.MakeQuick();
+    o.corpus = (*dir_ / "corpus.txt").string();
+    o.doc_boundary = "^Doc ";
+    o.history = 48;
+    o.eval = 24;
+    o.train = 6;
+    o.validation = 4;
+    o.confirm = 2;
+    o.test = 3;
+    o.noise_requests = 2;
+    o.rule.group_size = 1;  // layers 1, 3 and 5 are the candidates
+    o.exhaustive = true;
+    o.quiet = true;
+    return o;
+  }
+
+  static fs::path* dir_;
+  static Model* model_;
+};
+fs::path* CalibrateTiny::dir_ = nullptr;
+Model* CalibrateTiny::model_ = nullptr;
+
+TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
+  CalibrateOptions o = Quick();
+  o.epsilon = 10.0;  // random weights: a wide budget so the gate admits configurations
+  auto res = Calibrate(*model_, "tiny_llama_deep.gguf", o);
+  ASSERT_TRUE(res.ok()) << res.status();
+  const CalibrationResult& r = *res;
+  const int G = 3;
+  ASSERT_EQ(r.groups.size(), static_cast<size_t>(G));
+  EXPECT_EQ(r.groups[1].targets, std::vector<int32_t>({3}));
+  ASSERT_EQ(r.path.size(), static_cast<size_t>(G));
+  ASSERT_EQ(r.exhaustive.size(), (1u << G) - 1);
+  ASSERT_EQ(r.noise.size(), static_cast<size_t>(G));
+  for (int s = 0; s < 3; ++s) EXPECT_GT(r.splits[s].documents, 0);
+  EXPECT_EQ(r.splits[kTest].requests, 3);
+
+  // The ordered path adds groups in ranking order; each point is a real measurement, and the
+  // same configuration measured twice (singleton vs path point 1, path vs exhaustive subset) on
+  // the same requests gives the same per-request numbers.
+  for (int k = 0; k < G; ++k) {
+    EXPECT_EQ(r.path[k].groups.back(), r.ranking[k]);
+    EXPECT_EQ(r.path[k].layers, k + 1);
+    EXPECT_EQ(r.path[k].validation.deltas.size(), 4u);
+    EXPECT_EQ(r.path[k].confirm.deltas.size(), 2u);
+    EXPECT_EQ(r.path[k].test.deltas.size(), 3u);
+    uint32_t mask = 0;
+    for (int g : r.path[k].groups) mask |= 1u << g;
+    EXPECT_NEAR(r.exhaustive[mask - 1].mean, r.path[k].validation.ci95.mean, 1e-12);
+  }
+  EXPECT_EQ(r.path[0].validation.deltas, r.singleton[r.ranking[0]].deltas);
+  for (int k = 1; k < G; ++k) {
+    EXPECT_LE(r.singleton[r.ranking[k - 1]].ci95.mean, r.singleton[r.ranking[k]].ci95.mean);
+  }
+  // Every configuration changes something: rebuilt layers of a random model are not exact.
+  EXPECT_NE(r.path.back().validation.ci95.mean, 0.0);
+
+  // Gate: epsilon 10 admits everything, so the largest point is chosen.
+  EXPECT_EQ(r.chosen, G - 1);
+  EXPECT_EQ(r.gates[static_cast<int>(Gate::kMean)].decision.chosen, G - 1);
+
+  const fs::path out = *dir_ / "out";
+  ASSERT_TRUE(WriteOutputs(r, out.string()).ok());
+  auto fp = ModelFingerprint(*model_);
+  ASSERT_TRUE(fp.ok());
+  auto policy = ReadPolicy((out / "policy.pb").string(), 8, *fp);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ(policy->policy_id(), "tiny-llama-deep");
+  EXPECT_EQ(policy->gate(), "upper90");
+  EXPECT_EQ(policy->rebuilt_groups_size(), G);
+  EXPECT_EQ(policy->kept_layers_size(), 8 - G);
+  EXPECT_EQ(policy->singleton_risks_size(), G);
+  EXPECT_EQ(policy->path_size(), G);
+  EXPECT_EQ(policy->history_tokens(), 48);
+  EXPECT_EQ(policy->kv_dtype(), "f16");
+  EXPECT_EQ(policy->kv_bytes_per_token(), 8 * 2 * 32 * 2);
+  EXPECT_EQ(policy->kv_bytes_saved_per_token(), G * 2 * 32 * 2);
+  EXPECT_EQ(policy->test_delta_nll().requests(), 3);
+  EXPECT_DOUBLE_EQ(policy->test_delta_nll().mean(), r.path[G - 1].test.ci95.mean);
+
+  auto bank = PredictorBank::Open((out / "bank.rkvbank").string(), *fp);
+  ASSERT_TRUE(bank.ok()) << bank.status();
+  EXPECT_EQ((*bank)->content_hash(), policy->predictor_bank_sha256());
+  ASSERT_EQ((*bank)->groups().size(), static_cast<size_t>(G));
+  for (const auto& g : RebuiltGroups(*policy)) {
+    const FoldedGroup* fg = (*bank)->FindGroupForLayer(g.targets.front());
+    ASSERT_NE(fg, nullptr);
+    EXPECT_EQ(fg->group, g);
+  }
+  // Table III's f16 figure is what the bank really stores.
+  int64_t f16 = 0;
+  for (const StorageResult& s : r.storage) f16 += s.folded_f16_bytes;
+  EXPECT_EQ((*bank)->bytes(), f16);
+  EXPECT_LT(r.storage[0].folded_f16_bytes, r.storage[0].folded_f32_bytes);
+
+  std::ifstream html_in(out / "report.html");
+  const std::string html((std::istreambuf_iterator<char>(html_in)), {});
+  size_t svgs = 0;
+  for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
+  EXPECT_EQ(svgs, 4u);  // layer strip, singleton risk, ordered path, noise control
+  for (const char* part : {"Table I", "Table III", "Quality gates", "Gaussian noise",
+                           "Exhaustive search", "</html>"}) {
+    EXPECT_NE(html.find(part), std::string::npos) << part;
+  }
+
+  std::ifstream json_in(out / "calibration.json");
+  auto j = nlohmann::json::parse(json_in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["path"].size(), static_cast<size_t>(G));
+  EXPECT_EQ(j["predictor_bank_sha256"], policy->predictor_bank_sha256());
+  EXPECT_EQ(j["chosen"]["path_index"], G - 1);
+
+  std::ifstream text_in(out / "policy.txt");
+  const std::string text((std::istreambuf_iterator<char>(text_in)), {});
+  EXPECT_NE(text.find("predictor_bank_sha256: \"" + policy->predictor_bank_sha256()),
+            std::string::npos);
+}
+
+TEST_F(CalibrateTiny, NothingPassingFallsBackToExactWithoutBank) {
+  CalibrateOptions o = Quick();
+  o.exhaustive = false;
+  o.noise_requests = 0;
+  o.epsilon = 0.0;
+  o.gate = Gate::kStableSplit;
+  auto res = Calibrate(*model_, "tiny", o);
+  ASSERT_TRUE(res.ok()) << res.status();
+  // Zero budget: only a configuration that is no worse on every request would pass.
+  bool any_pass = false;
+  for (const auto& p : res->path) {
+    any_pass |= std::max(p.validation.ci95.mean, p.confirm.ci95.mean) <= 0.0;
+  }
+  if (any_pass) GTEST_SKIP() << "a configuration improved NLL on these requests";
+  EXPECT_EQ(res->chosen, -1);
+  EXPECT_TRUE(res->noise.empty());
+  const fs::path out = *dir_ / "exact";
+  fs::create_directories(out);
+  std::ofstream(out / "bank.rkvbank") << "stale";
+  ASSERT_TRUE(WriteOutputs(*res, out.string()).ok());
+  EXPECT_FALSE(fs::exists(out / "bank.rkvbank"));  // no stale bank next to an exact policy
+  auto policy = ReadPolicy((out / "policy.pb").string(), 8, "");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ(policy->rebuilt_groups_size(), 0);
+  EXPECT_EQ(policy->kept_layers_size(), 8);
+  EXPECT_EQ(policy->kv_bytes_saved_per_token(), 0);
+  EXPECT_TRUE(policy->predictor_bank_sha256().empty());
+  EXPECT_EQ(policy->gate(), "stable-split");
+}
+
+TEST_F(CalibrateTiny, BadOptionsFailBeforeAnyWork) {
+  auto expect_error = [&](CalibrateOptions o, const char* needle) {
+    auto res = Calibrate(*model_, "tiny", o);
+    ASSERT_FALSE(res.ok()) << needle;
+    EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(res.status().message().find(needle), std::string_view::npos) << res.status();
+  };
+  CalibrateOptions o = Quick();
+  o.history = 240;
+  expect_error(o, "context");
+  o = Quick();
+  o.validation = 1;
+  expect_error(o, "--validation");
+  o = Quick();
+  o.exhaustive_max_groups = 2;
+  expect_error(o, "exhaustive");
+  o = Quick();
+  o.test = 400;
+  expect_error(o, "test split");
+  o = Quick();
+  o.corpus = (*dir_ / "missing.txt").string();
+  auto missing = Calibrate(*model_, "tiny", o);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  o = Quick();
+  o.doc_boundary = "^never$";
+  expect_error(o, "document");
+  o = Quick();
+  o.groups = {{{3}, {2, 4}}, {{4}, {3, 5}}};  // layer 3 both rebuilt and an anchor
+  auto overlap = Calibrate(*model_, "tiny", o);
+  EXPECT_FALSE(overlap.ok());
+  o = Quick();
+  o.gate = Gate::kStableSplit;
+  o.confirm = 0;
+  expect_error(o, "stable-split");
+  o = Quick();
+  o.epsilon = std::nan("");
+  expect_error(o, "epsilon");
+}
+
+TEST(ParseGroupList, ReadsTargetsAndAnchors) {
+  auto g = ParseGroupList("4-5:3,6;8:7,9");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(g->size(), 2u);
+  EXPECT_EQ((*g)[0].targets, std::vector<int32_t>({4, 5}));
+  EXPECT_EQ((*g)[0].anchors, std::vector<int32_t>({3, 6}));
+  EXPECT_EQ((*g)[1].targets, std::vector<int32_t>({8}));
+  EXPECT_EQ((*g)[1].anchors, std::vector<int32_t>({7, 9}));
+  EXPECT_TRUE(ParseGroupList("4-5:3,6;").ok());  // a trailing separator is harmless
+  for (const char* bad : {"", "4-5", "a:1", "5-4:3,6", "4:3,,6", "4;;5:6", "4:-1", "4-:3"}) {
+    EXPECT_FALSE(ParseGroupList(bad).ok()) << bad;
+  }
+}
+
+// The Gaussian control's noise has the NRMSE it was asked for.
+TEST(MatchedNoise, HasTheRequestedNrmse) {
+  auto exact = KvCache::Create(2, 2, 16, 512, DType::kF32);
+  ASSERT_TRUE(exact.ok());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0.5f, 2.0f);
+  std::vector<float> rows(512 * 32);
+  for (float& v : rows) v = n(rng);
+  ASSERT_TRUE((*exact)->WriteKeys(1, 0, 512, rows.data()).ok());
+  for (float& v : rows) v = n(rng);
+  ASSERT_TRUE((*exact)->WriteValues(1, 0, 512, rows.data()).ok());
+  ASSERT_TRUE((*exact)->SetTokens(512).ok());
+  auto work = (*exact)->Clone();
+  ASSERT_TRUE(work.ok());
+  auto zero = LayerNrmse(**exact, **work, 1, 512);
+  ASSERT_TRUE(zero.ok());
+  EXPECT_EQ(zero->k, 0.0);
+  EXPECT_EQ(zero->v, 0.0);
+  ASSERT_TRUE(ReplaceWithMatchedNoise(**exact, **work, 1, 512, {0.1, 0.3}, 42).ok());
+  auto e = LayerNrmse(**exact, **work, 1, 512);
+  ASSERT_TRUE(e.ok());
+  EXPECT_NEAR(e->k, 0.1, 0.005);  // 16384 values: relative spread ~0.6%
+  EXPECT_NEAR(e->v, 0.3, 0.015);
+  auto other = LayerNrmse(**exact, **work, 0, 512);  // layer 0 untouched
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->k, 0.0);
+  EXPECT_FALSE(ReplaceWithMatchedNoise(**exact, **work, 1, 512, {-1.0, 0.1}, 1).ok());
+}
+
+}  // namespace
+}  // namespace riskkv
