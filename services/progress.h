@@ -6,11 +6,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 
 namespace riskkv {
 
@@ -27,8 +29,14 @@ class ProgressBar {
     return [this](int64_t done, int64_t total) { Update(done, total); };
   }
 
+  // A bar left unfinished (a failed phase) still ends its line, so the error shows on its own.
+  ~ProgressBar() {
+    if (!quiet_ && tty_ && open_) std::fprintf(stderr, "\n");
+  }
+
   void Update(int64_t done, int64_t total) {
     if (quiet_ || total <= 0) return;
+    done = std::clamp<int64_t>(done, 0, total);
     const int tenth = static_cast<int>(10 * done / total);
     if (!tty_ && tenth == last_tenth_ && done != total) return;
     last_tenth_ = tenth;
@@ -43,6 +51,7 @@ class ProgressBar {
                  phase_.c_str(), bar.c_str(), static_cast<long long>(done),
                  static_cast<long long>(total), static_cast<int>(100 * done / total),
                  Clock(elapsed).c_str(), Clock(left).c_str(), tty_ && done != total ? "" : "\n");
+    open_ = done != total;
     std::fflush(stderr);
   }
 
@@ -62,6 +71,7 @@ class ProgressBar {
   bool quiet_;
   bool tty_;
   int last_tenth_ = -1;
+  bool open_ = false;
   std::chrono::steady_clock::time_point start_;
 };
 

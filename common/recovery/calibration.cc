@@ -2,6 +2,7 @@
 #include "common/recovery/calibration.h"
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -180,7 +181,7 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
 
 absl::StatusOr<KvError> LayerNrmse(const KvCache& exact, const KvCache& approx, int64_t layer,
                                    int64_t count) {
-  if (exact.width() != approx.width() || exact.n_layers() != approx.n_layers()) {
+  if (exact.width() != approx.width() || exact.n_layers() != approx.n_layers() || count < 0) {
     return absl::InvalidArgumentError("LayerNrmse: caches of different shapes");
   }
   const int64_t n = count * exact.width();
@@ -192,7 +193,8 @@ absl::StatusOr<KvError> LayerNrmse(const KvCache& exact, const KvCache& approx, 
       diff += d * d;
       ref += static_cast<double>(a[i]) * a[i];
     }
-    return ref > 0.0 ? std::sqrt(diff / ref) : 0.0;
+    if (ref > 0.0) return std::sqrt(diff / ref);
+    return diff > 0.0 ? std::numeric_limits<double>::infinity() : 0.0;
   };
   KvError e;
   RETURN_IF_ERROR(exact.ReadKeys(layer, 0, count, a.data()));
@@ -206,8 +208,12 @@ absl::StatusOr<KvError> LayerNrmse(const KvCache& exact, const KvCache& approx, 
 
 absl::Status ReplaceWithMatchedNoise(const KvCache& exact, KvCache& cache, int64_t layer,
                                      int64_t count, const KvError& error, uint64_t seed) {
-  if (!(error.k >= 0.0) || !(error.v >= 0.0)) {
-    return absl::InvalidArgumentError("ReplaceWithMatchedNoise: negative or NaN NRMSE");
+  if (!(error.k >= 0.0) || !(error.v >= 0.0) || !std::isfinite(error.k) ||
+      !std::isfinite(error.v)) {
+    return absl::InvalidArgumentError("ReplaceWithMatchedNoise: NRMSE must be finite and >= 0");
+  }
+  if (exact.width() != cache.width() || exact.n_layers() != cache.n_layers() || count < 0) {
+    return absl::InvalidArgumentError("ReplaceWithMatchedNoise: caches of different shapes");
   }
   const int64_t n = count * exact.width();
   std::vector<float> x(n);

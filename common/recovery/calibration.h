@@ -59,7 +59,8 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
                                                                 const Progress& progress = {});
 
 // Normalised RMS error of a layer's K and V rows [0, count) in `approx` against `exact`:
-// ||approx - exact|| / ||exact|| (Frobenius), K and V separately.
+// ||approx - exact|| / ||exact|| (Frobenius), K and V separately (+inf when exact is all zeros
+// and approx is not).
 struct KvError {
   double k = 0.0;
   double v = 0.0;

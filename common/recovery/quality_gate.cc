@@ -117,8 +117,11 @@ absl::StatusOr<GateDecision> ApplyGate(Gate gate, std::span<const PathPoint> pat
           return absl::InvalidArgumentError(
               absl::StrCat("path point ", i, " confirmation set: ", s.message()));
         }
-        // Both splits must stay within budget: the worse of the two decides.
-        stat = std::max(Mean(p.deltas), Mean(p.confirm));
+        // Upper-90 on the selection requests, and additionally the mean on independent ones:
+        // the worse of the two decides, so this gate is never looser than Upper-90.
+        auto ub = BootstrapUpperBound(p.deltas, 0.9, options);
+        if (!ub.ok()) return ub.status();
+        stat = std::max(*ub, Mean(p.confirm));
         break;
       }
     }

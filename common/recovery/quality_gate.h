@@ -34,7 +34,7 @@ absl::StatusOr<double> BootstrapUpperBound(std::span<const double> deltas, doubl
 enum class Gate {
   kMean,         // mean delta <= epsilon
   kUpper90,      // one-sided 90% bootstrap upper bound of the mean <= epsilon
-  kStableSplit,  // mean <= epsilon on the selection requests and again on independent ones
+  kStableSplit,  // Upper-90 on the selection requests and mean <= epsilon on independent ones
 };
 const char* GateName(Gate gate);
 

@@ -54,6 +54,13 @@ absl::Status ValidatePolicy(const v1::RetentionPolicy& p, int32_t n_layers) {
     return bad(
         absl::StrCat("kept and rebuilt layers cover ", layers.size(), " of ", n_layers, " layers"));
   }
+  if (!p.kv_dtype().empty() && p.kv_dtype() != "f16" && p.kv_dtype() != "f32") {
+    return bad("kv_dtype '" + p.kv_dtype() + "' is not f16 or f32");
+  }
+  if (p.history_tokens() < 0 || p.eval_tokens() < 0) {
+    return bad(absl::StrCat("history_tokens ", p.history_tokens(), " and eval_tokens ",
+                            p.eval_tokens(), " must be >= 0"));
+  }
   if (p.kv_bytes_per_token() < 0 || p.kv_bytes_saved_per_token() < 0 ||
       p.kv_bytes_saved_per_token() > p.kv_bytes_per_token()) {
     return bad("KV byte counts are inconsistent");

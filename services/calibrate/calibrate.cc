@@ -133,8 +133,8 @@ absl::Status CalibrateOptions::Validate() const {
   }
   if (!(min_prose >= 0.0 && min_prose <= 1.0))
     return bad(absl::StrCat("--min-prose must be in [0, 1], got ", min_prose));
-  if (bootstrap_resamples < 100)
-    return bad(absl::StrCat("--bootstrap must be >= 100, got ", bootstrap_resamples));
+  if (bootstrap_resamples < 100 || bootstrap_resamples > 1000000)
+    return bad(absl::StrCat("--bootstrap must be in [100, 1000000], got ", bootstrap_resamples));
   if (exhaustive_max_groups < 1 || exhaustive_max_groups > 16)
     return bad(
         absl::StrCat("--exhaustive-max-groups must be in [1, 16], got ", exhaustive_max_groups));
@@ -209,7 +209,8 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
                                             const CalibrateOptions& o) {
   RETURN_IF_ERROR(o.Validate());
   const ModelConfig& c = model.config();
-  if (o.history + o.eval > c.context_length) {
+  if (o.history > c.context_length || o.eval > c.context_length ||
+      o.history + o.eval > c.context_length) {
     return absl::InvalidArgumentError(
         absl::StrCat("--history + --eval-tokens = ", o.history + o.eval, " exceeds the model's ",
                      c.context_length, "-token context"));
@@ -261,30 +262,43 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   }
   auto splits = AssignSplits(std::move(docs), o.fractions, o.seed);
   const int64_t len = o.history + o.eval;
-  const std::array<int, 3> wanted = {o.train, o.validation + o.confirm, o.test};
-  std::array<std::vector<Request>, 3> requests;
-  for (int s = 0; s < 3; ++s) {
-    SplitStats& st = res.splits[s];
-    st.documents = static_cast<int64_t>(splits[s].size());
-    ASSIGN_OR_RETURN(
-        std::vector<int32_t> tokens,
-        TokenizeDocuments(model.tokenizer(), splits[s], wanted[s] * len, &st.documents_used));
-    st.tokens = static_cast<int64_t>(tokens.size());
-    requests[s] = MakeRequests(tokens, o.history, o.eval, wanted[s]);
-    st.requests = static_cast<int>(requests[s].size());
-    if (st.requests < wanted[s]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the ", SplitName(static_cast<Split>(s)), " split of ", o.corpus, " has ",
-                       st.tokens, " tokens in ", st.documents, " documents: ", st.requests,
-                       " requests of ", len, " tokens, ", wanted[s],
-                       " needed; use a larger corpus, shorter requests or fewer of them"));
+  // Four request sets from four disjoint sets of documents: the validation split's documents
+  // feed the selection requests first and the confirmation requests from the documents after.
+  struct Part {
+    Split split;
+    int wanted;
+    const char* name;
+  };
+  const std::array<Part, 4> parts = {{{kTrain, o.train, "train"},
+                                      {kValidation, o.validation, "validation"},
+                                      {kValidation, o.confirm, "confirmation"},
+                                      {kTest, o.test, "test"}}};
+  std::array<std::vector<Request>, 4> sets;
+  std::array<int64_t, 3> next_doc = {0, 0, 0};
+  for (int s = 0; s < 3; ++s) res.splits[s].documents = static_cast<int64_t>(splits[s].size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& part = parts[i];
+    if (part.wanted == 0) continue;
+    SplitStats& st = res.splits[part.split];
+    const auto docs_left = std::span<const std::string>(splits[part.split])
+                               .subspan(static_cast<size_t>(next_doc[part.split]));
+    int64_t used = 0;
+    ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
+                     TokenizeDocuments(model.tokenizer(), docs_left, part.wanted * len, &used));
+    next_doc[part.split] += used;
+    st.documents_used += used;
+    st.tokens += static_cast<int64_t>(tokens.size());
+    sets[i] = MakeRequests(tokens, o.history, o.eval, part.wanted);
+    st.requests += static_cast<int>(sets[i].size());
+    if (static_cast<int>(sets[i].size()) < part.wanted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ", SplitName(part.split), " split of ", o.corpus, " has ", docs_left.size(),
+          " documents left for ", part.name, " requests, giving ", tokens.size(),
+          " tokens: ", sets[i].size(), " requests of ", len, " tokens, ", part.wanted,
+          " needed; use a larger corpus, shorter requests or fewer of them"));
     }
   }
-  const std::span<const Request> train(requests[kTrain]), test(requests[kTest]);
-  const std::span<const Request> val =
-      std::span<const Request>(requests[kValidation]).first(o.validation);
-  const std::span<const Request> confirm =
-      std::span<const Request>(requests[kValidation]).subspan(o.validation, o.confirm);
+  const std::span<const Request> train(sets[0]), val(sets[1]), confirm(sets[2]), test(sets[3]);
   clock.End("corpus");
 
   // 2. Fit.
@@ -413,7 +427,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       noise.push_back(n.noise_mean);
       res.noise.push_back(n);
     }
-    res.noise_rank_correlation = RankCorrelation(rebuilt, noise);
+    res.noise_rank_correlation = G >= 3 ? RankCorrelation(rebuilt, noise) : std::nan("");
     clock.End("noise");
   }
 
@@ -554,6 +568,10 @@ absl::Status WriteOutputs(const CalibrationResult& res, const std::string& dir) 
   RETURN_IF_ERROR(write_text("policy.txt", PolicyToText(policy)));
   RETURN_IF_ERROR(write_text("report.html", RenderReport(res, policy, bank.get())));
   RETURN_IF_ERROR(write_text("calibration.json", ResultToJson(res, policy)));
+  if (res.noise.empty()) std::filesystem::remove(out / "noise-control.svg", ec);
+  for (const auto& [name, svg] : RenderCharts(res)) {
+    RETURN_IF_ERROR(write_text(name + ".svg", svg));
+  }
   return absl::OkStatus();
 }
 

@@ -43,8 +43,8 @@ struct CalibrateOptions {
 
   int64_t history = 512;   // H
   int64_t eval = 512;      // T
-  int train = 32;          // requests fitting the predictors (train split)
-  int validation = 16;     // requests choosing ridge strength, ranking and path (validation split)
+  int train = 64;          // requests fitting the predictors (train split)
+  int validation = 24;     // requests choosing ridge strength, ranking and path (validation split)
   int confirm = 8;         // independent requests for Stable-split (validation split)
   int test = 24;           // held-out requests for the report (test split)
   int noise_requests = 8;  // validation requests of the Gaussian-noise control (0: skip)
@@ -170,7 +170,9 @@ v1::RetentionPolicy MakePolicy(const CalibrationResult& result, const std::strin
 absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationResult& result);
 
 // Writes into `dir` (created when missing): policy.pb (binary), policy.txt (text format),
-// bank.rkvbank (when something is rebuilt), report.html and calibration.json.
+// bank.rkvbank (when something is rebuilt), report.html, calibration.json and the report's
+// charts as layers.svg, singleton-risk.svg, ordered-path.svg and, when the control ran,
+// noise-control.svg.
 absl::Status WriteOutputs(const CalibrationResult& result, const std::string& dir);
 
 }  // namespace riskkv

@@ -4,7 +4,7 @@
 #include <zlib.h>
 
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <memory>
 #include <regex>
 
@@ -45,6 +45,17 @@ size_t FirstInvalidUtf8(std::string_view s) {
   return std::string_view::npos;
 }
 
+constexpr size_t kBoundaryPrefix = 256;
+
+uint64_t Fnv1a64(std::string_view s) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001B3ull;
+  }
+  return h;
+}
+
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -55,9 +66,11 @@ uint64_t SplitMix64(uint64_t x) {
 }  // namespace
 
 absl::StatusOr<std::string> ReadCorpusText(const std::string& path) {
-  std::ifstream probe(path, std::ios::binary);
-  if (!probe) return absl::NotFoundError("cannot open corpus " + path);
-  probe.close();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return absl::NotFoundError("no corpus file " + path);
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError("corpus " + path + " is not a regular file");
+  }
   // gzread passes non-gzip files through unchanged, so one reader serves both kinds.
   std::unique_ptr<gzFile_s, int (*)(gzFile)> gz(gzopen(path.c_str(), "rb"), &gzclose);
   if (!gz) return absl::NotFoundError("cannot open corpus " + path);
@@ -110,6 +123,8 @@ absl::StatusOr<std::vector<std::string>> SplitDocuments(std::string_view text,
     std::string_view line = text.substr(pos, end - pos);
     std::string_view bare = line;
     while (!bare.empty() && (bare.back() == '\n' || bare.back() == '\r')) bare.remove_suffix(1);
+    // std::regex recurses per character: match a bounded prefix, which is where a heading is.
+    if (bare.size() > kBoundaryPrefix) bare = bare.substr(0, kBoundaryPrefix);
     if (std::regex_search(bare.begin(), bare.end(), re)) flush();
     current.append(line);
     pos = end;
@@ -160,8 +175,8 @@ std::array<std::vector<std::string>, 3> AssignSplits(std::vector<std::string> do
                                                      uint64_t seed) {
   std::array<std::vector<std::string>, 3> out;
   for (size_t i = 0; i < documents.size(); ++i) {
-    const double u =
-        static_cast<double>(SplitMix64(SplitMix64(seed) ^ i) >> 11) * 0x1.0p-53;  // [0, 1)
+    const uint64_t h = SplitMix64(SplitMix64(seed) ^ Fnv1a64(documents[i]));
+    const double u = static_cast<double>(h >> 11) * 0x1.0p-53;  // [0, 1)
     const Split s = u < fractions.train                          ? kTrain
                     : u < fractions.train + fractions.validation ? kValidation
                                                                  : kTest;

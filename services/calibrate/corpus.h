@@ -17,12 +17,14 @@
 namespace riskkv {
 
 // Reads a text file, decompressing it when it is gzip (by content, not name). NotFound when it
-// cannot be opened, DataLoss when the gzip stream is corrupt or truncated, InvalidArgument when
-// it is empty or not UTF-8 (the byte offset of the first bad sequence is named).
+// does not exist, InvalidArgument when it is not a regular file, DataLoss when the gzip stream is
+// corrupt or truncated, InvalidArgument when it is empty or not UTF-8 (the byte offset of the first
+// bad sequence is named).
 absl::StatusOr<std::string> ReadCorpusText(const std::string& path);
 
 // Cuts `text` into documents: a document starts at every line matching `boundary` (ECMAScript
-// regular expression, matched against the line without its newline) and runs to the next such
+// regular expression, matched against the line's first 256 bytes without its newline) and runs
+// to the next such
 // line; text before the first match is a document of its own. Documents that hold only
 // whitespace are dropped. InvalidArgument for a malformed pattern.
 absl::StatusOr<std::vector<std::string>> SplitDocuments(std::string_view text,
@@ -43,9 +45,9 @@ struct SplitFractions {
   double validation = 0.25;  // the test split takes the rest
 };
 
-// Assigns document i to a split by a seeded hash of i, so the assignment is stable under
-// reordering of other documents' content and reproducible for a seed. Documents keep their
-// order within a split.
+// Assigns each document to a split by a seeded hash of its content: reproducible for a seed, the
+// same whatever other documents are added or dropped, and identical documents always land in the
+// same split. Documents keep their order within a split.
 std::array<std::vector<std::string>, 3> AssignSplits(std::vector<std::string> documents,
                                                      const SplitFractions& fractions,
                                                      uint64_t seed);

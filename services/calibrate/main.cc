@@ -2,7 +2,7 @@
 // and writes the retention policy, the predictor bank it needs and a report (see
 // services/calibrate/calibrate.h for the method).
 //   riskkv-calibrate --model M --out DIR            (about 30 min for SmolLM2 on 2 cores)
-//   riskkv-calibrate --model M --out DIR --quick    (a smoke run, under 3 min)
+//   riskkv-calibrate --model M --out DIR --quick    (a smoke run, about a minute)
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -29,9 +29,11 @@ ABSL_FLAG(double, validation_fraction, 0.25, "share in the validation split (tes
 ABSL_FLAG(bool, quick, false, "small sizes for tests and smoke runs (explicit flags still win)");
 ABSL_FLAG(int64_t, history, 512, "history tokens per request (H)");
 ABSL_FLAG(int64_t, eval_tokens, 512, "scored tokens per request (T)");
-ABSL_FLAG(int, train, 32, "training requests");
-ABSL_FLAG(int, validation, 16, "validation requests for ridge strength, risks, path and gates");
-ABSL_FLAG(int, confirm, 8, "independent validation-split requests for Stable-split (0: none)");
+ABSL_FLAG(int, train, 64, "training requests");
+ABSL_FLAG(int, validation, 24, "validation requests for ridge strength, risks, path and gates");
+ABSL_FLAG(int, confirm, 8,
+          "Stable-split requests, from validation-split documents the selection requests do not "
+          "use (0: none)");
 ABSL_FLAG(int, test, 24, "held-out test requests for the report");
 ABSL_FLAG(int, noise_requests, 8, "validation requests of the Gaussian-noise control (0: skip)");
 ABSL_FLAG(int, noise_draws, 1, "noise draws per request and group");
@@ -171,7 +173,7 @@ int main(int argc, char** argv) {
   std::printf("held-out test (%zu requests): dNLL %+.5f [%+.5f, %+.5f], dPPL %+.3f%%\n",
               t.deltas.size(), t.ci95.mean, t.ci95.lo, t.ci95.hi,
               100.0 * (std::exp(t.ci95.mean) - 1.0));
-  std::printf("wrote %s/{policy.pb,policy.txt,%sreport.html,calibration.json}\n", out.c_str(),
+  std::printf("wrote %s/{policy.pb,policy.txt,%sreport.html,calibration.json,*.svg}\n", out.c_str(),
               r.chosen >= 0 ? "bank.rkvbank," : "");
   return 0;
 }

@@ -107,10 +107,21 @@ void Widen(double* lo, double* hi) {
   *hi += pad;
 }
 
+// Each chart carries its own style, so it also stands alone as an .svg file.
+const char* kChartStyle =
+    "text{font-family:sans-serif;font-size:11px;fill:#333}.grid{stroke:#eee}"
+    ".frame{fill:none;stroke:#999}.zero{stroke:#555}.eps{stroke:#c0392b;stroke-dasharray:4 3}"
+    ".eps-label{fill:#c0392b}.bar-a{fill:#2f6db5}.bar-b{fill:#aaa}"
+    ".whisker{stroke:#111;stroke-width:1.5}.val{fill:#2f6db5}.test{fill:#e67e22}"
+    ".val-line{fill:none;stroke:#2f6db5}.test-line{fill:none;stroke:#e67e22}"
+    ".val-ci{stroke:#2f6db5}.test-ci{stroke:#e67e22}.chosen{fill:none;stroke:#111;"
+    "stroke-width:2}.subset{fill:#bbb}.layer-kept{fill:#ddd}.layer-anchor{fill:#2f6db5}"
+    ".layer-rebuilt{fill:#e67e22}.layer-cand{fill:#f6d7b8}";
+
 std::string Svg(double width, double height, const std::string& body) {
   return F("<svg xmlns='http://www.w3.org/2000/svg' width='%.0f' height='%.0f' viewBox='0 0 %.0f "
-           "%.0f'>",
-           width, height, width, height) +
+           "%.0f'><style>%s</style><rect width='100%%' height='100%%' fill='white'/>",
+           width, height, width, height, kChartStyle) +
          body + "</svg>";
 }
 
@@ -292,21 +303,13 @@ std::string LayerStrip(const CalibrationResult& r) {
   return Svg(std::max(20 + cell * static_cast<double>(n), 660.0), 84, s);
 }
 
-const char* kStyle = R"(
+const char* kPageStyle = R"(
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse;margin:0.5em 0;font-size:0.9em}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 td.l,th.l{text-align:left}tr.chosen td{background:#fff3d6;font-weight:600}
 .note{color:#555;font-size:0.9em}code{background:#f5f5f5;padding:0 3px}
-svg text{font-size:11px;fill:#333}.grid{stroke:#eee}.frame{fill:none;stroke:#999}
-.zero{stroke:#555}.eps{stroke:#c0392b;stroke-dasharray:4 3}.eps-label{fill:#c0392b}
-.bar-a{fill:#2f6db5}.bar-b{fill:#aaa}.whisker{stroke:#111;stroke-width:1.5}
-.val{fill:#2f6db5}.test{fill:#e67e22}.val-line{fill:none;stroke:#2f6db5}
-.test-line{fill:none;stroke:#e67e22}.val-ci{stroke:#2f6db5}.test-ci{stroke:#e67e22}
-.chosen{fill:none;stroke:#111;stroke-width:2}.subset{fill:#bbb}
-.layer-kept{fill:#ddd}.layer-anchor{fill:#2f6db5}.layer-rebuilt{fill:#e67e22}
-.layer-cand{fill:#f6d7b8}
 )";
 
 std::string GateMark(const CalibrationResult& r, Gate g, size_t k) {
@@ -356,13 +359,39 @@ std::string SubsetName(const CalibrationResult& r, uint32_t mask) {
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> RenderCharts(const CalibrationResult& r) {
+  std::vector<std::pair<std::string, std::string>> charts;
+  charts.push_back({"layers", LayerStrip(r)});
+  std::vector<Bar> bars;
+  for (int g : r.ranking) {
+    const Measured& m = r.singleton[g];
+    bars.push_back({r.groups[g].ToString(), m.ci95.mean, m.ci95.lo, m.ci95.hi, true});
+  }
+  charts.push_back(
+      {"singleton-risk", BarChart(bars, nullptr, "rebuilt group", "", r.options.epsilon,
+                                  "mean \xCE\x94NLL (nats/token)")});
+  charts.push_back({"ordered-path", PathChart(r)});
+  if (!r.noise.empty()) {
+    std::vector<Bar> a, b;
+    for (int g : r.ranking) {
+      const NoiseResult& nr = r.noise[g];
+      a.push_back({r.groups[g].ToString(), nr.rebuilt_mean, 0, 0, false});
+      b.push_back({r.groups[g].ToString(), nr.noise_mean, 0, 0, false});
+    }
+    charts.push_back(
+        {"noise-control", BarChart(a, &b, "RISK-KV reconstruction", "Gaussian, matched NRMSE",
+                                   r.options.epsilon, "mean \xCE\x94NLL (nats/token)")});
+  }
+  return charts;
+}
+
 std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& policy,
                          const PredictorBank* bank) {
   const CalibrateOptions& o = r.options;
   const ModelConfig& c = r.config;
   std::string h =
       "<!DOCTYPE html><html><head><meta charset='utf-8'><title>riskkv calibration: " + Esc(c.name) +
-      "</title><style>" + kStyle + "</style></head><body>";
+      "</title><style>" + kPageStyle + "</style></head><body>";
   h += "<h1>RISK-KV calibration of " + Esc(c.name) + "</h1>";
   const Measured& chosen_test = r.chosen >= 0 ? r.path[r.chosen].test : r.test_exact;
   const double omitted = r.chosen >= 0 ? 100 * r.path[r.chosen].kv_fraction : 0.0;
@@ -384,7 +413,7 @@ std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& 
     h += "<tr><th class='l'>" + k + "</th><td class='l'>" + v + "</td></tr>";
   };
   row("model", Esc(r.model_path));
-  row("fingerprint", "<code>" + r.fingerprint + "</code>");
+  row("fingerprint", "<code>" + Esc(r.fingerprint) + "</code>");
   row("layers, KV width",
       F("%lld, %lld", static_cast<long long>(c.n_layers), static_cast<long long>(c.kv_width())));
   row("corpus", Esc(o.corpus));
@@ -421,17 +450,19 @@ std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& 
         "confirmation.</p>",
         o.validation, o.confirm);
 
-  h += "<h2>Chosen configuration</h2>" + LayerStrip(r);
+  const auto charts = RenderCharts(r);
+  auto chart = [&](const char* name) {
+    for (const auto& [n, svg] : charts) {
+      if (n == name) return svg;
+    }
+    return std::string();
+  };
+  h += "<h2>Chosen configuration</h2>" + chart("layers");
 
   h += "<h2>Singleton risk per group (validation)</h2><p class='note'>Mean NLL increase of the "
        "evaluation tokens with one group rebuilt and every other layer exact, paired per request "
        "with exact KV; whiskers are 95% bootstrap intervals. Ranked least risky first.</p>";
-  std::vector<Bar> bars;
-  for (int g : r.ranking) {
-    const Measured& m = r.singleton[g];
-    bars.push_back({r.groups[g].ToString(), m.ci95.mean, m.ci95.lo, m.ci95.hi, true});
-  }
-  h += BarChart(bars, nullptr, "rebuilt group", "", o.epsilon, "mean \xCE\x94NLL (nats/token)");
+  h += chart("singleton-risk");
   h += "<table><tr><th>rank</th><th class='l'>group</th><th>&#916;NLL mean [95% CI]</th><th>upper "
        "90%</th><th>requests &gt; &#949;</th></tr>";
   for (size_t i = 0; i < r.ranking.size(); ++i) {
@@ -445,7 +476,7 @@ std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& 
   h += "<h2>Ordered path</h2><p class='note'>Point k rebuilds the k least risky groups together, "
        "each configuration measured for real. Validation selects; the test split is held out and "
        "only reported.</p>" +
-       PathChart(r);
+       chart("ordered-path");
 
   h += "<h2>Table I: held-out test split</h2><p class='note'>Paired 95% bootstrap intervals over " +
        F("%zu", r.test_exact.deltas.size()) +
@@ -526,17 +557,12 @@ std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& 
         F("<h2>Control: Gaussian noise of matched NRMSE</h2><p class='note'>Each group's rebuilt "
           "K/V replaced by exact K/V plus isotropic Gaussian noise with the same per-request, "
           "per-layer NRMSE as the reconstruction (%d validation requests, %d draw(s)). Spearman "
-          "rank correlation between the two risk orders: <b>%.2f</b>. A low value means noise "
-          "sensitivity cannot stand in for measured reconstruction risk.</p>",
-          o.noise_requests, o.noise_draws, r.noise_rank_correlation);
-    std::vector<Bar> a, b;
-    for (int g : r.ranking) {
-      const NoiseResult& nr = r.noise[g];
-      a.push_back({r.groups[g].ToString(), nr.rebuilt_mean, 0, 0, false});
-      b.push_back({r.groups[g].ToString(), nr.noise_mean, 0, 0, false});
-    }
-    h += BarChart(a, &b, "RISK-KV reconstruction", "Gaussian, matched NRMSE", o.epsilon,
-                  "mean \xCE\x94NLL (nats/token)");
+          "rank correlation between the two risk orders over %zu groups: <b>%s</b>. A low value "
+          "means noise sensitivity cannot stand in for measured reconstruction risk.</p>",
+          o.noise_requests, o.noise_draws, r.noise.size(),
+          std::isnan(r.noise_rank_correlation) ? "n/a (fewer than 3 groups)"
+                                               : F("%.2f", r.noise_rank_correlation).c_str());
+    h += chart("noise-control");
     h += "<table><tr><th class='l'>group</th><th>K NRMSE</th><th>V NRMSE</th><th>&#916;NLL "
          "rebuilt</th><th>&#916;NLL noise</th></tr>";
     for (int g : r.ranking) {
@@ -640,7 +666,9 @@ std::string ResultToJson(const CalibrationResult& r, const v1::RetentionPolicy& 
                                     {"nrmse_k", n.nrmse_k},
                                     {"nrmse_v", n.nrmse_v}});
   }
-  if (!r.noise.empty()) j["noise"]["rank_correlation"] = r.noise_rank_correlation;
+  if (!r.noise.empty() && !std::isnan(r.noise_rank_correlation)) {
+    j["noise"]["rank_correlation"] = r.noise_rank_correlation;
+  }
   for (const ExhaustiveResult& e : r.exhaustive) {
     j["exhaustive"].push_back(
         {{"mask", e.mask}, {"layers", e.layers}, {"mean", e.mean}, {"upper90", e.upper90}});

@@ -3,12 +3,18 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/recovery/predictor_bank.h"
 #include "riskkv/v1/retention_policy.pb.h"
 #include "services/calibrate/calibrate.h"
 
 namespace riskkv {
+
+// The report's charts as standalone SVG documents, by name: "layers", "singleton-risk",
+// "ordered-path" and, when the control ran, "noise-control".
+std::vector<std::pair<std::string, std::string>> RenderCharts(const CalibrationResult& result);
 
 // `bank` is the chosen configuration's bank (nullptr when nothing is rebuilt).
 std::string RenderReport(const CalibrationResult& result, const v1::RetentionPolicy& policy,

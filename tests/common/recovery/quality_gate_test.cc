@@ -106,6 +106,23 @@ TEST(Gates, EachGateChoosesAsItsRuleSays) {
   EXPECT_EQ(split->chosen, 0);  // point 1 fails on the independent requests
 }
 
+TEST(Gates, StableSplitIsUpper90PlusAnIndependentCheck) {
+  std::vector<PathPoint> path(2);
+  // Tight and within budget on selection, over budget on the independent requests.
+  path[0] = {0.10, Alternating(60, 0.001, 0.0005), std::vector<double>(60, 0.007)};
+  // Within budget on both means, but too noisy on selection for the upper bound.
+  path[1] = {0.20, Alternating(60, 0.004, 0.030), std::vector<double>(60, 0.001)};
+  auto upper = ApplyGate(Gate::kUpper90, path, 0.005);
+  ASSERT_TRUE(upper.ok());
+  EXPECT_EQ(upper->passed, (std::vector<bool>{true, false}));
+  auto split = ApplyGate(Gate::kStableSplit, path, 0.005);
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(split->passed, (std::vector<bool>{false, false}));
+  EXPECT_EQ(split->chosen, -1);
+  EXPECT_NEAR(split->statistic[0], 0.007, 1e-12);              // the confirmation mean decides
+  EXPECT_DOUBLE_EQ(split->statistic[1], upper->statistic[1]);  // the upper bound decides
+}
+
 TEST(Gates, FallBackToExactKvWhenNothingPasses) {
   auto d = ApplyGate(Gate::kMean, HandMadePath(), 0.0001);
   ASSERT_TRUE(d.ok());

@@ -99,6 +99,8 @@ TEST(RetentionPolicy, StructuralChecks) {
          p->mutable_rebuilt_groups(1)->set_targets(1, 4);
        }},
       {"KV byte counts", [](v1::RetentionPolicy* p) { p->set_kv_bytes_saved_per_token(1 << 30); }},
+      {"kv_dtype", [](v1::RetentionPolicy* p) { p->set_kv_dtype("bf16"); }},
+      {"history_tokens", [](v1::RetentionPolicy* p) { p->set_history_tokens(-1); }},
   };
   for (const Case& c : cases) {
     v1::RetentionPolicy p = Valid();

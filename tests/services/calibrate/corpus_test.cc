@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -74,6 +75,10 @@ TEST_F(CorpusFiles, BadFilesAreNamedErrors) {
   auto missing = ReadCorpusText((dir_ / "none.txt").string());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("none.txt"), std::string_view::npos);
+
+  auto dir = ReadCorpusText(dir_.string());
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dir.status().message().find("not a regular file"), std::string_view::npos);
 
   auto empty = ReadCorpusText(WritePlain("empty.txt", ""));
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
@@ -151,6 +156,21 @@ TEST(Corpus, SplitsAreDisjointCompleteAndReproducible) {
   EXPECT_EQ(seen.size(), docs.size());
   EXPECT_NEAR(static_cast<double>(a[kTrain].size()) / docs.size(), 0.5, 0.04);
   EXPECT_NEAR(static_cast<double>(a[kValidation].size()) / docs.size(), 0.25, 0.04);
+  // A document's split depends on its content only: more documents move none of the others,
+  // and a duplicate lands beside its original.
+  std::vector<std::string> more = docs;
+  more.insert(more.begin() + 100, "an inserted document");
+  more.push_back("doc 17");
+  const auto m = AssignSplits(more, {0.5, 0.25}, 7);
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::string> without;
+    for (const auto& d : m[s]) {
+      if (d != "an inserted document") without.push_back(d);
+    }
+    const bool has17 = std::count(a[s].begin(), a[s].end(), "doc 17") > 0;
+    if (has17) without.pop_back();  // the duplicate, last in the corpus
+    EXPECT_EQ(without, a[s]) << SplitName(static_cast<Split>(s));
+  }
   // Order within a split follows the corpus.
   for (const auto& split : a) {
     for (size_t i = 1; i < split.size(); ++i) {
