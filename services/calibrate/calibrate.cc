@@ -412,15 +412,15 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     for (int g = 0; g < G; ++g) {
       NoiseResult n;
       n.group = g;
-      double sum = 0;
-      for (int d = 0; d < draws; ++d) {
-        for (size_t r = 0; r < reqs.size(); ++r) sum += v[1 + g * draws + d][r] - v[0][r];
-      }
-      n.noise_mean = sum / (draws * static_cast<double>(reqs.size()));
-      n.rebuilt_mean = 0;
+      std::vector<double> noise_d(reqs.size(), 0.0), rebuilt_d(reqs.size());
       for (size_t r = 0; r < reqs.size(); ++r) {
-        n.rebuilt_mean += (singleton_nll[g + 1][r] - singleton_nll[0][r]) / reqs.size();
+        for (int d = 0; d < draws; ++d) noise_d[r] += (v[1 + g * draws + d][r] - v[0][r]) / draws;
+        rebuilt_d[r] = singleton_nll[g + 1][r] - singleton_nll[0][r];
       }
+      ASSIGN_OR_RETURN(n.noise_ci95, BootstrapMeanInterval(noise_d, 0.95, boot));
+      ASSIGN_OR_RETURN(n.rebuilt_ci95, BootstrapMeanInterval(rebuilt_d, 0.95, boot));
+      n.noise_mean = n.noise_ci95.mean;
+      n.rebuilt_mean = n.rebuilt_ci95.mean;
       n.nrmse_k = err_count[g] ? err_sum[g].k / err_count[g] : 0.0;
       n.nrmse_v = err_count[g] ? err_sum[g].v / err_count[g] : 0.0;
       rebuilt.push_back(n.rebuilt_mean);

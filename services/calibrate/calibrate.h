@@ -95,6 +95,8 @@ struct NoiseResult {
   int group = 0;
   double rebuilt_mean = 0.0;  // singleton delta on the same requests
   double noise_mean = 0.0;    // Gaussian replacement of matched NRMSE
+  Interval rebuilt_ci95;      // paired bootstrap intervals over the requests
+  Interval noise_ci95;        // (noise: per request, averaged over the draws)
   double nrmse_k = 0.0;       // mean over requests and target layers
   double nrmse_v = 0.0;
 };

@@ -564,12 +564,15 @@ std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& 
                                                : F("%.2f", r.noise_rank_correlation).c_str());
     h += chart("noise-control");
     h += "<table><tr><th class='l'>group</th><th>K NRMSE</th><th>V NRMSE</th><th>&#916;NLL "
-         "rebuilt</th><th>&#916;NLL noise</th></tr>";
+         "rebuilt [95% CI]</th><th>&#916;NLL noise [95% CI]</th></tr>";
     for (int g : r.ranking) {
       const NoiseResult& nr = r.noise[g];
-      h += F("<tr><td class='l'>%s</td><td>%.4f</td><td>%.4f</td><td>%+.5f</td><td>%+.5f</td></tr>",
-             Esc(r.groups[g].ToString()).c_str(), nr.nrmse_k, nr.nrmse_v, nr.rebuilt_mean,
-             nr.noise_mean);
+      h +=
+          F("<tr><td class='l'>%s</td><td>%.4f</td><td>%.4f</td><td>%+.5f [%+.5f, %+.5f]</td>"
+            "<td>%+.5f [%+.5f, %+.5f]</td></tr>",
+            Esc(r.groups[g].ToString()).c_str(), nr.nrmse_k, nr.nrmse_v, nr.rebuilt_mean,
+            nr.rebuilt_ci95.lo, nr.rebuilt_ci95.hi, nr.noise_mean, nr.noise_ci95.lo,
+            nr.noise_ci95.hi);
     }
     h += "</table>";
   }
