@@ -8,6 +8,7 @@
 #include "common/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/rebuild.h"
+#include "tests/services/tiny_policy.h"
 #include "tests/test_paths.h"
 
 namespace riskkv {
@@ -31,33 +32,11 @@ class Migration : public ::testing::Test {
     auto fp = ModelFingerprint(*model_);
     ASSERT_TRUE(fp.ok());
     fingerprint_ = new std::string(*fp);
-    // Predictors for the default groups (L1-2 <- L0,L3 and L4-5 <- L3,L6) and a policy that
-    // rebuilds both.
-    std::vector<int32_t> text(6 * 64);
-    for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<int32_t>((i * 53 + 7) % 500);
-    const auto requests = MakeRequests(text, 48, 16, 0);
-    auto groups = CandidateGroups(8, {});
-    ASSERT_TRUE(groups.ok());
-    ASSERT_EQ(groups->size(), 2u);
-    auto fits = FitGroups(*model_, std::span<const Request>(requests).first(4),
-                          std::span<const Request>(requests).subspan(4), *groups);
-    ASSERT_TRUE(fits.ok()) << fits.status();
-    auto bank = PredictorBank::FromFits(*fingerprint_, DType::kF32, *fits);
-    ASSERT_TRUE(bank.ok());
-    bank_ = bank->release();
-    policy_ = new v1::RetentionPolicy;
-    policy_->set_format_version(1);
-    policy_->set_model_fingerprint(*fingerprint_);
-    policy_->set_policy_id("tiny");
-    policy_->set_version(3);
-    policy_->set_gate("upper90");
-    for (int32_t l : {0, 3, 6, 7}) policy_->add_kept_layers(l);
-    for (const auto& g : *groups) {
-      auto* pg = policy_->add_rebuilt_groups();
-      for (int32_t l : g.targets) pg->add_targets(l);
-      for (int32_t l : g.anchors) pg->add_anchors(l);
-    }
-    policy_->set_predictor_bank_sha256(bank_->content_hash());
+    auto tiny = testing::MakeTinyPolicy(*model_, *fingerprint_);
+    ASSERT_EQ(tiny.bank->groups().size(), 2u);
+    bank_ = tiny.bank.release();
+    policy_ = new v1::RetentionPolicy(tiny.policy);
+    ASSERT_EQ(policy_->kept_layers_size(), 4);
   }
   static void TearDownTestSuite() {
     delete policy_;

@@ -1,0 +1,94 @@
+// The edge node's Prometheus metrics.
+#include "services/node/node_metrics.h"
+
+namespace riskkv {
+namespace {
+
+// Edge latencies: 1 ms to a minute.
+const prometheus::Histogram::BucketBoundaries kSeconds = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+// KV transfers: 4 KiB to 1 GiB.
+const prometheus::Histogram::BucketBoundaries kBytes = {
+    4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864, 268435456, 1073741824};
+
+}  // namespace
+
+NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
+    : model_(model),
+      duration_(prometheus::BuildHistogram()
+                    .Name("riskkv_migration_duration_seconds")
+                    .Help("A migration end to end, as its source or target saw it")
+                    .Register(r)),
+      transfer_(prometheus::BuildHistogram()
+                    .Name("riskkv_kv_transfer_seconds")
+                    .Help("Sending a session's KV chunks, first chunk to trailer")
+                    .Register(r)),
+      rebuild_(prometheus::BuildHistogram()
+                   .Name("riskkv_rebuild_seconds")
+                   .Help("Rebuilding omitted layers on the target")
+                   .Register(r)),
+      recovery_(prometheus::BuildHistogram()
+                    .Name("riskkv_recovery_seconds")
+                    .Help("On the target: first byte received to first token ready")
+                    .Register(r)),
+      bytes_(prometheus::BuildHistogram()
+                 .Name("riskkv_migration_sent_bytes")
+                 .Help("KV payload bytes one migration sent")
+                 .Register(r)),
+      migrations_(prometheus::BuildCounter()
+                      .Name("riskkv_migrations_total")
+                      .Help("Finished migrations by mode and outcome")
+                      .Register(r)),
+      omitted_(prometheus::BuildCounter()
+                   .Name("riskkv_kv_omitted_bytes_total")
+                   .Help("KV bytes not sent because the policy rebuilds their layers")
+                   .Register(r)),
+      failures_(prometheus::BuildCounter()
+                    .Name("riskkv_migration_failures_total")
+                    .Help("Failed or refused migrations by reason")
+                    .Register(r)),
+      sessions_(prometheus::BuildGauge()
+                    .Name("riskkv_active_sessions")
+                    .Help("Decoding sessions this node serves")
+                    .Register(r)),
+      policy_version_(prometheus::BuildGauge()
+                          .Name("riskkv_policy_version")
+                          .Help("Version of the retention policy in use (0: none)")
+                          .Register(r)) {
+  sessions_.Add({{"model", model_}}).Set(0);
+  policy_version_.Add({{"model", model_}}).Set(0);
+}
+
+void NodeMetrics::Migration(const std::string& role, const std::string& mode,
+                            const std::string& outcome, double seconds) {
+  migrations_.Add({{"model", model_}, {"role", role}, {"mode", mode}, {"outcome", outcome}})
+      .Increment();
+  if (outcome == "ok") {
+    duration_.Add({{"model", model_}, {"role", role}, {"mode", mode}}, kSeconds).Observe(seconds);
+  }
+}
+
+void NodeMetrics::Failure(const std::string& role, const std::string& reason) {
+  failures_.Add({{"model", model_}, {"role", role}, {"reason", reason}}).Increment();
+}
+
+void NodeMetrics::Transfer(const std::string& mode, double seconds, double bytes,
+                           double omitted_bytes) {
+  transfer_.Add({{"model", model_}, {"mode", mode}}, kSeconds).Observe(seconds);
+  bytes_.Add({{"model", model_}, {"mode", mode}}, kBytes).Observe(bytes);
+  if (omitted_bytes > 0) omitted_.Add({{"model", model_}}).Increment(omitted_bytes);
+}
+
+void NodeMetrics::Rebuild(double seconds) {
+  rebuild_.Add({{"model", model_}}, kSeconds).Observe(seconds);
+}
+
+void NodeMetrics::Recovery(const std::string& mode, double seconds) {
+  recovery_.Add({{"model", model_}, {"mode", mode}}, kSeconds).Observe(seconds);
+}
+
+void NodeMetrics::SetActiveSessions(double n) { sessions_.Add({{"model", model_}}).Set(n); }
+
+void NodeMetrics::SetPolicyVersion(double v) { policy_version_.Add({{"model", model_}}).Set(v); }
+
+}  // namespace riskkv

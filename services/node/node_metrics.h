@@ -1,0 +1,43 @@
+// The edge node's Prometheus metrics (riskkv_ prefix, base units, bounded labels: model, mode,
+// role, outcome, reason; never a session id).
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <string>
+
+namespace riskkv {
+
+class NodeMetrics {
+ public:
+  NodeMetrics(prometheus::Registry& registry, const std::string& model);
+
+  // One finished migration, seen from `role` ("source" or "target").
+  void Migration(const std::string& role, const std::string& mode, const std::string& outcome,
+                 double seconds);
+  void Failure(const std::string& role, const std::string& reason);
+  void Transfer(const std::string& mode, double seconds, double bytes, double omitted_bytes);
+  void Rebuild(double seconds);
+  void Recovery(const std::string& mode, double seconds);
+  void SetActiveSessions(double n);
+  void SetPolicyVersion(double version);
+
+ private:
+  std::string model_;
+  prometheus::Family<prometheus::Histogram>& duration_;
+  prometheus::Family<prometheus::Histogram>& transfer_;
+  prometheus::Family<prometheus::Histogram>& rebuild_;
+  prometheus::Family<prometheus::Histogram>& recovery_;
+  prometheus::Family<prometheus::Histogram>& bytes_;
+  prometheus::Family<prometheus::Counter>& migrations_;
+  prometheus::Family<prometheus::Counter>& omitted_;
+  prometheus::Family<prometheus::Counter>& failures_;
+  prometheus::Family<prometheus::Gauge>& sessions_;
+  prometheus::Family<prometheus::Gauge>& policy_version_;
+};
+
+}  // namespace riskkv

@@ -1,0 +1,476 @@
+// riskkv-node's gRPC service (see node_service.h).
+#include "services/node/node_service.h"
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "services/session_codec.h"
+
+namespace riskkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+grpc::Status Bad(const std::string& m) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
+}
+
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+RateLimiter::RateLimiter(double bits_per_second, double burst_bytes)
+    : rate_(bits_per_second / 8.0),
+      burst_(burst_bytes),
+      tokens_(burst_bytes),
+      last_(std::chrono::steady_clock::now()) {}
+
+void RateLimiter::Acquire(int64_t bytes) {
+  if (rate_ <= 0) return;
+  std::unique_lock lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  tokens_ = std::min(burst_, tokens_ + rate_ * std::chrono::duration<double>(now - last_).count());
+  last_ = now;
+  tokens_ -= static_cast<double>(bytes);
+  if (tokens_ < 0) {
+    const double wait = -tokens_ / rate_;
+    lock.unlock();  // others queue behind the debt this send took on
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+  }
+}
+
+NodeService::NodeService(Model& model, NodeOptions options, NodeMetrics* metrics)
+    : model_(model),
+      options_(std::move(options)),
+      metrics_(metrics),
+      link_(options_.link_mbps * 1e6) {
+  std::random_device rd;
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%06x-", rd() & 0xFFFFFF);
+  id_prefix_ = buf;
+  if (metrics_ && options_.policy) metrics_->SetPolicyVersion(options_.policy->version());
+}
+
+std::string NodeService::Register(std::shared_ptr<Session> s) {
+  std::lock_guard lock(mu_);
+  std::string id = id_prefix_ + std::to_string(next_id_++);
+  sessions_[id] = std::move(s);
+  if (metrics_) metrics_->SetActiveSessions(static_cast<double>(sessions_.size()));
+  return id;
+}
+
+void NodeService::CountSessions() {
+  if (metrics_) metrics_->SetActiveSessions(static_cast<double>(sessions_.size()));
+}
+
+absl::StatusOr<std::shared_ptr<NodeService::Session>> NodeService::Acquire(const std::string& id) {
+  std::shared_ptr<Session> s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return absl::NotFoundError("no session '" + id + "' on this node");
+    s = it->second;
+  }
+  std::lock_guard lock(s->mu);
+  if (s->busy) {
+    return absl::FailedPreconditionError("session '" + id + "' is busy (generating or migrating)");
+  }
+  s->busy = true;
+  return s;
+}
+
+void NodeService::Release(const std::shared_ptr<Session>& s) {
+  std::lock_guard lock(s->mu);
+  s->busy = false;
+}
+
+void NodeService::Fill(const std::string& id, const Session& s, bool with_tokens,
+                       v1::SessionInfo* info) {
+  info->set_session_id(id);
+  info->set_tokens(static_cast<int64_t>(s.tokens.size()));
+  info->set_generated(s.generated);
+  info->set_model_fingerprint(options_.model_fingerprint);
+  if (with_tokens) {
+    for (int32_t t : s.tokens) info->add_token_ids(t);
+    auto text = model_.tokenizer().Decode(s.tokens, /*skip_special=*/false);
+    if (text.ok()) info->set_text(*text);
+  }
+}
+
+grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSessionRequest* req,
+                                       v1::SessionInfo* info) {
+  const ModelConfig& c = model_.config();
+  if (req->prompt().empty() == (req->token_ids_size() == 0)) {
+    return Bad("StartSession needs exactly one of prompt and token_ids");
+  }
+  auto state = DecodeDecodingState([&] {
+    v1::DecodingState d;
+    *d.mutable_sampling() = req->sampling();
+    return d;
+  }());
+  if (!state.ok()) return ToGrpc(state.status());
+  auto s = std::make_shared<Session>();
+  s->sampler = std::move(state->sampler);
+  if (!req->prompt().empty()) {
+    auto ids = model_.tokenizer().Encode(req->prompt(), /*add_special=*/true, false);
+    if (!ids.ok()) return ToGrpc(ids.status());
+    s->tokens = *ids;
+  } else {
+    for (int32_t t : req->token_ids()) {
+      if (t < 0 || t >= c.vocab) {
+        return Bad(absl::StrCat("token id ", t, " outside the vocabulary of ", c.vocab));
+      }
+      s->tokens.push_back(t);
+    }
+  }
+  const int64_t capacity = options_.capacity > 0 ? options_.capacity : c.context_length;
+  if (s->tokens.empty() || static_cast<int64_t>(s->tokens.size()) + 1 > capacity) {
+    return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                        absl::StrCat("a prompt of ", s->tokens.size(), " tokens does not fit the ",
+                                     capacity, "-token session limit"));
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("this node serves its limit of ", options_.max_sessions, " sessions"));
+    }
+  }
+  auto cache = model_.NewKvCache(capacity, options_.kv_dtype);
+  if (!cache.ok()) return ToGrpc(cache.status());
+  s->cache = std::move(*cache);
+  std::vector<float> logits;
+  {
+    std::lock_guard lock(model_mu_);
+    auto l = model_.Prefill(s->tokens, *s->cache);
+    if (!l.ok()) return ToGrpc(l.status());
+    logits = std::move(*l);
+  }
+  s->tokens.push_back(s->sampler->Sample(logits));
+  s->generated = 1;
+  const std::string id = Register(s);
+  Fill(id, *s, false, info);
+  return grpc::Status::OK;
+}
+
+grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                                   grpc::ServerWriter<v1::GenerateReply>* writer) {
+  if (req->max_tokens() < 1) return Bad("max_tokens must be >= 1");
+  auto s = Acquire(req->session_id());
+  if (!s.ok()) return ToGrpc(s.status());
+  Session& sess = **s;
+  grpc::Status status = grpc::Status::OK;
+  for (int i = 0; i < req->max_tokens() && !ctx->IsCancelled(); ++i) {
+    if (static_cast<int64_t>(sess.tokens.size()) >= sess.cache->capacity()) {
+      status = grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the session reached its length limit");
+      break;
+    }
+    std::vector<float> logits;
+    {
+      std::lock_guard lock(model_mu_);
+      auto l = model_.Decode(sess.tokens.back(), *sess.cache);
+      if (!l.ok()) {
+        status = ToGrpc(l.status());
+        break;
+      }
+      logits = std::move(*l);
+    }
+    const int32_t t = sess.sampler->Sample(logits);
+    sess.tokens.push_back(t);
+    ++sess.generated;
+    v1::GenerateReply r;
+    r.set_token_id(t);
+    r.set_text(model_.tokenizer().TokenBytes(t));
+    if (!writer->Write(r)) break;
+  }
+  Release(*s);
+  return status;
+}
+
+grpc::Status NodeService::GetSession(grpc::ServerContext*, const v1::GetSessionRequest* req,
+                                     v1::SessionInfo* info) {
+  std::shared_ptr<Session> s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(req->session_id());
+    if (it == sessions_.end()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          "no session '" + req->session_id() + "' on this node");
+    }
+    s = it->second;
+  }
+  std::lock_guard lock(s->mu);
+  if (s->busy) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "session '" + req->session_id() + "' is busy");
+  }
+  Fill(req->session_id(), *s, req->with_tokens(), info);
+  return grpc::Status::OK;
+}
+
+grpc::Status NodeService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+                                       v1::ListSessionsReply* reply) {
+  std::lock_guard lock(mu_);
+  for (const auto& [id, s] : sessions_) {
+    auto* info = reply->add_sessions();
+    info->set_session_id(id);
+    info->set_model_fingerprint(options_.model_fingerprint);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status NodeService::CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest* req,
+                                       v1::CloseSessionReply*) {
+  auto s = Acquire(req->session_id());
+  if (!s.ok()) return ToGrpc(s.status());
+  std::lock_guard lock(mu_);
+  sessions_.erase(req->session_id());
+  CountSessions();
+  return grpc::Status::OK;
+}
+
+MigrationMode NodeService::ChooseMode(const Session& s, std::string* reason) const {
+  const ModelConfig& c = model_.config();
+  const auto history = static_cast<double>(s.tokens.size() - 1);
+  const double row = static_cast<double>(s.cache->token_bytes());
+  const double rate = link_.bytes_per_second() > 0 ? link_.bytes_per_second() : 125e6;
+  const double full = 2 * history * row * static_cast<double>(c.n_layers) / rate;
+  const double replay = history * options_.prefill_seconds_per_token;
+  double recon = -1;
+  if (options_.policy && options_.bank) {
+    recon = 2 * history * row * options_.policy->kept_layers_size() / rate +
+            history * options_.rebuild_seconds_per_token;
+  }
+  MigrationMode best = full <= replay ? MigrationMode::kFullKv : MigrationMode::kTokenReplay;
+  double best_t = std::min(full, replay);
+  if (recon >= 0 && recon < best_t) best = MigrationMode::kReconstruct, best_t = recon;
+  *reason = absl::StrCat("auto: estimated reconstruct ",
+                         recon >= 0 ? absl::StrCat(recon, " s") : std::string("n/a (no policy)"),
+                         ", full_kv ", full, " s, token_replay ", replay, " s at ", rate * 8 / 1e6,
+                         " Mbit/s");
+  return best;
+}
+
+grpc::Status NodeService::Migrate(grpc::ServerContext*, const v1::MigrateRequest* req,
+                                  v1::MigrateReply* reply) {
+  const auto start = Clock::now();
+  if (req->target_address().empty()) return Bad("target_address is empty");
+  if (req->timeout_seconds() < 0 || !std::isfinite(req->timeout_seconds())) {
+    return Bad("timeout_seconds must be >= 0");
+  }
+  MigrationMode mode;
+  std::string reason;
+  if (req->mode() != v1::AUTO) {
+    auto m = FromProto(req->mode());
+    if (!m.ok()) return ToGrpc(m.status());
+    mode = *m;
+    reason = "requested";
+  }
+  auto s = Acquire(req->session_id());
+  if (!s.ok()) return ToGrpc(s.status());
+  if (req->mode() == v1::AUTO) mode = ChooseMode(**s, &reason);
+  const double timeout =
+      req->timeout_seconds() > 0 ? req->timeout_seconds() : options_.default_timeout_seconds;
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                            std::chrono::duration<double>(timeout));
+  std::vector<MigrationMode> attempts = {mode};
+  if (req->allow_fallback()) {
+    for (MigrationMode m : {MigrationMode::kFullKv, MigrationMode::kTokenReplay}) {
+      if (std::find(attempts.begin(), attempts.end(), m) == attempts.end()) attempts.push_back(m);
+    }
+  }
+  absl::Status status;
+  for (MigrationMode m : attempts) {
+    bool refused = false;
+    status = MigrateOnce(**s, req->session_id(), *req, m, deadline, reply, &refused);
+    if (status.ok()) {
+      reply->set_mode(ToProto(m));
+      reply->set_mode_reason(reason);
+      reply->set_total_seconds(Since(start));
+      if (metrics_) metrics_->Migration("source", MigrationModeName(m), "ok", Since(start));
+      return grpc::Status::OK;
+    }
+    if (metrics_) {
+      metrics_->Migration("source", MigrationModeName(m), refused ? "refused" : "failed", 0);
+      metrics_->Failure("source", refused ? "handshake_refused" : "transfer_failed");
+    }
+    if (!refused) break;
+    reason = absl::StrCat("fallback: ", MigrationModeName(m), " refused (", status.message(), ")");
+  }
+  Release(*s);  // the session stays here, intact
+  return ToGrpc(absl::Status(status.code(), absl::StrCat("migration of '", req->session_id(),
+                                                         "' failed, the session stays on this "
+                                                         "node: ",
+                                                         status.message())));
+}
+
+absl::Status NodeService::MigrateOnce(Session& s, const std::string& id,
+                                      const v1::MigrateRequest& req, MigrationMode mode,
+                                      std::chrono::system_clock::time_point deadline,
+                                      v1::MigrateReply* reply, bool* refused) {
+  *refused = false;
+  auto channel = grpc::CreateChannel(req.target_address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Node::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline);
+  auto stream = stub->Receive(&ctx);
+  const SendOptions so{mode, options_.model_fingerprint, options_.policy, options_.max_chunk_bytes};
+  const SessionView view{s.cache.get(), s.tokens, &*s.sampler};
+  ASSIGN_OR_RETURN(v1::MigrationHandshake h, MakeHandshake(view, so));
+  auto finish = [&](const std::string& what) {
+    ctx.TryCancel();
+    const grpc::Status st = stream->Finish();
+    if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) {
+      return absl::Status(FromGrpc(st).code(), what + ": " + st.error_message());
+    }
+    return absl::UnavailableError(what);
+  };
+  v1::MigrationFrame frame;
+  *frame.mutable_handshake() = h;
+  v1::ReceiveReply r;
+  if (!stream->Write(frame) || !stream->Read(&r)) {
+    stream->WritesDone();
+    const grpc::Status st = stream->Finish();
+    *refused = st.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+    return absl::Status(st.ok() ? absl::StatusCode::kUnavailable : FromGrpc(st).code(),
+                        "target " + req.target_address() + " refused the handshake: " +
+                            (st.ok() ? std::string("stream closed") : st.error_message()));
+  }
+  if (!r.has_accepted()) return finish("target answered the handshake out of protocol");
+  const auto t0 = Clock::now();
+  absl::Status sent = SendKv(view, h, so, [&](v1::MigrationFrame f) {
+    if (f.has_chunk()) link_.Acquire(static_cast<int64_t>(f.chunk().data().size()));
+    if (!stream->Write(f)) return absl::UnavailableError("the stream to the target broke");
+    return absl::OkStatus();
+  });
+  if (!sent.ok()) return finish(std::string(sent.message()));
+  if (!stream->Read(&r) || !r.has_resumed()) return finish("target did not resume the session");
+  reply->set_transfer_seconds(Since(t0));
+  reply->set_kv_bytes_sent(h.kv_bytes());
+  if (mode == MigrationMode::kReconstruct) {
+    const int64_t row = s.cache->token_bytes();
+    const int64_t history = h.history_tokens();
+    reply->set_kv_bytes_omitted(2 * history * row * (model_.config().n_layers - h.layers_size()));
+  }
+  reply->set_rebuild_seconds(r.resumed().rebuild_seconds());
+  reply->set_recovery_seconds(r.resumed().recovery_seconds());
+  if (metrics_) {
+    metrics_->Transfer(MigrationModeName(mode), reply->transfer_seconds(),
+                       static_cast<double>(reply->kv_bytes_sent()),
+                       static_cast<double>(reply->kv_bytes_omitted()));
+  }
+  // Second phase: stop serving here, then hand over. If the target does not confirm, the
+  // session comes back.
+  std::shared_ptr<Session> keep;
+  {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(id);
+    keep = it->second;
+    sessions_.erase(it);
+    CountSessions();
+  }
+  v1::MigrationFrame commit;
+  commit.mutable_commit();
+  const bool committed =
+      stream->Write(commit) && stream->WritesDone() && stream->Read(&r) && r.has_committed();
+  const grpc::Status st = stream->Finish();
+  if (!committed || !st.ok()) {
+    std::lock_guard lock(mu_);
+    sessions_[id] = keep;
+    CountSessions();
+    return absl::Status(st.ok() ? absl::StatusCode::kUnavailable : FromGrpc(st).code(),
+                        "target did not confirm the hand-over" +
+                            (st.ok() ? std::string() : ": " + st.error_message()));
+  }
+  reply->set_target_session_id(r.committed().session_id());
+  return absl::OkStatus();
+}
+
+grpc::Status NodeService::Receive(
+    grpc::ServerContext*, grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream) {
+  const auto start = Clock::now();
+  auto fail = [&](const std::string& reason, const absl::Status& s) {
+    if (metrics_) {
+      metrics_->Failure("target", reason);
+      metrics_->Migration("target", "unknown", "failed", 0);
+    }
+    return ToGrpc(s);
+  };
+  v1::MigrationFrame f;
+  if (!stream->Read(&f)) return grpc::Status(grpc::StatusCode::CANCELLED, "no handshake");
+  const auto first_byte = Clock::now();
+  if (!f.has_handshake()) {
+    return fail("protocol", absl::InvalidArgumentError("the first frame must be a handshake"));
+  }
+  MigrationReceiver rx(
+      {&model_, options_.model_fingerprint, options_.policy, options_.bank, options_.capacity});
+  {
+    std::lock_guard lock(model_mu_);
+    if (auto s = rx.OnFrame(f); !s.ok()) return fail("handshake", s);
+  }
+  auto mode_name = MigrationModeName(*FromProto(f.handshake().mode()));
+  v1::ReceiveReply r;
+  r.mutable_accepted();
+  stream->Write(r);
+  bool trailer = false;
+  while (!trailer) {
+    if (!stream->Read(&f)) {
+      return fail("truncated", absl::AbortedError("the stream ended before its trailer; nothing "
+                                                  "was applied"));
+    }
+    if (f.has_commit())
+      return fail("protocol", absl::InvalidArgumentError("commit before trailer"));
+    std::lock_guard lock(model_mu_);
+    if (auto s = rx.OnFrame(f); !s.ok()) {
+      return fail(s.code() == absl::StatusCode::kDataLoss ? "corrupt" : "bad_chunk", s);
+    }
+    trailer = f.has_trailer();
+  }
+  auto resumed = rx.TakeResumed();
+  if (!resumed.ok()) return fail("resume", resumed.status());
+  const double recovery = Since(first_byte);
+  r.Clear();
+  r.mutable_resumed()->set_rebuild_seconds(resumed->rebuild_seconds);
+  r.mutable_resumed()->set_prefill_seconds(resumed->prefill_seconds);
+  r.mutable_resumed()->set_recovery_seconds(recovery);
+  stream->Write(r);
+  if (!stream->Read(&f) || !f.has_commit()) {
+    return fail("not_committed", absl::AbortedError("the source did not commit; the resumed "
+                                                    "session was dropped"));
+  }
+  auto s = std::make_shared<Session>();
+  s->cache = std::move(resumed->cache);
+  s->tokens = std::move(resumed->tokens);
+  s->sampler = std::move(resumed->sampler);
+  // The first decode step already ran: its logits give the next token now.
+  s->tokens.push_back(s->sampler->Sample(resumed->logits));
+  s->generated = 1;
+  const std::string id = Register(s);
+  r.Clear();
+  r.mutable_committed()->set_session_id(id);
+  stream->Write(r);
+  if (metrics_) {
+    metrics_->Migration("target", mode_name, "ok", Since(start));
+    metrics_->Recovery(mode_name, recovery);
+    if (resumed->rebuild_seconds > 0) metrics_->Rebuild(resumed->rebuild_seconds);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace riskkv

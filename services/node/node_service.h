@@ -1,0 +1,116 @@
+// riskkv-node's gRPC service: decoding sessions, and the source and target roles of a migration
+// with a two-phase hand-over (the source serves a session until the target confirms it took it
+// over; a failed, refused or timed-out migration leaves it on the source, intact).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "common/kv_cache.h"
+#include "common/model.h"
+#include "common/recovery/predictor_bank.h"
+#include "common/sampler.h"
+#include "riskkv/v1/node.grpc.pb.h"
+#include "riskkv/v1/retention_policy.pb.h"
+#include "services/migration/migration.h"
+#include "services/node/node_metrics.h"
+
+namespace riskkv {
+
+// A sender-side token bucket emulating a link of fixed rate; shared by a node's migrations.
+class RateLimiter {
+ public:
+  // bits_per_second <= 0: unlimited. Bursts up to `burst_bytes`.
+  RateLimiter(double bits_per_second, double burst_bytes = 64 * 1024);
+  // Blocks until `bytes` may be sent.
+  void Acquire(int64_t bytes);
+  double bytes_per_second() const { return rate_; }
+
+ private:
+  std::mutex mu_;
+  double rate_;
+  double burst_;
+  double tokens_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+struct NodeOptions {
+  std::string model_fingerprint;
+  const v1::RetentionPolicy* policy = nullptr;  // RECONSTRUCT needs both
+  const PredictorBank* bank = nullptr;
+  DType kv_dtype = DType::kF32;
+  int64_t capacity = 0;  // KV rows per session (0: the model's context)
+  double link_mbps = 0;  // sender-side rate limit (0: none)
+  int64_t max_chunk_bytes = 256 << 10;
+  double default_timeout_seconds = 120;
+  int max_sessions = 64;
+  // Speeds AUTO assumes before any measurement (seconds per history token).
+  double prefill_seconds_per_token = 3e-3;
+  double rebuild_seconds_per_token = 1.5e-4;
+};
+
+class NodeService final : public v1::Node::Service {
+ public:
+  // `metrics` may be null (no metrics).
+  NodeService(Model& model, NodeOptions options, NodeMetrics* metrics);
+
+  grpc::Status StartSession(grpc::ServerContext*, const v1::StartSessionRequest*,
+                            v1::SessionInfo*) override;
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
+                        grpc::ServerWriter<v1::GenerateReply>*) override;
+  grpc::Status GetSession(grpc::ServerContext*, const v1::GetSessionRequest*,
+                          v1::SessionInfo*) override;
+  grpc::Status ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+                            v1::ListSessionsReply*) override;
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
+                            v1::CloseSessionReply*) override;
+  grpc::Status Migrate(grpc::ServerContext*, const v1::MigrateRequest*, v1::MigrateReply*) override;
+  grpc::Status Receive(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream) override;
+
+ private:
+  struct Session {
+    std::mutex mu;
+    std::unique_ptr<KvCache> cache;  // rows for every token but the last
+    std::vector<int32_t> tokens;
+    std::optional<Sampler> sampler;
+    int64_t generated = 0;
+    bool busy = false;  // generating or migrating
+  };
+
+  // The session and its lock, or NOT_FOUND / FAILED_PRECONDITION (busy).
+  absl::StatusOr<std::shared_ptr<Session>> Acquire(const std::string& id);
+  void Release(const std::shared_ptr<Session>& s);
+  std::string Register(std::shared_ptr<Session> s);
+  void Fill(const std::string& id, const Session& s, bool with_tokens, v1::SessionInfo* info);
+  // One attempt in `mode`: handshake, KV, resume, commit. Sets *refused when the target turned
+  // the handshake down (nothing moved).
+  absl::Status MigrateOnce(Session& s, const std::string& id, const v1::MigrateRequest& req,
+                           MigrationMode mode, std::chrono::system_clock::time_point deadline,
+                           v1::MigrateReply* reply, bool* refused);
+  MigrationMode ChooseMode(const Session& s, std::string* reason) const;
+  void CountSessions();
+
+  Model& model_;
+  NodeOptions options_;
+  NodeMetrics* metrics_;
+  RateLimiter link_;
+  std::mutex model_mu_;  // one forward pass at a time (the backend's scratch is shared)
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Session>> sessions_;
+  uint64_t next_id_ = 1;
+  std::string id_prefix_;
+};
+
+// absl::Status -> grpc::Status (the codes share their numbering).
+grpc::Status ToGrpc(const absl::Status& s);
+absl::Status FromGrpc(const grpc::Status& s);
+
+}  // namespace riskkv

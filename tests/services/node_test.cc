@@ -1,0 +1,291 @@
+// Edge nodes over real gRPC on 127.0.0.1 ephemeral ports, in one process: sessions, migrations
+// in every mode, fallbacks, failures that leave the session on the source, chains, concurrency
+// and the metrics they move.
+#include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
+
+#include <future>
+#include <regex>
+
+#include "common/model_fingerprint.h"
+#include "services/node/node_service.h"
+#include "tests/services/tiny_policy.h"
+#include "tests/test_paths.h"
+
+namespace riskkv {
+namespace {
+
+struct TestNode {
+  std::unique_ptr<Model> model;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<NodeMetrics> metrics;
+  std::unique_ptr<NodeService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+  std::unique_ptr<v1::Node::Stub> stub;
+
+  std::string Metrics() const {
+    return prometheus::TextSerializer().Serialize(registry->Collect());
+  }
+};
+
+class Nodes : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto m = Model::Load(Path(), {.threads = 1, .activations = ActivationPrecision::kF32});
+    ASSERT_TRUE(m.ok());
+    fingerprint_ = new std::string(*ModelFingerprint(**m));
+    tiny_ = new testing::TinyPolicy(testing::MakeTinyPolicy(**m, *fingerprint_));
+  }
+  static void TearDownTestSuite() {
+    delete tiny_;
+    delete fingerprint_;
+  }
+  static std::string Path() { return (testing::TestdataDir() / "tiny_llama_deep.gguf").string(); }
+
+  // A node with its own model; `with_policy` gives it the bank and policy RECONSTRUCT needs.
+  static std::unique_ptr<TestNode> Start(bool with_policy, double link_mbps = 0) {
+    auto n = std::make_unique<TestNode>();
+    n->model = *Model::Load(Path(), {.threads = 1, .activations = ActivationPrecision::kF32});
+    n->metrics = std::make_unique<NodeMetrics>(*n->registry, "tiny");
+    NodeOptions o;
+    o.model_fingerprint = *fingerprint_;
+    if (with_policy) {
+      o.policy = &tiny_->policy;
+      o.bank = tiny_->bank.get();
+    }
+    o.capacity = 200;
+    o.link_mbps = link_mbps;
+    o.max_chunk_bytes = 2048;
+    n->service = std::make_unique<NodeService>(*n->model, o, n->metrics.get());
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(n->service.get());
+    n->server = b.BuildAndStart();
+    EXPECT_GT(port, 0);
+    n->address = "127.0.0.1:" + std::to_string(port);
+    n->stub =
+        v1::Node::NewStub(grpc::CreateChannel(n->address, grpc::InsecureChannelCredentials()));
+    return n;
+  }
+
+  static std::string StartSession(TestNode& n, float temperature = 0) {
+    grpc::ClientContext ctx;
+    v1::StartSessionRequest req;
+    for (int i = 0; i < 30; ++i) req.add_token_ids((i * 31 + 5) % 500);
+    req.mutable_sampling()->set_temperature(temperature);
+    req.mutable_sampling()->set_top_p(1.0f);
+    req.mutable_sampling()->set_seed(11);
+    v1::SessionInfo info;
+    const grpc::Status s = n.stub->StartSession(&ctx, req, &info);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return info.session_id();
+  }
+
+  static absl::StatusOr<std::vector<int32_t>> Generate(TestNode& n, const std::string& id,
+                                                       int count) {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest req;
+    req.set_session_id(id);
+    req.set_max_tokens(count);
+    auto reader = n.stub->Generate(&ctx, req);
+    std::vector<int32_t> out;
+    v1::GenerateReply r;
+    while (reader->Read(&r)) out.push_back(r.token_id());
+    const grpc::Status s = reader->Finish();
+    if (!s.ok()) return FromGrpc(s);
+    return out;
+  }
+
+  static std::vector<int32_t> Tokens(TestNode& n, const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    req.set_with_tokens(true);
+    v1::SessionInfo info;
+    EXPECT_TRUE(n.stub->GetSession(&ctx, req, &info).ok());
+    return {info.token_ids().begin(), info.token_ids().end()};
+  }
+
+  static grpc::Status Migrate(TestNode& from, const std::string& id, const TestNode& to,
+                              v1::MigrationMode mode, v1::MigrateReply* reply,
+                              bool fallback = false, const std::string& address = "") {
+    grpc::ClientContext ctx;
+    v1::MigrateRequest req;
+    req.set_session_id(id);
+    req.set_target_address(address.empty() ? to.address : address);
+    req.set_mode(mode);
+    req.set_allow_fallback(fallback);
+    req.set_timeout_seconds(20);
+    return from.stub->Migrate(&ctx, req, reply);
+  }
+
+  static std::string* fingerprint_;
+  static testing::TinyPolicy* tiny_;
+};
+std::string* Nodes::fingerprint_ = nullptr;
+testing::TinyPolicy* Nodes::tiny_ = nullptr;
+
+TEST_F(Nodes, EveryModeResumesAndTheMetricsMove) {
+  auto a = Start(true), b = Start(true);
+  for (auto mode : {v1::FULL_KV, v1::TOKEN_REPLAY, v1::RECONSTRUCT}) {
+    SCOPED_TRACE(v1::MigrationMode_Name(mode));
+    // The same session twice on A: one stays, one moves after 5 generated tokens.
+    const std::string stay = StartSession(*a), move = StartSession(*a);
+    ASSERT_TRUE(Generate(*a, stay, 5).ok());
+    ASSERT_TRUE(Generate(*a, move, 5).ok());
+    v1::MigrateReply reply;
+    const grpc::Status s = Migrate(*a, move, *b, mode, &reply);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(reply.mode(), mode);
+    EXPECT_FALSE(reply.target_session_id().empty());
+    EXPECT_GT(reply.recovery_seconds(), 0.0);
+    // Gone from A, on B with the same history.
+    auto gone = Generate(*a, move, 1);
+    EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(Tokens(*b, reply.target_session_id()).size(), Tokens(*a, stay).size() + 1);
+    auto after = Generate(*b, reply.target_session_id(), 12);
+    auto expect = Generate(*a, stay, 13);
+    ASSERT_TRUE(after.ok() && expect.ok());
+    std::vector<int32_t> moved_tail = Tokens(*b, reply.target_session_id());
+    std::vector<int32_t> stay_tail = Tokens(*a, stay);
+    if (mode == v1::RECONSTRUCT) {
+      EXPECT_EQ(reply.kv_bytes_sent(), reply.kv_bytes_omitted());  // 4 of 8 layers
+      EXPECT_GT(reply.rebuild_seconds(), 0.0);
+      EXPECT_EQ(moved_tail.size(), stay_tail.size());
+    } else {
+      EXPECT_EQ(moved_tail, stay_tail);  // greedy: token-identical to never migrating
+    }
+    if (mode == v1::TOKEN_REPLAY) EXPECT_EQ(reply.kv_bytes_sent(), 0);
+  }
+  const std::string ma = a->Metrics(), mb = b->Metrics();
+  for (const char* mode : {"full_kv", "token_replay", "reconstruct"}) {
+    EXPECT_NE(ma.find(std::string("mode=\"") + mode +
+                      "\",model=\"tiny\",outcome=\"ok\",role=\"source\"} 1"),
+              std::string::npos)
+        << ma;
+    EXPECT_NE(mb.find(std::string("mode=\"") + mode +
+                      "\",model=\"tiny\",outcome=\"ok\",role=\"target\"} 1"),
+              std::string::npos)
+        << mb;
+  }
+  EXPECT_NE(mb.find("riskkv_recovery_seconds_count"), std::string::npos);
+  EXPECT_NE(ma.find("riskkv_kv_omitted_bytes_total{model=\"tiny\"}"), std::string::npos);
+  EXPECT_TRUE(std::regex_search(mb, std::regex("riskkv_active_sessions\\{model=\"tiny\"\\} 3")))
+      << mb;
+}
+
+TEST_F(Nodes, SampledSessionsResumeTheSameRngStream) {
+  auto a = Start(true), b = Start(false);
+  const std::string stay = StartSession(*a, 0.9f), move = StartSession(*a, 0.9f);
+  ASSERT_TRUE(Generate(*a, stay, 4).ok());
+  ASSERT_TRUE(Generate(*a, move, 4).ok());
+  v1::MigrateReply reply;
+  ASSERT_TRUE(Migrate(*a, move, *b, v1::FULL_KV, &reply).ok());
+  ASSERT_TRUE(Generate(*b, reply.target_session_id(), 20).ok());
+  ASSERT_TRUE(Generate(*a, stay, 21).ok());
+  EXPECT_EQ(Tokens(*b, reply.target_session_id()), Tokens(*a, stay));
+}
+
+TEST_F(Nodes, RefusedHandshakeFallsBackOrLeavesTheSessionOnTheSource) {
+  auto a = Start(true), b = Start(false);  // b has no policy: RECONSTRUCT is refused
+  const std::string id = StartSession(*a);
+  const auto before = Tokens(*a, id);
+  v1::MigrateReply reply;
+  grpc::Status s = Migrate(*a, id, *b, v1::RECONSTRUCT, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("no retention policy"), std::string::npos) << s.error_message();
+  EXPECT_EQ(Tokens(*a, id), before);  // intact and usable
+  ASSERT_TRUE(Generate(*a, id, 2).ok());
+
+  s = Migrate(*a, id, *b, v1::RECONSTRUCT, &reply, /*fallback=*/true);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.mode(), v1::FULL_KV);
+  EXPECT_NE(reply.mode_reason().find("fallback: reconstruct refused"), std::string::npos)
+      << reply.mode_reason();
+  EXPECT_NE(a->Metrics().find("reason=\"handshake_refused\",role=\"source\"} 2"), std::string::npos)
+      << a->Metrics();
+  EXPECT_NE(b->Metrics().find("reason=\"handshake\",role=\"target\"} 2"), std::string::npos);
+}
+
+TEST_F(Nodes, UnreachableOrStoppedTargetLeavesTheSessionOnTheSource) {
+  auto a = Start(true), b = Start(true);
+  const std::string id = StartSession(*a);
+  const std::string dead = b->address;
+  b->server->Shutdown();
+  v1::MigrateReply reply;
+  const grpc::Status s = Migrate(*a, id, *b, v1::FULL_KV, &reply, true, dead);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find("stays on this node"), std::string::npos);
+  ASSERT_TRUE(Generate(*a, id, 3).ok());
+  // And a retry to another node succeeds.
+  auto c = Start(true);
+  EXPECT_TRUE(Migrate(*a, id, *c, v1::RECONSTRUCT, &reply).ok());
+}
+
+TEST_F(Nodes, ChainsAndConcurrentMigrations) {
+  auto a = Start(true), b = Start(true), c = Start(true);
+  const std::string x = StartSession(*a), y = StartSession(*a);
+  // Two sessions leave A at once, to different nodes.
+  auto fx = std::async(std::launch::async, [&] {
+    v1::MigrateReply r;
+    return std::make_pair(Migrate(*a, x, *b, v1::RECONSTRUCT, &r), r);
+  });
+  auto fy = std::async(std::launch::async, [&] {
+    v1::MigrateReply r;
+    return std::make_pair(Migrate(*a, y, *c, v1::FULL_KV, &r), r);
+  });
+  auto [sx, rx] = fx.get();
+  auto [sy, ry] = fy.get();
+  ASSERT_TRUE(sx.ok()) << sx.error_message();
+  ASSERT_TRUE(sy.ok()) << sy.error_message();
+  // x goes on: B -> C -> A.
+  v1::MigrateReply r2, r3;
+  ASSERT_TRUE(Migrate(*b, rx.target_session_id(), *c, v1::RECONSTRUCT, &r2).ok());
+  ASSERT_TRUE(Migrate(*c, r2.target_session_id(), *a, v1::TOKEN_REPLAY, &r3).ok());
+  EXPECT_TRUE(Generate(*a, r3.target_session_id(), 4).ok());
+  EXPECT_TRUE(Generate(*c, ry.target_session_id(), 4).ok());
+}
+
+TEST_F(Nodes, BadRequestsGetPreciseStatusesAndHarmNothing) {
+  auto a = Start(true), b = Start(true, /*link_mbps=*/2);  // slow link: migrations take a while
+  const std::string id = StartSession(*a);
+  ASSERT_TRUE(Generate(*a, id, 30).ok());
+  v1::MigrateReply reply;
+  EXPECT_EQ(Migrate(*a, "nope", *b, v1::FULL_KV, &reply).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Migrate(*a, id, *b, static_cast<v1::MigrationMode>(17), &reply).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Migrate(*a, id, *b, v1::FULL_KV, &reply, false, "").error_code(), grpc::StatusCode::OK);
+  // The session is on B now; migrating it twice at once: one wins, the other is refused as busy.
+  const std::string on_b = reply.target_session_id();
+  auto first = std::async(std::launch::async, [&] {
+    v1::MigrateReply r;
+    return Migrate(*b, on_b, *a, v1::FULL_KV, &r);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  v1::MigrateReply r2;
+  const grpc::Status second = Migrate(*b, on_b, *a, v1::FULL_KV, &r2);
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << second.error_message();
+  EXPECT_NE(second.error_message().find("busy"), std::string::npos);
+  EXPECT_TRUE(first.get().ok());
+
+  grpc::ClientContext ctx;
+  v1::StartSessionRequest both;
+  both.set_prompt("hello");
+  both.add_token_ids(3);
+  v1::SessionInfo info;
+  EXPECT_EQ(a->stub->StartSession(&ctx, both, &info).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::ClientContext ctx2;
+  v1::StartSessionRequest big;
+  big.add_token_ids(100000);
+  EXPECT_EQ(a->stub->StartSession(&ctx2, big, &info).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Everything still works.
+  EXPECT_TRUE(Generate(*a, StartSession(*a), 2).ok());
+}
+
+}  // namespace
+}  // namespace riskkv
