@@ -1,0 +1,139 @@
+// riskkvctl: the command line for people and scripts. Replies print as JSON.
+//   riskkvctl --node 127.0.0.1:7070 start --prompt "Once upon a time" [--temperature 0.8]
+//   riskkvctl --node 127.0.0.1:7070 generate --session ID -n 32
+//   riskkvctl --node 127.0.0.1:7070 migrate --session ID --to 127.0.0.1:7071 --mode reconstruct
+//   riskkvctl --node 127.0.0.1:7070 show --session ID
+//   riskkvctl --node 127.0.0.1:7070 list
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "riskkv/v1/node.grpc.pb.h"
+#include "services/cli_args.h"
+
+ABSL_FLAG(std::string, node, "127.0.0.1:7070", "the node to talk to");
+ABSL_FLAG(std::string, prompt, "", "start: prompt text");
+ABSL_FLAG(std::string, tokens, "", "start: token ids as a JSON list instead of a prompt");
+ABSL_FLAG(float, temperature, 0.0f, "start: sampling temperature (0: greedy)");
+ABSL_FLAG(int, top_k, 0, "start: top-k (0: all)");
+ABSL_FLAG(float, top_p, 1.0f, "start: nucleus mass");
+ABSL_FLAG(uint64_t, seed, 0, "start: sampling seed");
+ABSL_FLAG(std::string, session, "", "the session id");
+ABSL_FLAG(int, n, 32, "generate: tokens to generate");
+ABSL_FLAG(std::string, to, "", "migrate: target node address");
+ABSL_FLAG(std::string, mode, "auto", "migrate: reconstruct, full_kv, token_replay or auto");
+ABSL_FLAG(bool, fallback, true, "migrate: fall back to full_kv / token_replay when refused");
+ABSL_FLAG(double, timeout, 0, "migrate: deadline in seconds (0: the node's default)");
+
+namespace {
+
+int Fail(const std::string& m) {
+  std::fprintf(stderr, "riskkvctl: %s\n", m.c_str());
+  return 1;
+}
+
+int Print(const grpc::Status& s, const google::protobuf::Message& reply) {
+  if (!s.ok()) {
+    return Fail(std::to_string(static_cast<int>(s.error_code())) + " " + s.error_message());
+  }
+  std::string json;
+  google::protobuf::util::JsonPrintOptions o;
+  o.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(reply, &json, o);
+  std::printf("%s\n", json.c_str());
+  return 0;
+}
+
+grpc::ClientContext* Deadline(grpc::ClientContext* ctx, double seconds) {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  return ctx;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "riskkvctl [--node HOST:PORT] start|generate|migrate|show|list [flags]");
+  std::vector<std::string> store;
+  std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
+  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (rest.size() != 2) return Fail("one command expected: start, generate, migrate, show, list");
+  const std::string cmd = rest[1];
+  auto stub = riskkv::v1::Node::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_node), grpc::InsecureChannelCredentials()));
+  const std::string session = absl::GetFlag(FLAGS_session);
+  auto need_session = [&]() { return session.empty() ? Fail("--session is required") : 0; };
+  if (cmd == "start") {
+    riskkv::v1::StartSessionRequest req;
+    req.set_prompt(absl::GetFlag(FLAGS_prompt));
+    if (const std::string t = absl::GetFlag(FLAGS_tokens); !t.empty()) {
+      auto ids = riskkv::TokenIdsFromJson(t);
+      if (!ids.ok()) return Fail(std::string(ids.status().message()));
+      for (int32_t id : *ids) req.add_token_ids(id);
+    }
+    req.mutable_sampling()->set_temperature(absl::GetFlag(FLAGS_temperature));
+    req.mutable_sampling()->set_top_k(absl::GetFlag(FLAGS_top_k));
+    req.mutable_sampling()->set_top_p(absl::GetFlag(FLAGS_top_p));
+    req.mutable_sampling()->set_seed(absl::GetFlag(FLAGS_seed));
+    grpc::ClientContext ctx;
+    riskkv::v1::SessionInfo info;
+    return Print(stub->StartSession(Deadline(&ctx, 600), req, &info), info);
+  }
+  if (cmd == "generate") {
+    if (int rc = need_session()) return rc;
+    riskkv::v1::GenerateRequest req;
+    req.set_session_id(session);
+    req.set_max_tokens(absl::GetFlag(FLAGS_n));
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(Deadline(&ctx, 600), req);
+    riskkv::v1::GenerateReply r;
+    while (reader->Read(&r)) {
+      std::fwrite(r.text().data(), 1, r.text().size(), stdout);
+      std::fflush(stdout);
+    }
+    std::printf("\n");
+    const grpc::Status s = reader->Finish();
+    return s.ok() ? 0 : Fail(s.error_message());
+  }
+  if (cmd == "migrate") {
+    if (int rc = need_session()) return rc;
+    if (absl::GetFlag(FLAGS_to).empty()) return Fail("--to is required");
+    riskkv::v1::MigrateRequest req;
+    req.set_session_id(session);
+    req.set_target_address(absl::GetFlag(FLAGS_to));
+    const std::string mode = absl::GetFlag(FLAGS_mode);
+    riskkv::v1::MigrationMode m;
+    std::string upper;
+    for (char c : mode) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (!riskkv::v1::MigrationMode_Parse(upper, &m) || m == riskkv::v1::MIGRATION_MODE_UNSPECIFIED) {
+      return Fail("--mode must be reconstruct, full_kv, token_replay or auto, got '" + mode + "'");
+    }
+    req.set_mode(m);
+    req.set_allow_fallback(absl::GetFlag(FLAGS_fallback));
+    req.set_timeout_seconds(absl::GetFlag(FLAGS_timeout));
+    grpc::ClientContext ctx;
+    riskkv::v1::MigrateReply reply;
+    return Print(stub->Migrate(Deadline(&ctx, 3600), req, &reply), reply);
+  }
+  if (cmd == "show") {
+    if (int rc = need_session()) return rc;
+    riskkv::v1::GetSessionRequest req;
+    req.set_session_id(session);
+    req.set_with_tokens(true);
+    grpc::ClientContext ctx;
+    riskkv::v1::SessionInfo info;
+    return Print(stub->GetSession(Deadline(&ctx, 60), req, &info), info);
+  }
+  if (cmd == "list") {
+    grpc::ClientContext ctx;
+    riskkv::v1::ListSessionsReply reply;
+    return Print(stub->ListSessions(Deadline(&ctx, 60), {}, &reply), reply);
+  }
+  return Fail("unknown command '" + cmd + "': start, generate, migrate, show or list");
+}
