@@ -51,7 +51,8 @@ fi
 
 # --- Python environment for the reference implementations and test-data generators ----------
 VENV="$RISKKV_HOME/venv"
-PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3)
+PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3
+  grpcio==1.76.0 grpcio-reflection==1.76.0 protobuf==6.33.6)
 mkdir -p "$RISKKV_HOME"
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating virtual environment $VENV"

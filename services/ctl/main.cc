@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
     riskkv::v1::MigrationMode m;
     std::string upper;
     for (char c : mode) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    if (!riskkv::v1::MigrationMode_Parse(upper, &m) || m == riskkv::v1::MIGRATION_MODE_UNSPECIFIED) {
+    if (!riskkv::v1::MigrationMode_Parse(upper, &m) ||
+        m == riskkv::v1::MIGRATION_MODE_UNSPECIFIED) {
       return Fail("--mode must be reconstruct, full_kv, token_replay or auto, got '" + mode + "'");
     }
     req.set_mode(m);

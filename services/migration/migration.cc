@@ -111,7 +111,7 @@ absl::StatusOr<v1::MigrationHandshake> MakeHandshake(const SessionView& s,
     return absl::InvalidArgumentError("a session to migrate needs a cache, a sampler and tokens");
   }
   const auto history = static_cast<int64_t>(s.tokens.size()) - 1;
-  if (s.cache->n_tokens() != history) {
+  if (s.cache->n_tokens() != history && s.cache->n_tokens() != history + 1) {
     return absl::InvalidArgumentError(absl::StrCat("session cache holds ", s.cache->n_tokens(),
                                                    " rows for ", s.tokens.size(), " tokens"));
   }

@@ -35,7 +35,8 @@ absl::StatusOr<MigrationMode> FromProto(v1::MigrationMode mode);
 
 // The source's view of a session at the moment it migrates.
 struct SessionView {
-  const KvCache* cache = nullptr;    // rows [0, tokens.size() - 1) hold the history's KV
+  const KvCache* cache = nullptr;    // rows [0, tokens.size() - 1) hold the history's KV (a
+                                     // row for the last token too is allowed and not sent)
   std::span<const int32_t> tokens;   // every token so far; the last one not fed yet
   const Sampler* sampler = nullptr;  // parameters and RNG state
 };
@@ -54,7 +55,7 @@ struct SendOptions {
   int64_t max_chunk_bytes = 256 << 10;          // payload bound of one chunk (>= one row)
 };
 
-// The handshake for `session` (checks the view is consistent: cache rows = tokens - 1).
+// The handshake for `session` (checks the view is consistent: tokens - 1 or tokens cache rows).
 absl::StatusOr<v1::MigrationHandshake> MakeHandshake(const SessionView& session,
                                                      const SendOptions& options);
 

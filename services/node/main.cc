@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  absl::SetProgramUsageMessage("riskkv-node --model PATH [--listen HOST:PORT] [--policy P --bank B]");
+  absl::SetProgramUsageMessage(
+      "riskkv-node --model PATH [--listen HOST:PORT] [--policy P --bank B]");
   std::vector<std::string> store;
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
@@ -69,8 +70,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_policy).empty() != absl::GetFlag(FLAGS_bank).empty()) {
     return Fail("--policy and --bank go together");
   }
-  auto model_options = riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads),
-                                                     absl::GetFlag(FLAGS_activations));
+  auto model_options =
+      riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
   if (!model_options.ok()) return Fail(model_options.status().ToString());
   auto model = riskkv::Model::Load(model_path, *model_options);
   if (!model.ok()) return Fail(model.status().ToString());

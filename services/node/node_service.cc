@@ -154,15 +154,12 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
   auto cache = model_.NewKvCache(capacity, options_.kv_dtype);
   if (!cache.ok()) return ToGrpc(cache.status());
   s->cache = std::move(*cache);
-  std::vector<float> logits;
   {
     std::lock_guard lock(model_mu_);
     auto l = model_.Prefill(s->tokens, *s->cache);
     if (!l.ok()) return ToGrpc(l.status());
-    logits = std::move(*l);
+    s->pending_logits = std::move(*l);
   }
-  s->tokens.push_back(s->sampler->Sample(logits));
-  s->generated = 1;
   const std::string id = Register(s);
   Fill(id, *s, false, info);
   return grpc::Status::OK;
@@ -180,8 +177,9 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
       status = grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the session reached its length limit");
       break;
     }
-    std::vector<float> logits;
-    {
+    std::vector<float> logits = std::move(sess.pending_logits);
+    sess.pending_logits.clear();
+    if (logits.empty()) {
       std::lock_guard lock(model_mu_);
       auto l = model_.Decode(sess.tokens.back(), *sess.cache);
       if (!l.ok()) {
@@ -458,9 +456,8 @@ grpc::Status NodeService::Receive(
   s->cache = std::move(resumed->cache);
   s->tokens = std::move(resumed->tokens);
   s->sampler = std::move(resumed->sampler);
-  // The first decode step already ran: its logits give the next token now.
-  s->tokens.push_back(s->sampler->Sample(resumed->logits));
-  s->generated = 1;
+  // The first decode step already ran: its logits give the next token.
+  s->pending_logits = std::move(resumed->logits);
   const std::string id = Register(s);
   r.Clear();
   r.mutable_committed()->set_session_id(id);

@@ -78,8 +78,12 @@ class NodeService final : public v1::Node::Service {
  private:
   struct Session {
     std::mutex mu;
-    std::unique_ptr<KvCache> cache;  // rows for every token but the last
+    // Either every token but the last has its KV row (the last is fed by the next decode step),
+    // or every token has, and pending_logits hold the next token's logits (after a prefill or a
+    // migration, before the next Generate).
+    std::unique_ptr<KvCache> cache;
     std::vector<int32_t> tokens;
+    std::vector<float> pending_logits;
     std::optional<Sampler> sampler;
     int64_t generated = 0;
     bool busy = false;  // generating or migrating

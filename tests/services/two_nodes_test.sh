@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Three real riskkv-node processes on 127.0.0.1 ephemeral ports (A and B with a policy and bank
+# from riskkv-calibrate --quick, C without), driven by riskkvctl and by a Python client that
+# only knows the servers through reflection; then every /metrics is scraped.
+#   two_nodes_test.sh BIN_DIR MODEL PYTHON
+set -euo pipefail
+BIN=$1 MODEL=$2 PY=$3
+HERE=$(cd "$(dirname "$0")" && pwd)
+T=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$T"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$T"/*.log; do echo "--- $f"; tail -5 "$f"; done >&2; exit 1; }
+json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print(d$1)"; }
+
+"$BIN/riskkv-calibrate" --model "$MODEL" --out "$T/cal" --quick --epsilon 10 --quiet >/dev/null
+
+start_node() {  # name [policy]
+  local extra=()
+  [ "${2:-}" = policy ] && extra=(--policy "$T/cal/policy.pb" --bank "$T/cal/bank.rkvbank")
+  "$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    --port-file "$T/$1.ports" --threads 1 --activations f32 --kv-dtype f32 "${extra[@]}" \
+    >"$T/$1.log" 2>&1 &
+  pids+=($!)
+}
+start_node a policy
+start_node b policy
+start_node c
+for n in a b c; do
+  for _ in $(seq 100); do [ -s "$T/$n.ports" ] && break; sleep 0.1; done
+  [ -s "$T/$n.ports" ] || fail "node $n did not start"
+done
+addr() { echo "127.0.0.1:$(cut -d' ' -f1 "$T/$1.ports")"; }
+metrics() { curl -sf "http://127.0.0.1:$(cut -d' ' -f2 "$T/$1.ports")/metrics"; }
+ctl() { local n=$1; shift; "$BIN/riskkvctl" --node "$(addr "$n")" "$@"; }
+tokens() { ctl "$1" show --session "$2" | json "['tokenIds']"; }
+
+start() { ctl a start --tokens '[5,36,67,98,129,160,191,222,253,284]' | json "['sessionId']"; }
+
+# FULL_KV: token-identical to the same session never migrated (greedy).
+stay=$(start); move=$(start)
+ctl a generate --session "$stay" -n 4 >/dev/null
+ctl a generate --session "$move" -n 4 >/dev/null
+reply=$(ctl a migrate --session "$move" --to "$(addr b)" --mode full_kv)
+[ "$(echo "$reply" | json "['mode']")" = FULL_KV ] || fail "full_kv: $reply"
+moved=$(echo "$reply" | json "['targetSessionId']")
+ctl a generate --session "$stay" -n 12 >/dev/null
+ctl b generate --session "$moved" -n 12 >/dev/null
+[ "$(tokens a "$stay")" = "$(tokens b "$moved")" ] || fail "full_kv continuation differs: $(tokens a "$stay") vs $(tokens b "$moved")"
+ctl a show --session "$move" >/dev/null 2>&1 && fail "the moved session is still on A"
+
+# RECONSTRUCT sends the kept layers only; the target rebuilds the others.
+s=$(start)
+reply=$(ctl a migrate --session "$s" --to "$(addr b)" --mode reconstruct --nofallback)
+[ "$(echo "$reply" | json "['mode']")" = RECONSTRUCT ] || fail "reconstruct: $reply"
+[ "$(echo "$reply" | json "['kvBytesOmitted']")" -gt 0 ] || fail "nothing omitted: $reply"
+
+# C has no policy: RECONSTRUCT is refused at the handshake; with fallback FULL_KV runs, without
+# it the session stays on A.
+s=$(start)
+out=$(ctl a migrate --session "$s" --to "$(addr c)" --mode reconstruct --nofallback 2>&1) &&
+  fail "C accepted RECONSTRUCT: $out"
+echo "$out" | grep -q "no retention policy" || fail "refusal without the reason: $out"
+ctl a generate --session "$s" -n 2 >/dev/null || fail "session lost after a refused migration"
+reply=$(ctl a migrate --session "$s" --to "$(addr c)" --mode reconstruct)
+[ "$(echo "$reply" | json "['mode']")" = FULL_KV ] || fail "no fallback: $reply"
+echo "$reply" | grep -q "fallback: reconstruct refused" || fail "fallback reason missing: $reply"
+
+# A client the project did not generate.
+reply=$("$PY" "$HERE/../tools/reflection_client.py" "$(addr a)" "$(addr b)" TOKEN_REPLAY) ||
+  fail "reflection client"
+[ "$(echo "$reply" | json "['mode']")" = TOKEN_REPLAY ] || fail "reflection client: $reply"
+
+# The counters moved.
+ma=$(metrics a) mb=$(metrics b) mc=$(metrics c)
+grep -q 'riskkv_migrations_total{mode="full_kv",model="tiny_llama_deep",outcome="ok",role="source"} 2' <<<"$ma" ||
+  fail "A's full_kv count: $(grep migrations_total <<<"$ma")"
+grep -q 'riskkv_migrations_total{mode="reconstruct",model="tiny_llama_deep",outcome="ok",role="target"} 1' <<<"$mb" ||
+  fail "B's reconstruct count: $(grep migrations_total <<<"$mb")"
+grep -q 'riskkv_migrations_total{mode="token_replay",model="tiny_llama_deep",outcome="ok",role="target"} 1' <<<"$mb" ||
+  fail "B's token_replay count"
+grep -q 'riskkv_migration_failures_total{model="tiny_llama_deep",reason="handshake",role="target"} 2' <<<"$mc" ||
+  fail "C's refusals: $(grep failures <<<"$mc")"
+grep -q '^riskkv_recovery_seconds_count{mode="reconstruct",model="tiny_llama_deep"} 1' <<<"$mb" ||
+  fail "B's recovery histogram"
+grep -q '^riskkv_active_sessions{model="tiny_llama_deep"} 3' <<<"$mb" || fail "B's sessions"
+echo "two-node test passed"
