@@ -2,6 +2,7 @@
 //   riskkvctl --node 127.0.0.1:7070 start --prompt "Once upon a time" [--temperature 0.8]
 //   riskkvctl --node 127.0.0.1:7070 generate --session ID -n 32
 //   riskkvctl --node 127.0.0.1:7070 migrate --session ID --to 127.0.0.1:7071 --mode reconstruct
+//   riskkvctl --node 127.0.0.1:7070 score --session ID --tokens '[1,2,3]'
 //   riskkvctl --node 127.0.0.1:7070 show --session ID
 //   riskkvctl --node 127.0.0.1:7070 list
 #include <google/protobuf/util/json_util.h>
@@ -18,7 +19,8 @@
 
 ABSL_FLAG(std::string, node, "127.0.0.1:7070", "the node to talk to");
 ABSL_FLAG(std::string, prompt, "", "start: prompt text");
-ABSL_FLAG(std::string, tokens, "", "start: token ids as a JSON list instead of a prompt");
+ABSL_FLAG(std::string, tokens, "",
+          "start: token ids as a JSON list instead of a prompt; score: the continuation");
 ABSL_FLAG(float, temperature, 0.0f, "start: sampling temperature (0: greedy)");
 ABSL_FLAG(int, top_k, 0, "start: top-k (0: all)");
 ABSL_FLAG(float, top_p, 1.0f, "start: nucleus mass");
@@ -59,11 +61,13 @@ grpc::ClientContext* Deadline(grpc::ClientContext* ctx, double seconds) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "riskkvctl [--node HOST:PORT] start|generate|migrate|show|list [flags]");
+      "riskkvctl [--node HOST:PORT] start|generate|migrate|score|show|list [flags]");
   std::vector<std::string> store;
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
   std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  if (rest.size() != 2) return Fail("one command expected: start, generate, migrate, show, list");
+  if (rest.size() != 2) {
+    return Fail("one command expected: start, generate, migrate, score, show, list");
+  }
   const std::string cmd = rest[1];
   auto stub = riskkv::v1::Node::NewStub(
       grpc::CreateChannel(absl::GetFlag(FLAGS_node), grpc::InsecureChannelCredentials()));
@@ -122,6 +126,17 @@ int main(int argc, char** argv) {
     riskkv::v1::MigrateReply reply;
     return Print(stub->Migrate(Deadline(&ctx, 3600), req, &reply), reply);
   }
+  if (cmd == "score") {
+    if (int rc = need_session()) return rc;
+    auto ids = riskkv::TokenIdsFromJson(absl::GetFlag(FLAGS_tokens));
+    if (!ids.ok()) return Fail("--tokens: " + std::string(ids.status().message()));
+    riskkv::v1::ScoreRequest req;
+    req.set_session_id(session);
+    for (int32_t id : *ids) req.add_token_ids(id);
+    grpc::ClientContext ctx;
+    riskkv::v1::ScoreReply reply;
+    return Print(stub->Score(Deadline(&ctx, 600), req, &reply), reply);
+  }
   if (cmd == "show") {
     if (int rc = need_session()) return rc;
     riskkv::v1::GetSessionRequest req;
@@ -136,5 +151,5 @@ int main(int argc, char** argv) {
     riskkv::v1::ListSessionsReply reply;
     return Print(stub->ListSessions(Deadline(&ctx, 60), {}, &reply), reply);
   }
-  return Fail("unknown command '" + cmd + "': start, generate, migrate, show or list");
+  return Fail("unknown command '" + cmd + "': start, generate, migrate, score, show or list");
 }

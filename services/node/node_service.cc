@@ -242,6 +242,44 @@ grpc::Status NodeService::CloseSession(grpc::ServerContext*, const v1::CloseSess
   return grpc::Status::OK;
 }
 
+grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* req,
+                                v1::ScoreReply* reply) {
+  const ModelConfig& c = model_.config();
+  if (req->token_ids_size() == 0) return Bad("Score needs token_ids");
+  for (int32_t t : req->token_ids()) {
+    if (t < 0 || t >= c.vocab) {
+      return Bad(absl::StrCat("token id ", t, " outside the vocabulary of ", c.vocab));
+    }
+  }
+  auto s = Acquire(req->session_id());
+  if (!s.ok()) return ToGrpc(s.status());
+  Session& sess = **s;
+  absl::StatusOr<NllResult> nll = absl::UnknownError("");
+  if (static_cast<int64_t>(sess.tokens.size()) + req->token_ids_size() > sess.cache->capacity()) {
+    nll = absl::OutOfRangeError("the continuation does not fit the session's length limit");
+  } else {
+    std::lock_guard lock(model_mu_);
+    auto work = sess.cache->Clone();
+    std::vector<float> first = sess.pending_logits;
+    if (!work.ok()) {
+      nll = work.status();
+    } else {
+      if (first.empty()) {
+        auto l = model_.Decode(sess.tokens.back(), **work);
+        if (l.ok()) first = std::move(*l);
+      }
+      const std::vector<int32_t> ids(req->token_ids().begin(), req->token_ids().end());
+      nll = first.empty() ? absl::InternalError("no logits for the first token")
+                          : model_.TeacherForcedNll(ids, **work, first);
+    }
+  }
+  Release(*s);
+  if (!nll.ok()) return ToGrpc(nll.status());
+  reply->set_mean_nll(nll->mean);
+  reply->set_tokens(req->token_ids_size());
+  return grpc::Status::OK;
+}
+
 MigrationMode NodeService::ChooseMode(const Session& s, std::string* reason) const {
   const ModelConfig& c = model_.config();
   const auto history = static_cast<double>(s.tokens.size() - 1);

@@ -70,6 +70,7 @@ class NodeService final : public v1::Node::Service {
                             v1::ListSessionsReply*) override;
   grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
                             v1::CloseSessionReply*) override;
+  grpc::Status Score(grpc::ServerContext*, const v1::ScoreRequest*, v1::ScoreReply*) override;
   grpc::Status Migrate(grpc::ServerContext*, const v1::MigrateRequest*, v1::MigrateReply*) override;
   grpc::Status Receive(
       grpc::ServerContext*,

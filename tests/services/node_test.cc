@@ -98,6 +98,18 @@ class Nodes : public ::testing::Test {
     return out;
   }
 
+  static double Score(TestNode& n, const std::string& id, const std::vector<int32_t>& x) {
+    grpc::ClientContext ctx;
+    v1::ScoreRequest req;
+    req.set_session_id(id);
+    for (int32_t t : x) req.add_token_ids(t);
+    v1::ScoreReply reply;
+    const grpc::Status s = n.stub->Score(&ctx, req, &reply);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(reply.tokens(), static_cast<int>(x.size()));
+    return reply.mean_nll();
+  }
+
   static std::vector<int32_t> Tokens(TestNode& n, const std::string& id) {
     grpc::ClientContext ctx;
     v1::GetSessionRequest req;
@@ -135,10 +147,20 @@ TEST_F(Nodes, EveryModeResumesAndTheMetricsMove) {
     const std::string stay = StartSession(*a), move = StartSession(*a);
     ASSERT_TRUE(Generate(*a, stay, 5).ok());
     ASSERT_TRUE(Generate(*a, move, 5).ok());
+    std::vector<int32_t> x;  // a continuation both sessions are scored on
+    for (int i = 0; i < 16; ++i) x.push_back((i * 97 + 13) % 500);
+    const double ref = Score(*a, stay, x);
     v1::MigrateReply reply;
     const grpc::Status s = Migrate(*a, move, *b, mode, &reply);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(reply.mode(), mode);
+    const double moved_nll = Score(*b, reply.target_session_id(), x);
+    if (mode == v1::FULL_KV) EXPECT_EQ(moved_nll, ref);
+    if (mode == v1::TOKEN_REPLAY) EXPECT_NEAR(moved_nll, ref, 1e-4 * ref);
+    if (mode == v1::RECONSTRUCT) {
+      EXPECT_TRUE(std::isfinite(moved_nll));
+      EXPECT_NE(moved_nll, ref);  // rebuilt layers are close, not exact
+    }
     EXPECT_FALSE(reply.target_session_id().empty());
     EXPECT_GT(reply.recovery_seconds(), 0.0);
     // Gone from A, on B with the same history.
