@@ -1,12 +1,81 @@
 #!/usr/bin/env bash
-# Sets everything up, builds, and runs the main job: SmolLM2-135M generating a continuation of
-# a prompt on the CPU, with prefill and decode speed.
-#   deploy/demo.sh ["prompt text"] [tokens]
+# The main job: sets everything up, builds, calibrates a retention policy for SmolLM2-135M when
+# none is cached (quick settings, about a minute), starts two edge nodes on this machine (node A
+# sends over an emulated 100 Mbit/s link), starts a session on A, generates, migrates copies of it
+# to B in each mode, continues on B, and prints mode, KV bytes sent, transfer and recovery time
+# and the continuation's NLL change against the never-migrated session; then the metrics.
+#   deploy/demo.sh [--keep]     --keep leaves both nodes running (ports 7070/7071, metrics
+#                               9470/9471) for riskkvctl and curl
 set -euo pipefail
 cd "$(dirname "$0")/.."
+keep=0
+[ "${1:-}" = --keep ] && keep=1
 deploy/setup.sh
 deploy/build.sh release
 RISKKV_HOME="${RISKKV_HOME:-$HOME/.cache/riskkv}"
-prompt="${1:-The three most useful things to pack for a week of hiking are}"
-exec build/release/services/riskkv-generate \
-  --model "$RISKKV_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf" --prompt "$prompt" -n "${2:-64}"
+MODEL="$RISKKV_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+BIN=build/release/services
+POLICY_DIR="$RISKKV_HOME/policies/smollm2-135m-instruct"
+if [ ! -f "$POLICY_DIR/policy.pb" ]; then
+  echo "== calibrating a retention policy (--quick) into $POLICY_DIR"
+  "$BIN/riskkv-calibrate" --model "$MODEL" --out "$POLICY_DIR" --quick
+fi
+bank=()
+[ -f "$POLICY_DIR/bank.rkvbank" ] && bank=(--policy "$POLICY_DIR/policy.pb" --bank "$POLICY_DIR/bank.rkvbank")
+
+LOGS=$(mktemp -d)
+pids=()
+stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap 'stop' EXIT
+"$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:7070 --metrics-listen 127.0.0.1:9470 \
+  --port-file "$LOGS/a" --link-mbps 100 "${bank[@]}" >"$LOGS/a.log" 2>&1 &
+pids+=($!)
+"$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:7071 --metrics-listen 127.0.0.1:9471 \
+  --port-file "$LOGS/b" "${bank[@]}" >"$LOGS/b.log" 2>&1 &
+pids+=($!)
+for n in a b; do
+  for _ in $(seq 300); do [ -s "$LOGS/$n" ] && break; sleep 0.1; done
+  [ -s "$LOGS/$n" ] || { cat "$LOGS/$n.log"; exit 1; }
+done
+A=127.0.0.1:7070 B=127.0.0.1:7071
+ctl() { "$BIN/riskkvctl" "$@"; }
+field() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
+
+# A history of about 400 tokens: the start of "The Story of Mel" from the Jargon File.
+prompt=$(zcat /usr/share/doc/jargon-text/jargon.txt.gz | sed -n '/^The Story of Mel/,$p' |
+  sed -n '2,40p' | tr -s ' \n' ' ')
+echo "== session on A"
+s0=$(ctl --node $A start --prompt "$prompt" | field "['sessionId']")
+ctl --node $A generate --session "$s0" -n 24
+history=$(ctl --node $A show --session "$s0" | field "['tokenIds']")
+ctl --node $A generate --session "$s0" -n 32 >/dev/null
+continuation=$(ctl --node $A show --session "$s0" | python3 -c "
+import json,sys; h=$history; t=json.load(sys.stdin)['tokenIds']; print(json.dumps(t[len(h):]))")
+ref=$(ctl --node $A start --tokens "$history" | field "['sessionId']")
+ref_nll=$(ctl --node $A score --session "$ref" --tokens "$continuation" | field "['meanNll']")
+
+printf '\n%-13s %14s %12s %12s %12s %10s\n' mode "KV bytes sent" "transfer s" "recovery s" "rebuild s" "dNLL"
+for mode in full_kv token_replay reconstruct auto; do
+  s=$(ctl --node $A start --tokens "$history" | field "['sessionId']")
+  reply=$(ctl --node $A migrate --session "$s" --to $B --mode $mode)
+  moved=$(echo "$reply" | field "['targetSessionId']")
+  nll=$(ctl --node $B score --session "$moved" --tokens "$continuation" | field "['meanNll']")
+  echo "$reply" | python3 -c "
+import json,sys; r=json.load(sys.stdin)
+print('%-13s %14s %12.4f %12.4f %12.4f %+10.5f' % (('$mode' if '$mode' != 'auto' else 'auto:' + r['mode'].lower()),
+      r['kvBytesSent'], r['transferSeconds'], r['recoverySeconds'], r['rebuildSeconds'], $nll - $ref_nll))"
+  last=$moved
+done
+echo
+echo "== the last session continues on B"
+ctl --node $B generate --session "$last" -n 24
+echo
+echo "== metrics (curl http://127.0.0.1:9470/metrics, :9471)"
+curl -s http://127.0.0.1:9470/metrics | grep -E '^riskkv_(migrations_total|kv_omitted_bytes_total|active_sessions)'
+curl -s http://127.0.0.1:9471/metrics | grep -E '^riskkv_(migrations_total|recovery_seconds_(sum|count)|active_sessions)'
+if [ $keep = 1 ]; then
+  trap - EXIT
+  echo
+  echo "nodes left running: A=$A (metrics :9470), B=$B (metrics :9471); logs in $LOGS"
+  echo "stop them with: kill ${pids[*]}"
+fi
