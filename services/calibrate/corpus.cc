@@ -3,6 +3,7 @@
 
 #include <zlib.h>
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -133,6 +134,23 @@ absl::StatusOr<std::vector<std::string>> SplitDocuments(std::string_view text,
   return docs;
 }
 
+// A line of running text: long enough, no box-drawing characters (U+2500-U+257F, the cells of
+// text tables), and mostly letters and spaces.
+bool IsProseLine(std::string_view line, size_t min_line_chars) {
+  if (line.size() < min_line_chars) return false;
+  size_t letters = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const auto c = static_cast<unsigned char>(line[i]);
+    if (c == 0xE2 && i + 1 < line.size() &&
+        (static_cast<unsigned char>(line[i + 1]) == 0x94 ||
+         static_cast<unsigned char>(line[i + 1]) == 0x95)) {
+      return false;
+    }
+    if (std::isalpha(c) || c == ' ') ++letters;
+  }
+  return 10 * letters >= 7 * line.size();
+}
+
 double ProseFraction(std::string_view document, size_t min_line_chars) {
   size_t total = 0, prose = 0, pos = 0;
   while (pos < document.size()) {
@@ -143,9 +161,11 @@ double ProseFraction(std::string_view document, size_t min_line_chars) {
     const size_t first = line.find_first_not_of(" \t\r");
     if (first == std::string_view::npos) continue;
     line.remove_prefix(first);
-    while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.remove_suffix(1);
+    while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r')) {
+      line.remove_suffix(1);
+    }
     total += line.size();
-    if (line.size() >= min_line_chars) prose += line.size();
+    if (IsProseLine(line, min_line_chars)) prose += line.size();
   }
   return total == 0 ? 0.0 : static_cast<double>(prose) / static_cast<double>(total);
 }

@@ -30,8 +30,9 @@ absl::StatusOr<std::string> ReadCorpusText(const std::string& path);
 absl::StatusOr<std::vector<std::string>> SplitDocuments(std::string_view text,
                                                         const std::string& boundary);
 
-// Share of a document's non-blank characters that sit on lines of at least `min_line_chars`
-// characters: near 1 for running prose, near 0 for indexes, word lists and tables of contents.
+// Share of a document's non-blank bytes that sit on lines of running text: at least
+// `min_line_chars` bytes, no box-drawing characters, at least 70% letters and spaces. Near 1 for
+// prose, near 0 for indexes, word lists, tables of contents and text tables.
 double ProseFraction(std::string_view document, size_t min_line_chars = 40);
 
 // Keeps the documents whose ProseFraction is at least `min_fraction` (in order).

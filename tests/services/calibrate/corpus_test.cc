@@ -136,6 +136,12 @@ TEST(Corpus, ProseFractionTellsProseFromLists) {
   EXPECT_DOUBLE_EQ(ProseFraction("  " + line + "\n"), 1.0);
   // 50 prose characters and 10 list characters.
   EXPECT_NEAR(ProseFraction(line + "\n  abcdefghij\n"), 50.0 / 60.0, 1e-12);
+  // Text tables are not prose, however long their lines.
+  EXPECT_DOUBLE_EQ(
+      ProseFraction("\xE2\x94\x82 2.1.1 \xE2\x94\x82 Jun 12 1990 \xE2\x94\x82 additions were "
+                    "by Eric S. Raymond \xE2\x94\x82\n"),
+      0.0);
+  EXPECT_DOUBLE_EQ(ProseFraction("1990 5485 42842 278958 790 1990 5485 42842 278958 790\n"), 0.0);
   auto kept = KeepProse({"   a\n   b\n", line + "\n", "x\n" + line + "\n"}, 0.5);
   ASSERT_EQ(kept.size(), 2u);
   EXPECT_EQ(kept[0], line + "\n");
