@@ -19,18 +19,23 @@ json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print(d$1)"; }
 
 "$BIN/riskkv-calibrate" --model "$MODEL" --out "$T/cal" --quick --epsilon 10 --quiet >/dev/null
 
-start_node() {  # name [policy]
-  local extra=()
+start_node() {  # name [policy] [extra flags...]
+  local name=$1 extra=()
   [ "${2:-}" = policy ] && extra=(--policy "$T/cal/policy.pb" --bank "$T/cal/bank.rkvbank")
+  shift; [ $# -gt 0 ] && shift
+  extra+=("$@")
   "$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
-    --port-file "$T/$1.ports" --threads 1 --activations f32 --kv-dtype f32 "${extra[@]}" \
-    >"$T/$1.log" 2>&1 &
+    --port-file "$T/$name.ports" --threads 1 --activations f32 --kv-dtype f32 "${extra[@]}" \
+    >"$T/$name.log" 2>&1 &
   pids+=($!)
+  eval "pid_$name=$!"
 }
 start_node a policy
 start_node b policy
 start_node c
-for n in a b c; do
+start_node slow none --link-mbps 1     # a source behind a slow link
+start_node doomed                       # a target that dies mid-transfer
+for n in a b c slow doomed; do
   for _ in $(seq 100); do [ -s "$T/$n.ports" ] && break; sleep 0.1; done
   [ -s "$T/$n.ports" ] || fail "node $n did not start"
 done
@@ -70,6 +75,23 @@ reply=$(ctl a migrate --session "$s" --to "$(addr c)" --mode reconstruct)
 [ "$(echo "$reply" | json "['mode']")" = FULL_KV ] || fail "no fallback: $reply"
 echo "$reply" | grep -q "fallback: reconstruct refused" || fail "fallback reason missing: $reply"
 
+# A target killed mid-transfer: the migration fails, the session stays on the source, intact,
+# and a retry to another node succeeds.
+long=$(ctl slow start --tokens "[$(seq -s, 1 3 450)]" | json "['sessionId']")
+ctl slow generate --session "$long" -n 2 >/dev/null
+before=$(tokens slow "$long")
+ctl slow migrate --session "$long" --to "$(addr doomed)" --mode full_kv --nofallback \
+  >"$T/doomed.out" 2>&1 &
+mig=$!
+sleep 0.8
+kill -9 "$pid_doomed"; wait "$pid_doomed" 2>/dev/null || true
+wait "$mig" && fail "migration to a killed target succeeded: $(cat "$T/doomed.out")"
+grep -q "stays on this node" "$T/doomed.out" || fail "no clean error: $(cat "$T/doomed.out")"
+[ "$(tokens slow "$long")" = "$before" ] || fail "session changed after a failed migration"
+reply=$(ctl slow migrate --session "$long" --to "$(addr b)" --mode full_kv --nofallback) ||
+  fail "retry after the killed target"
+[ "$(echo "$reply" | json "['mode']")" = FULL_KV ] || fail "retry: $reply"
+
 # A client the project did not generate.
 reply=$("$PY" "$HERE/../tools/reflection_client.py" "$(addr a)" "$(addr b)" TOKEN_REPLAY) ||
   fail "reflection client"
@@ -87,5 +109,7 @@ grep -q 'riskkv_migration_failures_total{model="tiny_llama_deep",reason="handsha
   fail "C's refusals: $(grep failures <<<"$mc")"
 grep -q '^riskkv_recovery_seconds_count{mode="reconstruct",model="tiny_llama_deep"} 1' <<<"$mb" ||
   fail "B's recovery histogram"
-grep -q '^riskkv_active_sessions{model="tiny_llama_deep"} 3' <<<"$mb" || fail "B's sessions"
+grep -q '^riskkv_active_sessions{model="tiny_llama_deep"} 4' <<<"$mb" || fail "B's sessions"
+grep -q 'riskkv_migration_failures_total{model="tiny_llama_deep",reason="transfer_failed",role="source"} 1' <<<"$(metrics slow)" ||
+  fail "the slow source's failure count: $(metrics slow | grep failures)"
 echo "two-node test passed"
