@@ -44,7 +44,8 @@ class Nodes : public ::testing::Test {
   static std::string Path() { return (testing::TestdataDir() / "tiny_llama_deep.gguf").string(); }
 
   // A node with its own model; `with_policy` gives it the bank and policy RECONSTRUCT needs.
-  static std::unique_ptr<TestNode> Start(bool with_policy, double link_mbps = 0) {
+  static std::unique_ptr<TestNode> Start(bool with_policy, double link_mbps = 0,
+                                         double prefill_seconds_per_token = 3e-3) {
     auto n = std::make_unique<TestNode>();
     n->model = *Model::Load(Path(), {.threads = 1, .activations = ActivationPrecision::kF32});
     n->metrics = std::make_unique<NodeMetrics>(*n->registry, "tiny");
@@ -56,6 +57,7 @@ class Nodes : public ::testing::Test {
     }
     o.capacity = 200;
     o.link_mbps = link_mbps;
+    o.prefill_seconds_per_token = prefill_seconds_per_token;
     o.max_chunk_bytes = 2048;
     n->service = std::make_unique<NodeService>(*n->model, o, n->metrics.get());
     grpc::ServerBuilder b;
@@ -269,6 +271,26 @@ TEST_F(Nodes, ChainsAndConcurrentMigrations) {
   ASSERT_TRUE(Migrate(*c, r2.target_session_id(), *a, v1::TOKEN_REPLAY, &r3).ok());
   EXPECT_TRUE(Generate(*a, r3.target_session_id(), 4).ok());
   EXPECT_TRUE(Generate(*c, ry.target_session_id(), 4).ok());
+}
+
+TEST_F(Nodes, AutoPicksTheFastestEstimateAndSaysWhy) {
+  struct Case {
+    double link_mbps, prefill_seconds_per_token;
+    v1::MigrationMode expect;
+  };
+  // 31 history tokens: 63 KiB of f32 KV in all, half of it under the policy.
+  for (const Case& c : {Case{0, 3e-3, v1::FULL_KV},         // 1 Gbit/s: the wire is free
+                        Case{0.1, 3e-3, v1::TOKEN_REPLAY},  // 100 kbit/s: replay wins
+                        Case{10, 1.0, v1::RECONSTRUCT}}) {  // slow prefill, modest link
+    auto a = Start(true, c.link_mbps, c.prefill_seconds_per_token), b = Start(true);
+    const std::string id = StartSession(*a);
+    v1::MigrateReply reply;
+    const grpc::Status s = Migrate(*a, id, *b, v1::AUTO, &reply);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(reply.mode(), c.expect) << reply.mode_reason();
+    EXPECT_EQ(reply.mode_reason().rfind("auto: estimated reconstruct ", 0), 0u)
+        << reply.mode_reason();
+  }
 }
 
 TEST_F(Nodes, BadRequestsGetPreciseStatusesAndHarmNothing) {
