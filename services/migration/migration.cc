@@ -201,7 +201,7 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   ASSIGN_OR_RETURN(DType dtype, DtypeFromProto(h.kv_dtype()));
   ASSIGN_OR_RETURN(DecodingState state, DecodeDecodingState(h.session()));
   history_ = h.history_tokens();
-  if (history_ < 0 || static_cast<int64_t>(state.token_ids.size()) != history_ + 1) {
+  if (state.token_ids.empty() || history_ != static_cast<int64_t>(state.token_ids.size()) - 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("history_tokens ", history_, " with ", state.token_ids.size(), " token ids"));
   }
@@ -298,9 +298,9 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
   }
   const int64_t first = chunk.first_token(), n = chunk.token_count();
   if (first < 0 || n < 1 || first > history_ - n) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " rows [", first,
-                                                   ", ", first + n, ") outside the history of ",
-                                                   history_));
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " has ", n,
+                                                   " rows from row ", first,
+                                                   ", outside the history of ", history_));
   }
   const int64_t row = session_.cache->token_bytes();
   if (static_cast<int64_t>(chunk.data().size()) != n * row) {

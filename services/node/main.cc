@@ -140,10 +140,16 @@ int main(int argc, char** argv) {
                port, metrics_port);
 
   // SIGINT / SIGTERM: stop accepting, give running calls a moment, exit.
+  // A second signal exits at once.
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&set, &sig);
-    spdlog::info("riskkv-node: signal {}, shutting down", sig);
+    spdlog::info("riskkv-node: signal {}, shutting down (again to exit now)", sig);
+    std::thread([&] {
+      int again = 0;
+      sigwait(&set, &again);
+      std::_Exit(1);
+    }).detach();
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   });
   server->Wait();

@@ -65,8 +65,12 @@ NodeService::NodeService(Model& model, NodeOptions options, NodeMetrics* metrics
   if (metrics_ && options_.policy) metrics_->SetPolicyVersion(options_.policy->version());
 }
 
-std::string NodeService::Register(std::shared_ptr<Session> s) {
+absl::StatusOr<std::string> NodeService::Register(std::shared_ptr<Session> s) {
   std::lock_guard lock(mu_);
+  if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this node serves its limit of ", options_.max_sessions, " sessions"));
+  }
   std::string id = id_prefix_ + std::to_string(next_id_++);
   sessions_[id] = std::move(s);
   if (metrics_) metrics_->SetActiveSessions(static_cast<double>(sessions_.size()));
@@ -160,8 +164,10 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
     if (!l.ok()) return ToGrpc(l.status());
     s->pending_logits = std::move(*l);
   }
-  const std::string id = Register(s);
-  Fill(id, *s, false, info);
+  Fill("", *s, false, info);
+  auto id = Register(s);
+  if (!id.ok()) return ToGrpc(id.status());
+  info->set_session_id(*id);
   return grpc::Status::OK;
 }
 
@@ -302,12 +308,12 @@ MigrationMode NodeService::ChooseMode(const Session& s, std::string* reason) con
   return best;
 }
 
-grpc::Status NodeService::Migrate(grpc::ServerContext*, const v1::MigrateRequest* req,
+grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::MigrateRequest* req,
                                   v1::MigrateReply* reply) {
   const auto start = Clock::now();
   if (req->target_address().empty()) return Bad("target_address is empty");
-  if (req->timeout_seconds() < 0 || !std::isfinite(req->timeout_seconds())) {
-    return Bad("timeout_seconds must be >= 0");
+  if (!(req->timeout_seconds() >= 0 && req->timeout_seconds() <= 86400)) {
+    return Bad("timeout_seconds must be in [0, 86400]");
   }
   MigrationMode mode;
   std::string reason;
@@ -334,7 +340,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext*, const v1::MigrateRequest
   absl::Status status;
   for (MigrationMode m : attempts) {
     bool refused = false;
-    status = MigrateOnce(**s, req->session_id(), *req, m, deadline, reply, &refused);
+    status = MigrateOnce(caller, **s, req->session_id(), *req, m, deadline, reply, &refused);
     if (status.ok()) {
       reply->set_mode(ToProto(m));
       reply->set_mode_reason(reason);
@@ -356,21 +362,24 @@ grpc::Status NodeService::Migrate(grpc::ServerContext*, const v1::MigrateRequest
                                                          status.message())));
 }
 
-absl::Status NodeService::MigrateOnce(Session& s, const std::string& id,
-                                      const v1::MigrateRequest& req, MigrationMode mode,
+absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
+                                      const std::string& id, const v1::MigrateRequest& req,
+                                      MigrationMode mode,
                                       std::chrono::system_clock::time_point deadline,
                                       v1::MigrateReply* reply, bool* refused) {
   *refused = false;
+  const SendOptions so{mode, options_.model_fingerprint, options_.policy, options_.max_chunk_bytes};
+  const SessionView view{s.cache.get(), s.tokens, &*s.sampler};
+  ASSIGN_OR_RETURN(v1::MigrationHandshake h, MakeHandshake(view, so));
   auto channel = grpc::CreateChannel(req.target_address(), grpc::InsecureChannelCredentials());
   auto stub = v1::Node::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(deadline);
   auto stream = stub->Receive(&ctx);
-  const SendOptions so{mode, options_.model_fingerprint, options_.policy, options_.max_chunk_bytes};
-  const SessionView view{s.cache.get(), s.tokens, &*s.sampler};
-  ASSIGN_OR_RETURN(v1::MigrationHandshake h, MakeHandshake(view, so));
-  auto finish = [&](const std::string& what) {
-    ctx.TryCancel();
+  // Ends the stream; the target's own status (it may have closed the stream with a precise
+  // reason) wins over ours. `cancel` when the target may still be waiting for frames.
+  auto finish = [&](const std::string& what, bool cancel = true) {
+    if (cancel) ctx.TryCancel();
     const grpc::Status st = stream->Finish();
     if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) {
       return absl::Status(FromGrpc(st).code(), what + ": " + st.error_message());
@@ -390,12 +399,17 @@ absl::Status NodeService::MigrateOnce(Session& s, const std::string& id,
   }
   if (!r.has_accepted()) return finish("target answered the handshake out of protocol");
   const auto t0 = Clock::now();
+  bool broke = false;
   absl::Status sent = SendKv(view, h, so, [&](v1::MigrationFrame f) {
+    if (caller->IsCancelled()) return absl::CancelledError("the caller cancelled the migration");
     if (f.has_chunk()) link_.Acquire(static_cast<int64_t>(f.chunk().data().size()));
-    if (!stream->Write(f)) return absl::UnavailableError("the stream to the target broke");
+    if (!stream->Write(f)) {
+      broke = true;
+      return absl::UnavailableError("the stream to the target broke");
+    }
     return absl::OkStatus();
   });
-  if (!sent.ok()) return finish(std::string(sent.message()));
+  if (!sent.ok()) return finish(std::string(sent.message()), /*cancel=*/!broke);
   if (!stream->Read(&r) || !r.has_resumed()) return finish("target did not resume the session");
   reply->set_transfer_seconds(Since(t0));
   reply->set_kv_bytes_sent(h.kv_bytes());
@@ -411,6 +425,7 @@ absl::Status NodeService::MigrateOnce(Session& s, const std::string& id,
                        static_cast<double>(reply->kv_bytes_sent()),
                        static_cast<double>(reply->kv_bytes_omitted()));
   }
+  if (caller->IsCancelled()) return finish("the caller cancelled the migration");
   // Second phase: stop serving here, then hand over. If the target does not confirm, the
   // session comes back.
   std::shared_ptr<Session> keep;
@@ -423,10 +438,11 @@ absl::Status NodeService::MigrateOnce(Session& s, const std::string& id,
   }
   v1::MigrationFrame commit;
   commit.mutable_commit();
+  // Once the target said `committed` it serves the session, whatever happens to the stream.
   const bool committed =
       stream->Write(commit) && stream->WritesDone() && stream->Read(&r) && r.has_committed();
   const grpc::Status st = stream->Finish();
-  if (!committed || !st.ok()) {
+  if (!committed) {
     std::lock_guard lock(mu_);
     sessions_[id] = keep;
     CountSessions();
@@ -449,7 +465,9 @@ grpc::Status NodeService::Receive(
     return ToGrpc(s);
   };
   v1::MigrationFrame f;
-  if (!stream->Read(&f)) return grpc::Status(grpc::StatusCode::CANCELLED, "no handshake");
+  if (!stream->Read(&f)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the stream carried no handshake");
+  }
   const auto first_byte = Clock::now();
   if (!f.has_handshake()) {
     return fail("protocol", absl::InvalidArgumentError("the first frame must be a handshake"));
@@ -458,7 +476,14 @@ grpc::Status NodeService::Receive(
       {&model_, options_.model_fingerprint, options_.policy, options_.bank, options_.capacity});
   {
     std::lock_guard lock(model_mu_);
-    if (auto s = rx.OnFrame(f); !s.ok()) return fail("handshake", s);
+    if (auto s = rx.OnFrame(f); !s.ok()) {
+      if (metrics_) {
+        auto m = FromProto(f.handshake().mode());
+        metrics_->Failure("target", "handshake");
+        metrics_->Migration("target", m.ok() ? MigrationModeName(*m) : "unknown", "refused", 0);
+      }
+      return ToGrpc(s);
+    }
   }
   auto mode_name = MigrationModeName(*FromProto(f.handshake().mode()));
   v1::ReceiveReply r;
@@ -486,9 +511,14 @@ grpc::Status NodeService::Receive(
   r.mutable_resumed()->set_prefill_seconds(resumed->prefill_seconds);
   r.mutable_resumed()->set_recovery_seconds(recovery);
   stream->Write(r);
-  if (!stream->Read(&f) || !f.has_commit()) {
+  if (!stream->Read(&f)) {
     return fail("not_committed", absl::AbortedError("the source did not commit; the resumed "
                                                     "session was dropped"));
+  }
+  if (!f.has_commit()) {
+    return fail("protocol", absl::FailedPreconditionError(
+                                "after the trailer only a commit may come; the resumed session "
+                                "was dropped"));
   }
   auto s = std::make_shared<Session>();
   s->cache = std::move(resumed->cache);
@@ -496,10 +526,17 @@ grpc::Status NodeService::Receive(
   s->sampler = std::move(resumed->sampler);
   // The first decode step already ran: its logits give the next token.
   s->pending_logits = std::move(resumed->logits);
-  const std::string id = Register(s);
+  auto id = Register(s);
+  if (!id.ok()) return fail("session_limit", id.status());
   r.Clear();
-  r.mutable_committed()->set_session_id(id);
-  stream->Write(r);
+  r.mutable_committed()->set_session_id(*id);
+  if (!stream->Write(r)) {
+    // The source cannot learn that we took the session over, so it keeps serving it.
+    std::lock_guard lock(mu_);
+    sessions_.erase(*id);
+    CountSessions();
+    return fail("not_committed", absl::AbortedError("the commit confirmation could not be sent"));
+  }
   if (metrics_) {
     metrics_->Migration("target", mode_name, "ok", Since(start));
     metrics_->Recovery(mode_name, recovery);

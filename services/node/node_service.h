@@ -93,12 +93,14 @@ class NodeService final : public v1::Node::Service {
   // The session and its lock, or NOT_FOUND / FAILED_PRECONDITION (busy).
   absl::StatusOr<std::shared_ptr<Session>> Acquire(const std::string& id);
   void Release(const std::shared_ptr<Session>& s);
-  std::string Register(std::shared_ptr<Session> s);
+  // Adds a session under a new id; RESOURCE_EXHAUSTED when the node serves max_sessions.
+  absl::StatusOr<std::string> Register(std::shared_ptr<Session> s);
   void Fill(const std::string& id, const Session& s, bool with_tokens, v1::SessionInfo* info);
   // One attempt in `mode`: handshake, KV, resume, commit. Sets *refused when the target turned
   // the handshake down (nothing moved).
-  absl::Status MigrateOnce(Session& s, const std::string& id, const v1::MigrateRequest& req,
-                           MigrationMode mode, std::chrono::system_clock::time_point deadline,
+  absl::Status MigrateOnce(grpc::ServerContext* caller, Session& s, const std::string& id,
+                           const v1::MigrateRequest& req, MigrationMode mode,
+                           std::chrono::system_clock::time_point deadline,
                            v1::MigrateReply* reply, bool* refused);
   MigrationMode ChooseMode(const Session& s, std::string* reason) const;
   void CountSessions();

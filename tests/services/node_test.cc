@@ -160,8 +160,11 @@ TEST_F(Nodes, EveryModeResumesAndTheMetricsMove) {
     if (mode == v1::FULL_KV) EXPECT_EQ(moved_nll, ref);
     if (mode == v1::TOKEN_REPLAY) EXPECT_NEAR(moved_nll, ref, 1e-4 * ref);
     if (mode == v1::RECONSTRUCT) {
-      EXPECT_TRUE(std::isfinite(moved_nll));
-      EXPECT_NE(moved_nll, ref);  // rebuilt layers are close, not exact
+      // Rebuilt layers are close, not exact. This random-weight model's groups were fitted on
+      // 4 short requests: a loose bound, far below what garbage KV costs (see below).
+      std::fprintf(stderr, "RECONSTRUCT continuation NLL %.5f vs %.5f exact\n", moved_nll, ref);
+      EXPECT_NE(moved_nll, ref);
+      EXPECT_LT(std::abs(moved_nll - ref), 0.1 * ref);
     }
     EXPECT_FALSE(reply.target_session_id().empty());
     EXPECT_GT(reply.recovery_seconds(), 0.0);
@@ -177,7 +180,6 @@ TEST_F(Nodes, EveryModeResumesAndTheMetricsMove) {
     if (mode == v1::RECONSTRUCT) {
       EXPECT_EQ(reply.kv_bytes_sent(), reply.kv_bytes_omitted());  // 4 of 8 layers
       EXPECT_GT(reply.rebuild_seconds(), 0.0);
-      EXPECT_EQ(moved_tail.size(), stay_tail.size());
     } else {
       EXPECT_EQ(moved_tail, stay_tail);  // greedy: token-identical to never migrating
     }
@@ -308,12 +310,32 @@ TEST_F(Nodes, BadRequestsGetPreciseStatusesAndHarmNothing) {
     v1::MigrateReply r;
     return Migrate(*b, on_b, *a, v1::FULL_KV, &r);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Wait until the first migration holds the session.
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext c;
+    v1::GetSessionRequest g;
+    g.set_session_id(on_b);
+    v1::SessionInfo info;
+    if (b->stub->GetSession(&c, g, &info).error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   v1::MigrateReply r2;
   const grpc::Status second = Migrate(*b, on_b, *a, v1::FULL_KV, &r2);
   EXPECT_EQ(second.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << second.error_message();
   EXPECT_NE(second.error_message().find("busy"), std::string::npos);
   EXPECT_TRUE(first.get().ok());
+  // The session lives on exactly one node.
+  grpc::ClientContext c1;
+  v1::GetSessionRequest g;
+  g.set_session_id(on_b);
+  v1::SessionInfo gone;
+  EXPECT_EQ(b->stub->GetSession(&c1, g, &gone).error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext c2;
+  v1::ListSessionsReply list;
+  ASSERT_TRUE(a->stub->ListSessions(&c2, {}, &list).ok());
+  EXPECT_EQ(list.sessions_size(), 1);
 
   grpc::ClientContext ctx;
   v1::StartSessionRequest both;

@@ -83,7 +83,12 @@ before=$(tokens slow "$long")
 ctl slow migrate --session "$long" --to "$(addr doomed)" --mode full_kv --nofallback \
   >"$T/doomed.out" 2>&1 &
 mig=$!
-sleep 0.8
+# Kill the target once the migration holds the session (show answers "busy"), mid-transfer:
+# 300 KB at 1 Mbit/s take 2.4 s.
+busy() { local out; out=$(ctl slow show --session "$long" 2>&1 || true); [[ $out == *busy* ]]; }
+for _ in $(seq 200); do busy && break; sleep 0.02; done
+busy || fail "the migration to the doomed node never started: $(cat "$T/doomed.out")"
+sleep 0.5
 kill -9 "$pid_doomed"; wait "$pid_doomed" 2>/dev/null || true
 wait "$mig" && fail "migration to a killed target succeeded: $(cat "$T/doomed.out")"
 grep -q "stays on this node" "$T/doomed.out" || fail "no clean error: $(cat "$T/doomed.out")"
