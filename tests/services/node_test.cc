@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
+#include <atomic>
 #include <future>
 #include <regex>
 
@@ -249,6 +250,55 @@ TEST_F(Nodes, UnreachableOrStoppedTargetLeavesTheSessionOnTheSource) {
   // And a retry to another node succeeds.
   auto c = Start(true);
   EXPECT_TRUE(Migrate(*a, id, *c, v1::RECONSTRUCT, &reply).ok());
+}
+
+// A target that plays along until the commit and then fails: the session must stay on the source.
+class FailsAtCommit final : public v1::Node::Service {
+ public:
+  grpc::Status Receive(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream) override {
+    v1::MigrationFrame f;
+    v1::ReceiveReply r;
+    while (stream->Read(&f)) {
+      if (f.has_handshake()) {
+        r.mutable_accepted();
+        stream->Write(r);
+      } else if (f.has_trailer()) {
+        r.mutable_resumed();
+        stream->Write(r);
+      } else if (f.has_commit()) {
+        commits_seen++;
+        return grpc::Status(grpc::StatusCode::INTERNAL, "disk full while registering");
+      }
+    }
+    return grpc::Status(grpc::StatusCode::ABORTED, "stream ended");
+  }
+  std::atomic<int> commits_seen{0};
+};
+
+TEST_F(Nodes, ATargetFailingAtTheCommitLeavesTheSessionOnTheSource) {
+  auto a = Start(true);
+  FailsAtCommit fake;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&fake);
+  auto server = builder.BuildAndStart();
+  TestNode target;
+  target.address = "127.0.0.1:" + std::to_string(port);
+  const std::string id = StartSession(*a);
+  ASSERT_TRUE(Generate(*a, id, 3).ok());
+  const auto before = Tokens(*a, id);
+  v1::MigrateReply reply;
+  const grpc::Status s = Migrate(*a, id, target, v1::FULL_KV, &reply);
+  EXPECT_EQ(fake.commits_seen, 1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();
+  EXPECT_NE(s.error_message().find("did not confirm the hand-over"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(Tokens(*a, id), before);  // back on the source, unchanged and usable
+  EXPECT_TRUE(Generate(*a, id, 2).ok());
+  server->Shutdown();
 }
 
 TEST_F(Nodes, ChainsAndConcurrentMigrations) {
