@@ -100,8 +100,8 @@ class NodeService final : public v1::Node::Service {
   // the handshake down (nothing moved).
   absl::Status MigrateOnce(grpc::ServerContext* caller, Session& s, const std::string& id,
                            const v1::MigrateRequest& req, MigrationMode mode,
-                           std::chrono::system_clock::time_point deadline,
-                           v1::MigrateReply* reply, bool* refused);
+                           std::chrono::system_clock::time_point deadline, v1::MigrateReply* reply,
+                           bool* refused);
   MigrationMode ChooseMode(const Session& s, std::string* reason) const;
   void CountSessions();
 
