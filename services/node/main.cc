@@ -1,7 +1,7 @@
 // riskkv-node: one edge node. Serves decoding sessions over gRPC and moves them to and from other
 // nodes (see services/node/node_service.h); Prometheus metrics on /metrics; the standard gRPC
 // health service and server reflection for generic clients.
-//   riskkv-node --model M --listen 127.0.0.1:7070 --metrics-listen 127.0.0.1:9470 \
+//   riskkv-node --model M --listen 127.0.0.1:7070 --metrics-listen 127.0.0.1:9470
 //               [--policy policy.pb --bank bank.rkvbank] [--link-mbps 100]
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
