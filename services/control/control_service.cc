@@ -1,0 +1,73 @@
+// riskkv-control's gRPC service.
+#include "services/control/control_service.h"
+
+#include <fstream>
+
+namespace riskkv {
+namespace {
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+}  // namespace
+
+grpc::Status ControlService::PutPolicy(grpc::ServerContext*, const v1::PutPolicyRequest* req,
+                                       v1::PolicyRecord* reply) {
+  auto p = store_.Put(req->policy(), req->bank());
+  if (!p.ok()) return ToGrpcStatus(p.status());
+  *reply->mutable_policy() = *p;
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetPolicy(grpc::ServerContext*, const v1::GetPolicyRequest* req,
+                                       v1::PolicyRecord* reply) {
+  auto p = store_.Get(req->policy_id(), req->version());
+  if (!p.ok()) return ToGrpcStatus(p.status());
+  *reply->mutable_policy() = *p;
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::ListPolicies(grpc::ServerContext*, const v1::ListPoliciesRequest*,
+                                          v1::ListPoliciesReply* reply) {
+  for (auto& s : store_.List()) *reply->add_policies() = s;
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetBank(grpc::ServerContext* ctx, const v1::GetBankRequest* req,
+                                     grpc::ServerWriter<v1::BankChunk>* writer) {
+  auto path = store_.BankPath(req->sha256());
+  if (!path.ok()) return ToGrpcStatus(path.status());
+  std::ifstream in(*path, std::ios::binary);
+  if (!in) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read " + *path);
+  std::string buf(1 << 20, '\0');
+  while (!ctx->IsCancelled()) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto n = in.gcount();
+    if (n <= 0) break;
+    v1::BankChunk chunk;
+    chunk.set_data(buf.data(), static_cast<size_t>(n));
+    if (!writer->Write(chunk)) break;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                                   grpc::ServerWriter<v1::PolicyRecord>* writer) {
+  if (req->policy_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Watch needs a policy_id");
+  }
+  uint64_t known = req->known_version();
+  while (!ctx->IsCancelled()) {
+    auto p = store_.WaitNewer(req->policy_id(), known, 500);
+    if (!p) continue;
+    v1::PolicyRecord r;
+    *r.mutable_policy() = *p;
+    if (!writer->Write(r)) break;
+    known = p->version();
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace riskkv

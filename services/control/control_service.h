@@ -1,0 +1,30 @@
+// riskkv-control's gRPC service over a PolicyStore.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "riskkv/v1/control.grpc.pb.h"
+#include "services/control/policy_store.h"
+
+namespace riskkv {
+
+class ControlService final : public v1::Control::Service {
+ public:
+  explicit ControlService(PolicyStore& store) : store_(store) {}
+
+  grpc::Status PutPolicy(grpc::ServerContext*, const v1::PutPolicyRequest*,
+                         v1::PolicyRecord*) override;
+  grpc::Status GetPolicy(grpc::ServerContext*, const v1::GetPolicyRequest*,
+                         v1::PolicyRecord*) override;
+  grpc::Status ListPolicies(grpc::ServerContext*, const v1::ListPoliciesRequest*,
+                            v1::ListPoliciesReply*) override;
+  grpc::Status GetBank(grpc::ServerContext*, const v1::GetBankRequest*,
+                       grpc::ServerWriter<v1::BankChunk>*) override;
+  grpc::Status Watch(grpc::ServerContext*, const v1::WatchRequest*,
+                     grpc::ServerWriter<v1::PolicyRecord>*) override;
+
+ private:
+  PolicyStore& store_;
+};
+
+}  // namespace riskkv

@@ -1,0 +1,70 @@
+// riskkv-control: the control plane. Stores retention policies and predictor banks on local disk,
+// versions them, serves Get/List/Put and pushes new versions to watching nodes.
+//   riskkv-control --store DIR --listen 127.0.0.1:7000
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "services/cli_args.h"
+#include "services/control/control_service.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, store, "", "directory of the policy store (created when missing)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7000", "gRPC address (port 0: any free port)");
+ABSL_FLAG(std::string, port_file, "", "write the gRPC port here once listening");
+
+int main(int argc, char** argv) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  absl::SetProgramUsageMessage("riskkv-control --store DIR [--listen HOST:PORT]");
+  std::vector<std::string> args_store;
+  std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &args_store);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (absl::GetFlag(FLAGS_store).empty()) {
+    spdlog::error("riskkv-control: --store is required");
+    return 1;
+  }
+  auto store = riskkv::PolicyStore::Open(absl::GetFlag(FLAGS_store));
+  if (!store.ok()) {
+    spdlog::error("riskkv-control: {}", store.status().ToString());
+    return 1;
+  }
+  riskkv::ControlService service(**store);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(256 << 20);  // a policy with its bank
+  builder.RegisterService(&service);
+  auto server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    spdlog::error("riskkv-control: cannot listen on {}", absl::GetFlag(FLAGS_listen));
+    return 1;
+  }
+  if (const std::string f = absl::GetFlag(FLAGS_port_file); !f.empty()) {
+    std::ofstream(f + ".tmp") << port << "\n";
+    std::rename((f + ".tmp").c_str(), f.c_str());
+  }
+  spdlog::info("riskkv-control: store {} ({} policies), listening on port {}",
+               absl::GetFlag(FLAGS_store), (*store)->List().size(), port);
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+  server->Wait();
+  stopper.join();
+  return 0;
+}

@@ -1,0 +1,196 @@
+// The control plane's store (see policy_store.h).
+#include "services/control/policy_store.h"
+
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "common/recovery/predictor_bank.h"
+#include "common/recovery/retention_policy.h"
+#include "common/status_macros.h"
+
+namespace riskkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool SafeId(const std::string& id) {
+  static const std::regex re("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
+  return std::regex_match(id, re);
+}
+
+std::string Sha256Hex(std::string_view bytes) {
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), d);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : d) out += {hex[c >> 4], hex[c & 15]};
+  return out;
+}
+
+absl::Status WriteAtomically(const fs::path& path, std::string_view bytes) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) return absl::InternalError("cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::InternalError("cannot rename " + tmp.string() + ": " + ec.message());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateStandalonePolicy(const v1::RetentionPolicy& p) {
+  int32_t n = 0;
+  for (int32_t l : p.kept_layers()) n = std::max(n, l + 1);
+  for (const auto& g : p.rebuilt_groups()) {
+    for (int32_t l : g.targets()) n = std::max(n, l + 1);
+    for (int32_t l : g.anchors()) n = std::max(n, l + 1);
+  }
+  if (n == 0) return absl::InvalidArgumentError("retention policy: it lists no layers");
+  if (n > 4096) return absl::InvalidArgumentError("retention policy: layer ids above 4095");
+  return ValidatePolicy(p, n);
+}
+
+absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Open(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(fs::path(dir) / "policies", ec);
+  fs::create_directories(fs::path(dir) / "banks", ec);
+  if (ec) return absl::InternalError("cannot create the store in " + dir + ": " + ec.message());
+  std::unique_ptr<PolicyStore> store(new PolicyStore(dir));
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "banks")) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() == ".rkvbank" && name.size() == 64 + 8) {
+      store->banks_.insert(name.substr(0, 64));
+    }
+  }
+  for (const auto& idir : fs::directory_iterator(fs::path(dir) / "policies")) {
+    if (!idir.is_directory()) continue;
+    for (const auto& f : fs::directory_iterator(idir.path())) {
+      if (f.path().extension() != ".pb") continue;
+      std::ifstream in(f.path(), std::ios::binary);
+      v1::RetentionPolicy p;
+      if (!p.ParseFromIstream(&in)) {
+        return absl::DataLossError(f.path().string() + " is not a retention policy");
+      }
+      if (auto s = ValidateStandalonePolicy(p); !s.ok()) {
+        return absl::DataLossError(f.path().string() + ": " + std::string(s.message()));
+      }
+      store->policies_[p.policy_id()][p.version()] = p;
+    }
+  }
+  return store;
+}
+
+uint64_t PolicyStore::Latest(const std::string& id) const {
+  auto it = policies_.find(id);
+  return it == policies_.end() || it->second.empty() ? 0 : it->second.rbegin()->first;
+}
+
+absl::StatusOr<v1::RetentionPolicy> PolicyStore::Put(v1::RetentionPolicy p, std::string_view bank) {
+  if (!SafeId(p.policy_id())) {
+    return absl::InvalidArgumentError("policy_id '" + p.policy_id() +
+                                      "' must be 1-128 characters of [A-Za-z0-9._-]");
+  }
+  const uint64_t requested = p.version();
+  p.set_version(1);  // validated with a placeholder; the real one is assigned below
+  RETURN_IF_ERROR(ValidateStandalonePolicy(p));
+  const std::string& sha = p.predictor_bank_sha256();
+  const fs::path bank_path = fs::path(dir_) / "banks" / (sha + ".rkvbank");
+  if (!bank.empty()) {
+    if (Sha256Hex(bank) != sha) {
+      return absl::InvalidArgumentError("the bank's SHA-256 is " + Sha256Hex(bank) +
+                                        ", the policy names " + sha);
+    }
+    const fs::path tmp = bank_path.string() + ".check";
+    RETURN_IF_ERROR(WriteAtomically(tmp, bank));
+    auto parsed = PredictorBank::Open(tmp.string(), p.model_fingerprint());
+    if (!parsed.ok()) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      return absl::InvalidArgumentError("the bank does not load for this policy: " +
+                                        std::string(parsed.status().message()));
+    }
+    parsed->reset();
+    std::error_code ec;
+    fs::rename(tmp, bank_path, ec);
+    if (ec) return absl::InternalError("cannot store the bank: " + ec.message());
+  }
+  std::lock_guard lock(mu_);
+  if (!bank.empty()) banks_.insert(sha);
+  if (p.rebuilt_groups_size() > 0 && !banks_.count(sha)) {
+    return absl::FailedPreconditionError(
+        "the policy needs bank " + sha +
+        ", which the store does not hold: send it with the policy");
+  }
+  const uint64_t next = Latest(p.policy_id()) + 1;
+  if (requested != 0 && requested != next) {
+    return absl::FailedPreconditionError(absl::StrCat("policy ", p.policy_id(), " version ",
+                                                      requested,
+                                                      " is stale or skips ahead; the "
+                                                      "next version is ",
+                                                      next));
+  }
+  p.set_version(next);
+  const fs::path idir = fs::path(dir_) / "policies" / p.policy_id();
+  std::error_code ec;
+  fs::create_directories(idir, ec);
+  RETURN_IF_ERROR(WriteAtomically(idir / absl::StrCat(next, ".pb"), p.SerializeAsString()));
+  policies_[p.policy_id()][next] = p;
+  changed_.notify_all();
+  return p;
+}
+
+absl::StatusOr<v1::RetentionPolicy> PolicyStore::Get(const std::string& id,
+                                                     uint64_t version) const {
+  std::lock_guard lock(mu_);
+  auto it = policies_.find(id);
+  if (it == policies_.end()) return absl::NotFoundError("no policy '" + id + "'");
+  if (version == 0) return it->second.rbegin()->second;
+  auto v = it->second.find(version);
+  if (v == it->second.end()) {
+    return absl::NotFoundError(absl::StrCat("policy '", id, "' has no version ", version));
+  }
+  return v->second;
+}
+
+std::vector<v1::PolicySummary> PolicyStore::List() const {
+  std::lock_guard lock(mu_);
+  std::vector<v1::PolicySummary> out;
+  for (const auto& [id, versions] : policies_) {
+    const v1::RetentionPolicy& p = versions.rbegin()->second;
+    v1::PolicySummary s;
+    s.set_policy_id(id);
+    s.set_latest_version(p.version());
+    s.set_model_fingerprint(p.model_fingerprint());
+    s.set_predictor_bank_sha256(p.predictor_bank_sha256());
+    out.push_back(s);
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> PolicyStore::BankPath(const std::string& sha256) const {
+  std::lock_guard lock(mu_);
+  if (!banks_.count(sha256)) return absl::NotFoundError("no bank " + sha256 + " in the store");
+  return (fs::path(dir_) / "banks" / (sha256 + ".rkvbank")).string();
+}
+
+std::optional<v1::RetentionPolicy> PolicyStore::WaitNewer(const std::string& id, uint64_t known,
+                                                          int64_t timeout_ms) const {
+  std::unique_lock lock(mu_);
+  changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                    [&] { return Latest(id) > known; });
+  if (Latest(id) <= known) return std::nullopt;
+  return policies_.at(id).rbegin()->second;
+}
+
+}  // namespace riskkv

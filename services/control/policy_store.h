@@ -1,0 +1,59 @@
+// The control plane's store: retention policies by id and version, and the predictor banks they
+// name, on local disk (survives restarts):
+//   DIR/policies/<policy_id>/<version>.pb   binary riskkv.v1.RetentionPolicy
+//   DIR/banks/<sha256>.rkvbank              the bank file, named by its content hash
+// Every file is written to a temporary name and renamed, so a crash leaves the old state.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "riskkv/v1/control.pb.h"
+#include "riskkv/v1/retention_policy.pb.h"
+
+namespace riskkv {
+
+class PolicyStore {
+ public:
+  // Creates DIR when missing and loads what it holds; a malformed file is an error naming it.
+  static absl::StatusOr<std::unique_ptr<PolicyStore>> Open(const std::string& dir);
+
+  // Validates and stores a new version (see PutPolicyRequest). InvalidArgument for a malformed
+  // policy, a policy id unfit for a file name, or bank bytes that do not hash to the policy's
+  // bank or do not parse as a bank for its model; FailedPrecondition when the policy needs a
+  // bank the store does not hold, or names a version other than latest + 1.
+  absl::StatusOr<v1::RetentionPolicy> Put(v1::RetentionPolicy policy, std::string_view bank);
+  // NotFound for an unknown id or version.
+  absl::StatusOr<v1::RetentionPolicy> Get(const std::string& id, uint64_t version) const;
+  std::vector<v1::PolicySummary> List() const;
+  // The path of a stored bank; NotFound otherwise.
+  absl::StatusOr<std::string> BankPath(const std::string& sha256) const;
+  // The latest version of `id` newer than `known`, waiting up to `timeout_ms` for one.
+  std::optional<v1::RetentionPolicy> WaitNewer(const std::string& id, uint64_t known,
+                                               int64_t timeout_ms) const;
+
+ private:
+  explicit PolicyStore(std::string dir) : dir_(std::move(dir)) {}
+  uint64_t Latest(const std::string& id) const;  // 0: none; mu_ held
+
+  std::string dir_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;
+  std::map<std::string, std::map<uint64_t, v1::RetentionPolicy>> policies_;
+  std::set<std::string> banks_;
+};
+
+// Checks a policy on its own (the control plane has no model): its layers must partition
+// [0, n) for the n its layer ids imply.
+absl::Status ValidateStandalonePolicy(const v1::RetentionPolicy& policy);
+
+}  // namespace riskkv

@@ -1,0 +1,186 @@
+// The control plane: the policy store on disk (versions, banks by hash, restarts, bad puts) and
+// its gRPC service (Get/List/Put, bank download, Watch pushing a new version).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/model_fingerprint.h"
+#include "services/control/control_service.h"
+#include "services/control/policy_store.h"
+#include "tests/services/tiny_policy.h"
+#include "tests/test_paths.h"
+
+namespace riskkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Control : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto m = Model::Load((testing::TestdataDir() / "tiny_llama_deep.gguf").string(),
+                         {.threads = 1, .activations = ActivationPrecision::kF32});
+    ASSERT_TRUE(m.ok());
+    tiny_ = new testing::TinyPolicy(testing::MakeTinyPolicy(**m, *ModelFingerprint(**m), 0));
+    const fs::path tmp = fs::temp_directory_path() / ("riskkv_bank_" + std::to_string(getpid()));
+    ASSERT_TRUE(tiny_->bank->Write(tmp.string()).ok());
+    std::ifstream in(tmp, std::ios::binary);
+    bank_bytes_ = new std::string((std::istreambuf_iterator<char>(in)), {});
+    fs::remove(tmp);
+  }
+  static void TearDownTestSuite() {
+    delete tiny_;
+    delete bank_bytes_;
+  }
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("riskkv_store_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static testing::TinyPolicy* tiny_;
+  static std::string* bank_bytes_;
+  fs::path dir_;
+};
+testing::TinyPolicy* Control::tiny_ = nullptr;
+std::string* Control::bank_bytes_ = nullptr;
+
+TEST_F(Control, StoresVersionsAndBanksAndSurvivesARestart) {
+  {
+    auto store = PolicyStore::Open(dir_.string());
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto v1 = (*store)->Put(tiny_->policy, *bank_bytes_);
+    ASSERT_TRUE(v1.ok()) << v1.status();
+    EXPECT_EQ(v1->version(), 1u);
+    v1::RetentionPolicy next = tiny_->policy;
+    next.set_epsilon(0.01);
+    auto v2 = (*store)->Put(next, "");  // the store already holds the bank
+    ASSERT_TRUE(v2.ok()) << v2.status();
+    EXPECT_EQ(v2->version(), 2u);
+  }
+  auto store = PolicyStore::Open(dir_.string());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto latest = (*store)->Get("tiny", 0);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->version(), 2u);
+  EXPECT_EQ(latest->epsilon(), 0.01);
+  EXPECT_EQ((*store)->Get("tiny", 1)->epsilon(), tiny_->policy.epsilon());
+  EXPECT_EQ((*store)->Get("tiny", 3).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->Get("other", 0).status().code(), absl::StatusCode::kNotFound);
+  const auto list = (*store)->List();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].latest_version(), 2u);
+  auto path = (*store)->BankPath(tiny_->bank->content_hash());
+  ASSERT_TRUE(path.ok());
+  std::ifstream in(*path, std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), {}), *bank_bytes_);
+}
+
+TEST_F(Control, BadPutsAreRefusedAndChangeNothing) {
+  auto store = *PolicyStore::Open(dir_.string());
+  auto expect = [&](v1::RetentionPolicy p, std::string_view bank, absl::StatusCode code,
+                    const std::string& needle) {
+    auto r = store->Put(std::move(p), bank);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_NE(r.status().message().find(needle), std::string_view::npos) << r.status();
+  };
+  expect(tiny_->policy, "", absl::StatusCode::kFailedPrecondition, "does not hold");
+  v1::RetentionPolicy p = tiny_->policy;
+  p.set_policy_id("../escape");
+  expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "policy_id");
+  p = tiny_->policy;
+  p.add_kept_layers(1);  // both kept and rebuilt
+  expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "both kept and rebuilt");
+  std::string corrupt = *bank_bytes_;
+  corrupt[100] ^= 1;
+  expect(tiny_->policy, corrupt, absl::StatusCode::kInvalidArgument, "SHA-256");
+  p = tiny_->policy;
+  p.set_model_fingerprint(std::string(64, 'a'));  // a bank for another model
+  expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "does not load");
+  EXPECT_TRUE(store->List().empty());
+
+  ASSERT_TRUE(store->Put(tiny_->policy, *bank_bytes_).ok());
+  p = tiny_->policy;
+  p.set_version(1);  // stale: the next version is 2
+  expect(p, "", absl::StatusCode::kFailedPrecondition, "next version is 2");
+  p.set_version(2);
+  EXPECT_TRUE(store->Put(p, "").ok());
+}
+
+TEST_F(Control, ServiceServesBanksAndPushesNewVersionsToWatchers) {
+  auto store = *PolicyStore::Open(dir_.string());
+  ControlService service(*store);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.SetMaxReceiveMessageSize(64 << 20);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  auto stub = v1::Control::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+
+  v1::PutPolicyRequest put;
+  *put.mutable_policy() = tiny_->policy;
+  put.set_bank(*bank_bytes_);
+  v1::PolicyRecord rec;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->PutPolicy(&ctx, put, &rec).ok());
+    EXPECT_EQ(rec.policy().version(), 1u);
+  }
+  // A watcher that knows nothing gets version 1 at once, then version 2 when it is put.
+  grpc::ClientContext wctx;
+  wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::WatchRequest w;
+  w.set_policy_id("tiny");
+  auto watch = stub->Watch(&wctx, w);
+  ASSERT_TRUE(watch->Read(&rec));
+  EXPECT_EQ(rec.policy().version(), 1u);
+  std::thread putter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    grpc::ClientContext ctx;
+    v1::PutPolicyRequest again;
+    *again.mutable_policy() = tiny_->policy;
+    again.mutable_policy()->set_epsilon(0.02);
+    v1::PolicyRecord r;
+    EXPECT_TRUE(stub->PutPolicy(&ctx, again, &r).ok());
+  });
+  ASSERT_TRUE(watch->Read(&rec));
+  EXPECT_EQ(rec.policy().version(), 2u);
+  EXPECT_EQ(rec.policy().epsilon(), 0.02);
+  putter.join();
+  wctx.TryCancel();
+  watch->Finish();
+
+  grpc::ClientContext bctx;
+  v1::GetBankRequest gb;
+  gb.set_sha256(tiny_->bank->content_hash());
+  auto reader = stub->GetBank(&bctx, gb);
+  std::string got;
+  v1::BankChunk chunk;
+  while (reader->Read(&chunk)) got += chunk.data();
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(got, *bank_bytes_);
+
+  grpc::ClientContext nctx;
+  gb.set_sha256(std::string(64, '0'));
+  auto missing = stub->GetBank(&nctx, gb);
+  while (missing->Read(&chunk)) {
+  }
+  EXPECT_EQ(missing->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+
+  grpc::ClientContext lctx;
+  v1::ListPoliciesReply list;
+  ASSERT_TRUE(stub->ListPolicies(&lctx, {}, &list).ok());
+  ASSERT_EQ(list.policies_size(), 1);
+  EXPECT_EQ(list.policies(0).latest_version(), 2u);
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace riskkv
