@@ -5,6 +5,9 @@
 //   riskkvctl --node 127.0.0.1:7070 score --session ID --tokens '[1,2,3]'
 //   riskkvctl --node 127.0.0.1:7070 show --session ID
 //   riskkvctl --node 127.0.0.1:7070 list
+//   riskkvctl --control 127.0.0.1:7000 policy-put --policy policy.pb --bank bank.rkvbank
+//   riskkvctl --control 127.0.0.1:7000 policy-get --policy-id ID [--version N]
+//   riskkvctl --control 127.0.0.1:7000 policy-list
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
@@ -14,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "riskkv/v1/control.grpc.pb.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/cli_args.h"
 
@@ -31,6 +35,13 @@ ABSL_FLAG(std::string, to, "", "migrate: target node address");
 ABSL_FLAG(std::string, mode, "auto", "migrate: reconstruct, full_kv, token_replay or auto");
 ABSL_FLAG(bool, fallback, true, "migrate: fall back to full_kv / token_replay when refused");
 ABSL_FLAG(double, timeout, 0, "migrate: deadline in seconds (0: the node's default)");
+ABSL_FLAG(std::string, control, "127.0.0.1:7000", "policy-*: the control plane to talk to");
+ABSL_FLAG(std::string, policy, "", "policy-put: the policy file (riskkv-calibrate's policy.pb)");
+ABSL_FLAG(std::string, bank, "", "policy-put: the bank file it names (omit if already stored)");
+ABSL_FLAG(std::string, policy_id, "", "policy-get: the policy id");
+ABSL_FLAG(uint64_t, version, 0, "policy-get: the version (0: latest)");
+ABSL_FLAG(bool, assign_version, false,
+          "policy-put: let the control plane number it (latest + 1) instead of the file's version");
 
 namespace {
 
@@ -61,14 +72,51 @@ grpc::ClientContext* Deadline(grpc::ClientContext* ctx, double seconds) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "riskkvctl [--node HOST:PORT] start|generate|migrate|score|show|list [flags]");
+      "riskkvctl [--node HOST:PORT] start|generate|migrate|score|show|list [flags]\n"
+      "riskkvctl [--control HOST:PORT] policy-put|policy-get|policy-list [flags]");
   std::vector<std::string> store;
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
   std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (rest.size() != 2) {
-    return Fail("one command expected: start, generate, migrate, score, show, list");
+    return Fail(
+        "one command expected: start, generate, migrate, score, show, list, policy-put, "
+        "policy-get, policy-list");
   }
   const std::string cmd = rest[1];
+  if (cmd.rfind("policy-", 0) == 0) {
+    auto control = riskkv::v1::Control::NewStub(
+        grpc::CreateChannel(absl::GetFlag(FLAGS_control), grpc::InsecureChannelCredentials()));
+    if (cmd == "policy-put") {
+      riskkv::v1::PutPolicyRequest req;
+      auto policy = riskkv::ReadFileToString(absl::GetFlag(FLAGS_policy));
+      if (!policy.ok()) return Fail("--policy: " + std::string(policy.status().message()));
+      if (!req.mutable_policy()->ParseFromString(*policy)) {
+        return Fail("--policy: " + absl::GetFlag(FLAGS_policy) + " is not a retention policy");
+      }
+      if (absl::GetFlag(FLAGS_assign_version)) req.mutable_policy()->set_version(0);
+      if (!absl::GetFlag(FLAGS_bank).empty()) {
+        auto bank = riskkv::ReadFileToString(absl::GetFlag(FLAGS_bank));
+        if (!bank.ok()) return Fail("--bank: " + std::string(bank.status().message()));
+        req.set_bank(*bank);
+      }
+      grpc::ClientContext ctx;
+      riskkv::v1::PolicyRecord rec;
+      return Print(control->PutPolicy(Deadline(&ctx, 120), req, &rec), rec);
+    }
+    if (cmd == "policy-get") {
+      riskkv::v1::GetPolicyRequest req;
+      req.set_policy_id(absl::GetFlag(FLAGS_policy_id));
+      req.set_version(absl::GetFlag(FLAGS_version));
+      grpc::ClientContext ctx;
+      riskkv::v1::PolicyRecord rec;
+      return Print(control->GetPolicy(Deadline(&ctx, 60), req, &rec), rec);
+    }
+    if (cmd == "policy-list") {
+      grpc::ClientContext ctx;
+      riskkv::v1::ListPoliciesReply reply;
+      return Print(control->ListPolicies(Deadline(&ctx, 60), {}, &reply), reply);
+    }
+  }
   auto stub = riskkv::v1::Node::NewStub(
       grpc::CreateChannel(absl::GetFlag(FLAGS_node), grpc::InsecureChannelCredentials()));
   const std::string session = absl::GetFlag(FLAGS_session);
@@ -151,5 +199,7 @@ int main(int argc, char** argv) {
     riskkv::v1::ListSessionsReply reply;
     return Print(stub->ListSessions(Deadline(&ctx, 60), {}, &reply), reply);
   }
-  return Fail("unknown command '" + cmd + "': start, generate, migrate, score, show or list");
+  return Fail("unknown command '" + cmd +
+              "': start, generate, migrate, score, show, list, policy-put, policy-get or "
+              "policy-list");
 }

@@ -102,6 +102,39 @@ reply=$("$PY" "$HERE/../tools/reflection_client.py" "$(addr a)" "$(addr b)" TOKE
   fail "reflection client"
 [ "$(echo "$reply" | json "['mode']")" = TOKEN_REPLAY ] || fail "reflection client: $reply"
 
+# The control plane: versioned puts, the bank sent once, a restart that keeps everything, and a
+# malformed put refused.
+start_control() {
+  rm -f "$T/control.ports"
+  "$BIN/riskkv-control" --store "$T/store" --listen 127.0.0.1:0 --port-file "$T/control.ports" \
+    >>"$T/control.log" 2>&1 &
+  control_pid=$!
+  pids+=($control_pid)
+  for _ in $(seq 100); do [ -s "$T/control.ports" ] && break; sleep 0.1; done
+  [ -s "$T/control.ports" ] || fail "control plane did not start"
+  CONTROL=127.0.0.1:$(cat "$T/control.ports")
+}
+start_control
+v=$("$BIN/riskkvctl" --control "$CONTROL" policy-put --policy "$T/cal/policy.pb" \
+  --bank "$T/cal/bank.rkvbank" | json "['policy']['version']")
+[ "$v" = 1 ] || fail "first put: version $v"
+v=$("$BIN/riskkvctl" --control "$CONTROL" policy-put --policy "$T/cal/policy.pb" \
+  --assign-version | json "['policy']['version']")
+[ "$v" = 2 ] || fail "second put: version $v"
+out=$("$BIN/riskkvctl" --control "$CONTROL" policy-put --policy "$T/cal/policy.pb" 2>&1) &&
+  fail "a stale version was stored: $out"
+grep -q "next version is 3" <<<"$out" || fail "stale put: $out"
+kill "$control_pid"; wait "$control_pid" 2>/dev/null || true
+start_control
+v=$("$BIN/riskkvctl" --control "$CONTROL" policy-get --policy-id tiny-llama-deep |
+  json "['policy']['version']")
+[ "$v" = 2 ] || fail "after a restart: version $v"
+echo garbage >"$T/bad.pb"
+out=$("$BIN/riskkvctl" --control "$CONTROL" policy-put --policy "$T/bad.pb" 2>&1) &&
+  fail "a malformed policy was stored: $out"
+"$BIN/riskkvctl" --control "$CONTROL" policy-list | grep -q '"latestVersion":"2"' ||
+  fail "policy-list: $("$BIN/riskkvctl" --control "$CONTROL" policy-list)"
+
 # The counters moved.
 ma=$(metrics a) mb=$(metrics b) mc=$(metrics c)
 grep -q 'riskkv_migrations_total{mode="full_kv",model="tiny_llama_deep",outcome="ok",role="source"} 2' <<<"$ma" ||
