@@ -57,8 +57,9 @@ int main(int argc, char** argv) {
   const int reps = absl::GetFlag(FLAGS_repetitions);
   if (n_prompt < 1 || n_decode < 0 || reps < 1)
     return Fail("--prompt-tokens >= 1, --decode-tokens >= 0, --repetitions >= 1");
-  const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
-  if (kv != "f32" && kv != "f16") return Fail("--kv-dtype must be f32 or f16");
+  const auto dtype_flag = riskkv::FloatDTypeFromFlag("kv-dtype", absl::GetFlag(FLAGS_kv_dtype));
+  if (!dtype_flag.ok()) return Fail(dtype_flag.status().ToString());
+  const riskkv::DType dtype = *dtype_flag;
 
   auto options =
       riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
@@ -74,7 +75,6 @@ int main(int argc, char** argv) {
     return Fail("history file has fewer tokens than --prompt-tokens");
   tokens.resize(n_prompt);
 
-  const riskkv::DType dtype = kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32;
   std::vector<double> prefill_s, decode_s;
   // One untimed warm-up (page-in of the mapped weights, thread start-up, allocator growth), as
   // llama-bench and bench/compare_llamacpp.py do for llama.cpp.

@@ -44,10 +44,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   const int n = absl::GetFlag(FLAGS_tokens);
   const int reps = absl::GetFlag(FLAGS_repetitions);
-  const std::string dt = absl::GetFlag(FLAGS_map_dtype);
-  if (n < 1 || reps < 1 || (dt != "f32" && dt != "f16")) {
-    return Fail("--tokens >= 1, --repetitions >= 1, --map-dtype f32|f16");
-  }
+  if (n < 1 || reps < 1) return Fail("--tokens >= 1, --repetitions >= 1");
+  const auto dtype_flag = riskkv::FloatDTypeFromFlag("map-dtype", absl::GetFlag(FLAGS_map_dtype));
+  if (!dtype_flag.ok()) return Fail(dtype_flag.status().ToString());
+  const riskkv::DType dtype = *dtype_flag;
   auto model =
       riskkv::Model::Load(absl::GetFlag(FLAGS_model), {.threads = absl::GetFlag(FLAGS_threads)});
   if (!model.ok()) return Fail(model.status().ToString());
@@ -56,7 +56,6 @@ int main(int argc, char** argv) {
   if (!groups.ok()) return Fail(groups.status().ToString());
 
   // Random maps of the real shapes, stored like a predictor bank stores them.
-  const riskkv::DType dtype = dt == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32;
   const int64_t w = c.kv_width();
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 0.02f);
@@ -117,6 +116,6 @@ int main(int argc, char** argv) {
       "prefill (token replay)  %.4f s\nrebuild omitted layers  %.4f s\nrebuild / prefill       "
       "%.3f\n",
       c.name.c_str(), n, static_cast<long long>(rebuilt_layers), static_cast<long long>(c.n_layers),
-      folded.size(), dt.c_str(), (*model)->backend().threads(), p, b, b / p);
+      folded.size(), riskkv::DTypeName(dtype), (*model)->backend().threads(), p, b, b / p);
   return 0;
 }

@@ -58,6 +58,13 @@ inline absl::StatusOr<ModelOptions> ModelOptionsFromFlags(int threads,
   return options;
 }
 
+// A KV cache or map storage dtype from the flag `flag` ("kv-dtype", ...): "f16" or "f32".
+inline absl::StatusOr<DType> FloatDTypeFromFlag(const std::string& flag, const std::string& value) {
+  if (value == "f16") return DType::kF16;
+  if (value == "f32") return DType::kF32;
+  return absl::InvalidArgumentError("--" + flag + " must be f16 or f32, got '" + value + "'");
+}
+
 inline absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError("cannot read " + path);

@@ -18,17 +18,24 @@ v1::DecodingState EncodeDecodingState(std::span<const int32_t> token_ids, const 
   return proto;
 }
 
-absl::StatusOr<DecodingState> DecodeDecodingState(const v1::DecodingState& proto) {
+absl::StatusOr<Sampler> DecodeSampling(const v1::SamplingParams& proto) {
   SamplingParams params;
-  params.temperature = proto.sampling().temperature();
-  params.top_k = proto.sampling().top_k();
+  params.temperature = proto.temperature();
+  params.top_k = proto.top_k();
   // proto3 cannot tell an absent top_p from 0; 0 is invalid anyway, so absent means "keep all".
-  params.top_p = proto.sampling().top_p() == 0.0f ? 1.0f : proto.sampling().top_p();
-  params.seed = proto.sampling().seed();
+  params.top_p = proto.top_p() == 0.0f ? 1.0f : proto.top_p();
+  params.seed = proto.seed();
   auto sampler = Sampler::Create(params);
   if (!sampler.ok()) {
-    return absl::InvalidArgumentError("DecodingState.sampling: " +
-                                      std::string(sampler.status().message()));
+    return absl::InvalidArgumentError("sampling: " + std::string(sampler.status().message()));
+  }
+  return sampler;
+}
+
+absl::StatusOr<DecodingState> DecodeDecodingState(const v1::DecodingState& proto) {
+  auto sampler = DecodeSampling(proto.sampling());
+  if (!sampler.ok()) {
+    return absl::InvalidArgumentError("DecodingState." + std::string(sampler.status().message()));
   }
   if (!proto.rng_state().empty()) {
     if (auto s = sampler->RestoreState(proto.rng_state()); !s.ok()) {

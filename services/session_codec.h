@@ -12,6 +12,9 @@
 
 namespace riskkv {
 
+// A sampler from its wire parameters (an absent top_p means 1); InvalidArgument naming the field.
+absl::StatusOr<Sampler> DecodeSampling(const v1::SamplingParams& proto);
+
 v1::DecodingState EncodeDecodingState(std::span<const int32_t> token_ids, const Sampler& sampler);
 
 struct DecodingState {

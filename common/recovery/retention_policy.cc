@@ -34,7 +34,9 @@ absl::Status ValidatePolicy(const v1::RetentionPolicy& p, int32_t n_layers) {
   }
   if (!(p.epsilon() >= 0.0)) return bad(absl::StrCat("epsilon ", p.epsilon(), " is negative"));
   const std::vector<LayerGroup> groups = RebuiltGroups(p);
-  if (!groups.empty() && p.predictor_bank_sha256().size() != 64) {
+  const std::string& sha = p.predictor_bank_sha256();
+  if ((!groups.empty() || !sha.empty()) &&
+      (sha.size() != 64 || sha.find_first_not_of("0123456789abcdef") != std::string::npos)) {
     return bad("predictor_bank_sha256 is not a SHA-256 in hex");
   }
   if (auto s = ValidateGroups(groups, n_layers, {}); !s.ok()) return bad(std::string(s.message()));

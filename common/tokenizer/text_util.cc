@@ -2,6 +2,7 @@
 #include "common/tokenizer/text_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace riskkv::tokenizer_internal {
 namespace {
@@ -125,3 +126,9 @@ int UnicodeToByte(uint32_t cp) {
 }
 
 }  // namespace riskkv::tokenizer_internal
+
+namespace riskkv {
+
+absl::Status ValidateUtf8(std::string_view text) { return tokenizer_internal::ValidateUtf8(text); }
+
+}  // namespace riskkv

@@ -84,4 +84,8 @@ class Tokenizer {
   TokenizerSpec spec_;
 };
 
+// OK when `text` is well-formed UTF-8 (the check Encode applies); otherwise InvalidArgument
+// naming the offset of the first bad byte.
+absl::Status ValidateUtf8(std::string_view text);
+
 }  // namespace riskkv

@@ -66,8 +66,6 @@ double RankCorrelation(std::span<const double> a, std::span<const double> b) {
   return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
 }
 
-int64_t DTypeBytes(DType t) { return t == DType::kF16 ? 2 : 4; }
-
 std::string DefaultPolicyId(const ModelConfig& c) {
   std::string id;
   for (char ch : c.name) {
@@ -342,22 +340,20 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     p.kv_fraction = static_cast<double>(p.layers) / n_layers;
     res.path.push_back(std::move(p));
   }
+  // Fills `field` of every path point; returns the requests' exact NLLs.
   auto measure_path = [&](std::span<const Request> reqs, const char* phase,
-                          Measured PathPointResult::*field) -> absl::Status {
+                          Measured PathPointResult::*field) -> absl::StatusOr<std::vector<double>> {
     auto b = bar(phase);
     ASSIGN_OR_RETURN(auto v, MeasureNll(model, reqs, folded, configs, b->Callback()));
     for (int k = 0; k < G; ++k) {
       ASSIGN_OR_RETURN(res.path[k].*field, Summarize(v[k + 1], v[0], o));
     }
-    if (field == &PathPointResult::test) {
-      ASSIGN_OR_RETURN(res.test_exact, Summarize(v[0], v[0], o));
-    }
-    return absl::OkStatus();
+    return v[0];
   };
-  RETURN_IF_ERROR(measure_path(val, "path", &PathPointResult::validation));
+  RETURN_IF_ERROR(measure_path(val, "path", &PathPointResult::validation).status());
   clock.End("path");
   if (o.confirm > 0) {
-    RETURN_IF_ERROR(measure_path(confirm, "confirm", &PathPointResult::confirm));
+    RETURN_IF_ERROR(measure_path(confirm, "confirm", &PathPointResult::confirm).status());
     clock.End("confirm");
   }
 
@@ -375,7 +371,9 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   }
   res.chosen = res.gates[static_cast<int>(o.gate)].decision.chosen;
 
-  RETURN_IF_ERROR(measure_path(test, "test", &PathPointResult::test));
+  ASSIGN_OR_RETURN(const std::vector<double> test_exact,
+                   measure_path(test, "test", &PathPointResult::test));
+  ASSIGN_OR_RETURN(res.test_exact, Summarize(test_exact, test_exact, o));
   clock.End("test");
 
   // 6a. Gaussian replacement of matched per-request K/V NRMSE.
@@ -470,7 +468,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     s.folded_f16_bytes = t * (2 * kvw * f * 2 + 2 * kvw * 4);
     res.storage.push_back(s);
   }
-  res.kv_bytes_per_token = c.n_layers * 2 * kvw * DTypeBytes(o.kv_dtype);
+  res.kv_bytes_per_token = c.n_layers * 2 * RowBytes(o.kv_dtype, kvw);
   return res;
 }
 

@@ -14,38 +14,6 @@
 namespace riskkv {
 namespace {
 
-// Offset of the first byte that does not start a well-formed UTF-8 sequence, or npos.
-size_t FirstInvalidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    int n = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 1, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3, cp = c & 0x07;
-    } else {
-      return i;
-    }
-    if (i + n >= s.size()) return i;  // sequence cut off by the end of the text
-    for (int k = 1; k <= n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    static constexpr uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-    i += n + 1;
-  }
-  return std::string_view::npos;
-}
-
 constexpr size_t kBoundaryPrefix = 256;
 
 uint64_t Fnv1a64(std::string_view s) {
@@ -95,9 +63,9 @@ absl::StatusOr<std::string> ReadCorpusText(const std::string& path) {
         absl::StrCat("corpus ", path, ": truncated gzip stream after ", text.size(), " bytes"));
   }
   if (text.empty()) return absl::InvalidArgumentError("corpus " + path + " is empty");
-  if (const size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos) {
+  if (absl::Status utf8 = ValidateUtf8(text); !utf8.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("corpus ", path, " is not UTF-8 text: bad byte sequence at offset ", bad));
+        absl::StrCat("corpus ", path, " is not UTF-8 text: ", std::string(utf8.message())));
   }
   return text;
 }

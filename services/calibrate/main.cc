@@ -74,12 +74,6 @@ bool Given(const std::string& name) {
   return false;
 }
 
-absl::StatusOr<riskkv::DType> FloatDType(const std::string& flag, const std::string& v) {
-  if (v == "f16") return riskkv::DType::kF16;
-  if (v == "f32") return riskkv::DType::kF32;
-  return absl::InvalidArgumentError("--" + flag + " must be f16 or f32, got '" + v + "'");
-}
-
 absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
   riskkv::CalibrateOptions o;
   if (absl::GetFlag(FLAGS_quick)) o.MakeQuick();
@@ -120,10 +114,10 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
   }
   o.exhaustive = absl::GetFlag(FLAGS_exhaustive);
   o.exhaustive_max_groups = absl::GetFlag(FLAGS_exhaustive_max_groups);
-  auto bank = FloatDType("bank-dtype", absl::GetFlag(FLAGS_bank_dtype));
+  auto bank = riskkv::FloatDTypeFromFlag("bank-dtype", absl::GetFlag(FLAGS_bank_dtype));
   if (!bank.ok()) return bank.status();
   o.bank_dtype = *bank;
-  auto kv = FloatDType("kv-dtype", absl::GetFlag(FLAGS_kv_dtype));
+  auto kv = riskkv::FloatDTypeFromFlag("kv-dtype", absl::GetFlag(FLAGS_kv_dtype));
   if (!kv.ok()) return kv.status();
   o.kv_dtype = *kv;
   o.policy_id = absl::GetFlag(FLAGS_policy_id);

@@ -3,20 +3,13 @@
 
 #include <fstream>
 
+#include "services/grpc_status.h"
+
 namespace riskkv {
-namespace {
-
-grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-}  // namespace
-
 grpc::Status ControlService::PutPolicy(grpc::ServerContext*, const v1::PutPolicyRequest* req,
                                        v1::PolicyRecord* reply) {
   auto p = store_.Put(req->policy(), req->bank());
-  if (!p.ok()) return ToGrpcStatus(p.status());
+  if (!p.ok()) return ToGrpc(p.status());
   *reply->mutable_policy() = *p;
   return grpc::Status::OK;
 }
@@ -24,7 +17,7 @@ grpc::Status ControlService::PutPolicy(grpc::ServerContext*, const v1::PutPolicy
 grpc::Status ControlService::GetPolicy(grpc::ServerContext*, const v1::GetPolicyRequest* req,
                                        v1::PolicyRecord* reply) {
   auto p = store_.Get(req->policy_id(), req->version());
-  if (!p.ok()) return ToGrpcStatus(p.status());
+  if (!p.ok()) return ToGrpc(p.status());
   *reply->mutable_policy() = *p;
   return grpc::Status::OK;
 }
@@ -38,7 +31,7 @@ grpc::Status ControlService::ListPolicies(grpc::ServerContext*, const v1::ListPo
 grpc::Status ControlService::GetBank(grpc::ServerContext* ctx, const v1::GetBankRequest* req,
                                      grpc::ServerWriter<v1::BankChunk>* writer) {
   auto path = store_.BankPath(req->sha256());
-  if (!path.ok()) return ToGrpcStatus(path.status());
+  if (!path.ok()) return ToGrpc(path.status());
   std::ifstream in(*path, std::ios::binary);
   if (!in) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read " + *path);
   std::string buf(1 << 20, '\0');

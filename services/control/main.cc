@@ -4,17 +4,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <signal.h>
-
-#include <cstdio>
-#include <fstream>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "services/cli_args.h"
 #include "services/control/control_service.h"
+#include "services/server_main.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, store, "", "directory of the policy store (created when missing)");
@@ -22,11 +18,7 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7000", "gRPC address (port 0: any free
 ABSL_FLAG(std::string, port_file, "", "write the gRPC port here once listening");
 
 int main(int argc, char** argv) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  const sigset_t signals = riskkv::BlockTerminationSignals();
   absl::SetProgramUsageMessage("riskkv-control --store DIR [--listen HOST:PORT]");
   std::vector<std::string> args_store;
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &args_store);
@@ -53,18 +45,9 @@ int main(int argc, char** argv) {
     spdlog::error("riskkv-control: cannot listen on {}", absl::GetFlag(FLAGS_listen));
     return 1;
   }
-  if (const std::string f = absl::GetFlag(FLAGS_port_file); !f.empty()) {
-    std::ofstream(f + ".tmp") << port << "\n";
-    std::rename((f + ".tmp").c_str(), f.c_str());
-  }
+  riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file), std::to_string(port));
   spdlog::info("riskkv-control: store {} ({} policies), listening on port {}",
                absl::GetFlag(FLAGS_store), (*store)->List().size(), port);
-  std::thread stopper([&] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  });
-  server->Wait();
-  stopper.join();
+  riskkv::ServeUntilSignal(*server, signals, "riskkv-control", std::chrono::seconds(2));
   return 0;
 }

@@ -1,8 +1,6 @@
 // The control plane's store (see policy_store.h).
 #include "services/control/policy_store.h"
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -22,15 +20,6 @@ namespace fs = std::filesystem;
 bool SafeId(const std::string& id) {
   static const std::regex re("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
   return std::regex_match(id, re);
-}
-
-std::string Sha256Hex(std::string_view bytes) {
-  unsigned char d[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), d);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : d) out += {hex[c >> 4], hex[c & 15]};
-  return out;
 }
 
 absl::Status WriteAtomically(const fs::path& path, std::string_view bytes) {
@@ -105,24 +94,27 @@ absl::StatusOr<v1::RetentionPolicy> PolicyStore::Put(v1::RetentionPolicy p, std:
   p.set_version(1);  // validated with a placeholder; the real one is assigned below
   RETURN_IF_ERROR(ValidateStandalonePolicy(p));
   const std::string& sha = p.predictor_bank_sha256();
-  const fs::path bank_path = fs::path(dir_) / "banks" / (sha + ".rkvbank");
   if (!bank.empty()) {
-    if (Sha256Hex(bank) != sha) {
-      return absl::InvalidArgumentError("the bank's SHA-256 is " + Sha256Hex(bank) +
-                                        ", the policy names " + sha);
-    }
-    const fs::path tmp = bank_path.string() + ".check";
-    RETURN_IF_ERROR(WriteAtomically(tmp, bank));
-    auto parsed = PredictorBank::Open(tmp.string(), p.model_fingerprint());
+    // Loading checks the bank whole (format, checksum, model fingerprint) and gives its content
+    // hash, which must be the one the policy names; only then does it get its name.
+    const fs::path incoming = fs::path(dir_) / "banks" / "incoming.tmp";
+    RETURN_IF_ERROR(WriteAtomically(incoming, bank));
+    auto parsed = PredictorBank::Open(incoming.string(), p.model_fingerprint());
+    absl::Status bad;
     if (!parsed.ok()) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      return absl::InvalidArgumentError("the bank does not load for this policy: " +
-                                        std::string(parsed.status().message()));
+      bad = absl::InvalidArgumentError("the bank does not load for this policy: " +
+                                       std::string(parsed.status().message()));
+    } else if ((*parsed)->content_hash() != sha) {
+      bad = absl::InvalidArgumentError("the bank's SHA-256 is " + (*parsed)->content_hash() +
+                                       ", the policy names " + sha);
+    }
+    std::error_code ec;
+    if (!bad.ok()) {
+      fs::remove(incoming, ec);
+      return bad;
     }
     parsed->reset();
-    std::error_code ec;
-    fs::rename(tmp, bank_path, ec);
+    fs::rename(incoming, fs::path(dir_) / "banks" / (sha + ".rkvbank"), ec);
     if (ec) return absl::InternalError("cannot store the bank: " + ec.message());
   }
   std::lock_guard lock(mu_);
@@ -144,7 +136,7 @@ absl::StatusOr<v1::RetentionPolicy> PolicyStore::Put(v1::RetentionPolicy p, std:
   const fs::path idir = fs::path(dir_) / "policies" / p.policy_id();
   std::error_code ec;
   fs::create_directories(idir, ec);
-  RETURN_IF_ERROR(WriteAtomically(idir / absl::StrCat(next, ".pb"), p.SerializeAsString()));
+  RETURN_IF_ERROR(WritePolicy(p, (idir / absl::StrCat(next, ".pb")).string()));
   policies_[p.policy_id()][next] = p;
   changed_.notify_all();
   return p;

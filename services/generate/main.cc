@@ -77,9 +77,8 @@ int main(int argc, char** argv) {
   params.seed = absl::GetFlag(FLAGS_seed);
   auto sampler = riskkv::Sampler::Create(params);
   if (!sampler.ok()) return Fail(sampler.status());
-  const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
-  if (kv != "f32" && kv != "f16")
-    return Fail(absl::InvalidArgumentError("--kv_dtype must be f32 or f16, got " + kv));
+  auto kv = riskkv::FloatDTypeFromFlag("kv-dtype", absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv.ok()) return Fail(kv.status());
   if (absl::GetFlag(FLAGS_n) < 0) return Fail(absl::InvalidArgumentError("-n must be >= 0"));
 
   const auto t_load = Clock::now();
@@ -121,8 +120,7 @@ int main(int argc, char** argv) {
                  cfg.context_length);
     n_new = static_cast<int>(room);
   }
-  auto cache = (*model)->NewKvCache(static_cast<int64_t>(ids->size()) + n_new,
-                                    kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32);
+  auto cache = (*model)->NewKvCache(static_cast<int64_t>(ids->size()) + n_new, *kv);
   if (!cache.ok()) return Fail(cache.status());
 
   const auto t0 = Clock::now();

@@ -182,6 +182,10 @@ absl::Status SendKv(const SessionView& s, const v1::MigrationHandshake& h,
 
 MigrationReceiver::MigrationReceiver(TargetContext context) : ctx_(std::move(context)) {}
 
+std::unique_lock<std::mutex> MigrationReceiver::LockModel() const {
+  return ctx_.model_mutex ? std::unique_lock(*ctx_.model_mutex) : std::unique_lock<std::mutex>();
+}
+
 absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   if (stage_ != Stage::kHandshake) {
     return absl::FailedPreconditionError("a second handshake in one migration stream");
@@ -345,6 +349,7 @@ absl::Status MigrationReceiver::RebuildReadyGroups() {
       continue;
     }
     if (history_ > 0) {
+      auto lock = LockModel();
       RETURN_IF_ERROR(RebuildGroup(*session_.cache, **it, ctx_.model->config(),
                                    ctx_.model->backend(), 0, history_));
     }
@@ -380,15 +385,14 @@ absl::StatusOr<ResumedSession> MigrationReceiver::OnTrailer(const v1::MigrationT
   }
   Model& model = *ctx_.model;
   const auto tokens = std::span<const int32_t>(session_.tokens);
+  auto lock = LockModel();
   if (session_.mode == MigrationMode::kTokenReplay && history_ > 0) {
     const auto start = Clock::now();
     ASSIGN_OR_RETURN(std::vector<float> ignored,
                      model.Prefill(tokens.first(history_), *session_.cache));
     session_.prefill_seconds = Since(start);
   }
-  const auto start = Clock::now();
   ASSIGN_OR_RETURN(session_.logits, model.Decode(tokens.back(), *session_.cache));
-  session_.first_step_seconds = Since(start);
   stage_ = Stage::kDone;
   return std::move(session_);
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -72,6 +73,9 @@ struct TargetContext {
   const v1::RetentionPolicy* policy = nullptr;  // for RECONSTRUCT
   const PredictorBank* bank = nullptr;          // the policy's bank
   int64_t capacity = 0;                         // KV rows of the resumed session (0: context)
+  // Held while the receiver runs the model (rebuild, prefill, first decode step), when the model
+  // is shared with other work; receiving and checking chunks does not take it.
+  std::mutex* model_mutex = nullptr;
 };
 
 struct ResumedSession {
@@ -83,7 +87,6 @@ struct ResumedSession {
   int64_t kv_bytes_received = 0;
   double rebuild_seconds = 0.0;  // RECONSTRUCT
   double prefill_seconds = 0.0;  // TOKEN_REPLAY
-  double first_step_seconds = 0.0;
 };
 
 // The target's side of one migration: feed it the frames in order. Errors leave the receiver
@@ -110,6 +113,7 @@ class MigrationReceiver {
 
  private:
   absl::Status RebuildReadyGroups();
+  std::unique_lock<std::mutex> LockModel() const;  // an empty lock without a model_mutex
 
   enum class Stage { kHandshake, kChunks, kDone, kFailed };
   TargetContext ctx_;

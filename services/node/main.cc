@@ -7,12 +7,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
-#include <signal.h>
 
-#include <cstdio>
-#include <fstream>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -21,6 +17,7 @@
 #include "common/recovery/retention_policy.h"
 #include "services/cli_args.h"
 #include "services/node/node_service.h"
+#include "services/server_main.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory (required)");
@@ -50,11 +47,7 @@ int Fail(const std::string& m) {
 
 int main(int argc, char** argv) {
   // Every thread started from here on leaves SIGINT / SIGTERM to the one that waits for them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  const sigset_t signals = riskkv::BlockTerminationSignals();
   absl::SetProgramUsageMessage(
       "riskkv-node --model PATH [--listen HOST:PORT] [--policy P --bank B]");
   std::vector<std::string> store;
@@ -62,8 +55,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   const std::string model_path = absl::GetFlag(FLAGS_model);
   if (model_path.empty()) return Fail("--model is required");
-  const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
-  if (kv != "f16" && kv != "f32") return Fail("--kv-dtype must be f16 or f32, got '" + kv + "'");
+  const auto kv = riskkv::FloatDTypeFromFlag("kv-dtype", absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv.ok()) return Fail(kv.status().ToString());
   if (absl::GetFlag(FLAGS_link_mbps) < 0) return Fail("--link-mbps must be >= 0");
   if (absl::GetFlag(FLAGS_max_sessions) < 1) return Fail("--max-sessions must be >= 1");
   if (!(absl::GetFlag(FLAGS_timeout) > 0)) return Fail("--timeout must be > 0");
@@ -80,7 +73,7 @@ int main(int argc, char** argv) {
 
   riskkv::NodeOptions options;
   options.model_fingerprint = *fingerprint;
-  options.kv_dtype = kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32;
+  options.kv_dtype = *kv;
   options.capacity = absl::GetFlag(FLAGS_capacity);
   options.link_mbps = absl::GetFlag(FLAGS_link_mbps);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
@@ -129,30 +122,14 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail("cannot listen on " + absl::GetFlag(FLAGS_listen));
-  if (const std::string f = absl::GetFlag(FLAGS_port_file); !f.empty()) {
-    std::ofstream(f + ".tmp") << port << " " << metrics_port << "\n";
-    std::rename((f + ".tmp").c_str(), f.c_str());
-  }
+  riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file),
+                        std::to_string(port) + " " + std::to_string(metrics_port));
   spdlog::info("riskkv-node: {} ({}), policy {}, listening on port {}, metrics on port {}",
                (*model)->config().name, fingerprint->substr(0, 12),
                options.policy ? policy.policy_id() + " v" + std::to_string(policy.version())
                               : std::string("none"),
                port, metrics_port);
 
-  // SIGINT / SIGTERM: stop accepting, give running calls a moment, exit.
-  // A second signal exits at once.
-  std::thread stopper([&] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    spdlog::info("riskkv-node: signal {}, shutting down (again to exit now)", sig);
-    std::thread([&] {
-      int again = 0;
-      sigwait(&set, &again);
-      std::_Exit(1);
-    }).detach();
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  });
-  server->Wait();
-  stopper.join();
+  riskkv::ServeUntilSignal(*server, signals, "riskkv-node", std::chrono::seconds(5));
   return 0;
 }

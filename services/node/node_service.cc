@@ -23,16 +23,6 @@ grpc::Status Bad(const std::string& m) {
 
 }  // namespace
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 RateLimiter::RateLimiter(double bits_per_second, double burst_bytes)
     : rate_(bits_per_second / 8.0),
       burst_(burst_bytes),
@@ -73,7 +63,7 @@ absl::StatusOr<std::string> NodeService::Register(std::shared_ptr<Session> s) {
   }
   std::string id = id_prefix_ + std::to_string(next_id_++);
   sessions_[id] = std::move(s);
-  if (metrics_) metrics_->SetActiveSessions(static_cast<double>(sessions_.size()));
+  CountSessions();
   return id;
 }
 
@@ -121,14 +111,10 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
   if (req->prompt().empty() == (req->token_ids_size() == 0)) {
     return Bad("StartSession needs exactly one of prompt and token_ids");
   }
-  auto state = DecodeDecodingState([&] {
-    v1::DecodingState d;
-    *d.mutable_sampling() = req->sampling();
-    return d;
-  }());
-  if (!state.ok()) return ToGrpc(state.status());
+  auto sampler = DecodeSampling(req->sampling());
+  if (!sampler.ok()) return ToGrpc(sampler.status());
   auto s = std::make_shared<Session>();
-  s->sampler = std::move(state->sampler);
+  s->sampler = *std::move(sampler);
   if (!req->prompt().empty()) {
     auto ids = model_.tokenizer().Encode(req->prompt(), /*add_special=*/true, false);
     if (!ids.ok()) return ToGrpc(ids.status());
@@ -472,18 +458,15 @@ grpc::Status NodeService::Receive(
   if (!f.has_handshake()) {
     return fail("protocol", absl::InvalidArgumentError("the first frame must be a handshake"));
   }
-  MigrationReceiver rx(
-      {&model_, options_.model_fingerprint, options_.policy, options_.bank, options_.capacity});
-  {
-    std::lock_guard lock(model_mu_);
-    if (auto s = rx.OnFrame(f); !s.ok()) {
-      if (metrics_) {
-        auto m = FromProto(f.handshake().mode());
-        metrics_->Failure("target", "handshake");
-        metrics_->Migration("target", m.ok() ? MigrationModeName(*m) : "unknown", "refused", 0);
-      }
-      return ToGrpc(s);
+  MigrationReceiver rx({&model_, options_.model_fingerprint, options_.policy, options_.bank,
+                        options_.capacity, &model_mu_});
+  if (auto s = rx.OnFrame(f); !s.ok()) {
+    if (metrics_) {
+      auto m = FromProto(f.handshake().mode());
+      metrics_->Failure("target", "handshake");
+      metrics_->Migration("target", m.ok() ? MigrationModeName(*m) : "unknown", "refused", 0);
     }
+    return ToGrpc(s);
   }
   auto mode_name = MigrationModeName(*FromProto(f.handshake().mode()));
   v1::ReceiveReply r;
@@ -497,7 +480,6 @@ grpc::Status NodeService::Receive(
     }
     if (f.has_commit())
       return fail("protocol", absl::InvalidArgumentError("commit before trailer"));
-    std::lock_guard lock(model_mu_);
     if (auto s = rx.OnFrame(f); !s.ok()) {
       return fail(s.code() == absl::StatusCode::kDataLoss ? "corrupt" : "bad_chunk", s);
     }

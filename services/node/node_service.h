@@ -18,6 +18,7 @@
 #include "common/sampler.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "riskkv/v1/retention_policy.pb.h"
+#include "services/grpc_status.h"
 #include "services/migration/migration.h"
 #include "services/node/node_metrics.h"
 
@@ -103,7 +104,7 @@ class NodeService final : public v1::Node::Service {
                            std::chrono::system_clock::time_point deadline, v1::MigrateReply* reply,
                            bool* refused);
   MigrationMode ChooseMode(const Session& s, std::string* reason) const;
-  void CountSessions();
+  void CountSessions();  // mu_ held
 
   Model& model_;
   NodeOptions options_;
@@ -115,9 +116,5 @@ class NodeService final : public v1::Node::Service {
   uint64_t next_id_ = 1;
   std::string id_prefix_;
 };
-
-// absl::Status -> grpc::Status (the codes share their numbering).
-grpc::Status ToGrpc(const absl::Status& s);
-absl::Status FromGrpc(const grpc::Status& s);
 
 }  // namespace riskkv

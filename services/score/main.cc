@@ -54,10 +54,9 @@ int main(int argc, char** argv) {
   }
   if (tokens.size() < 2) return Fail("need at least 2 tokens to score");
 
-  const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
-  if (kv != "f32" && kv != "f16") return Fail("--kv-dtype must be f32 or f16, got '" + kv + "'");
-  auto cache = (*model)->NewKvCache(static_cast<int64_t>(tokens.size()),
-                                    kv == "f16" ? riskkv::DType::kF16 : riskkv::DType::kF32);
+  auto kv = riskkv::FloatDTypeFromFlag("kv-dtype", absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv.ok()) return Fail(kv.status().ToString());
+  auto cache = (*model)->NewKvCache(static_cast<int64_t>(tokens.size()), *kv);
   if (!cache.ok()) return Fail(cache.status().ToString());
   const int64_t vocab = (*model)->config().vocab;
   nlohmann::json nll = nlohmann::json::array(), argmax = nlohmann::json::array();

@@ -98,7 +98,10 @@ TEST_F(Control, BadPutsAreRefusedAndChangeNothing) {
   expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "both kept and rebuilt");
   std::string corrupt = *bank_bytes_;
   corrupt[100] ^= 1;
-  expect(tiny_->policy, corrupt, absl::StatusCode::kInvalidArgument, "SHA-256");
+  expect(tiny_->policy, corrupt, absl::StatusCode::kInvalidArgument, "does not load");
+  p = tiny_->policy;
+  p.set_predictor_bank_sha256(std::string(64, 'b'));  // a sound bank, but not the one named
+  expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "the bank's SHA-256 is");
   p = tiny_->policy;
   p.set_model_fingerprint(std::string(64, 'a'));  // a bank for another model
   expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "does not load");

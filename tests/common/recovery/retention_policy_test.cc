@@ -91,6 +91,8 @@ TEST(RetentionPolicy, StructuralChecks) {
       {"gate", [](v1::RetentionPolicy* p) { p->set_gate("median"); }},
       {"epsilon", [](v1::RetentionPolicy* p) { p->set_epsilon(-0.1); }},
       {"predictor_bank_sha256", [](v1::RetentionPolicy* p) { p->set_predictor_bank_sha256("x"); }},
+      {"predictor_bank_sha256",
+       [](v1::RetentionPolicy* p) { p->set_predictor_bank_sha256(std::string(61, 'a') + "/.."); }},
       {"both kept and rebuilt", [](v1::RetentionPolicy* p) { p->add_kept_layers(1); }},
       {"cover", [](v1::RetentionPolicy* p) { p->mutable_kept_layers()->RemoveLast(); }},
       {"anchor",
