@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -81,6 +82,16 @@ absl::Status WritePolicy(const v1::RetentionPolicy& policy, const std::string& p
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) return absl::InternalError("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePolicyId(const std::string& id) {
+  static const std::regex re("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
+  if (!std::regex_match(id, re)) {
+    return absl::InvalidArgumentError("policy_id '" + id +
+                                      "' must be 1-128 characters of [A-Za-z0-9._-], starting "
+                                      "with a letter or digit");
+  }
   return absl::OkStatus();
 }
 

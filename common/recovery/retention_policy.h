@@ -17,6 +17,10 @@ namespace riskkv {
 // targets, anchors kept), saved bytes <= total bytes.
 absl::Status ValidatePolicy(const v1::RetentionPolicy& policy, int32_t n_layers);
 
+// A policy id names files and directories: 1-128 characters of [A-Za-z0-9._-], not starting
+// with '.', '_' or '-'.
+absl::Status ValidatePolicyId(const std::string& id);
+
 absl::Status WritePolicy(const v1::RetentionPolicy& policy, const std::string& path);
 
 // Reads and validates; a policy for other weights (fingerprint mismatch) is FailedPrecondition

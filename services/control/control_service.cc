@@ -51,6 +51,8 @@ grpc::Status ControlService::Watch(grpc::ServerContext* ctx, const v1::WatchRequ
   if (req->policy_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Watch needs a policy_id");
   }
+  ctx->AddInitialMetadata(kWatchMetadataKey, "1");
+  writer->SendInitialMetadata();
   uint64_t known = req->known_version();
   while (!ctx->IsCancelled()) {
     auto p = store_.WaitNewer(req->policy_id(), known, 500);

@@ -8,6 +8,10 @@
 
 namespace riskkv {
 
+// Initial metadata the service sends as soon as it takes a Watch, so a watcher knows its stream
+// is up before any version arrives.
+inline constexpr char kWatchMetadataKey[] = "riskkv-watch";
+
 class ControlService final : public v1::Control::Service {
  public:
   explicit ControlService(PolicyStore& store) : store_(store) {}

@@ -5,36 +5,17 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/retention_policy.h"
 #include "common/status_macros.h"
+#include "services/atomic_file.h"
 
 namespace riskkv {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool SafeId(const std::string& id) {
-  static const std::regex re("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
-  return std::regex_match(id, re);
-}
-
-absl::Status WriteAtomically(const fs::path& path, std::string_view bytes) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) return absl::InternalError("cannot write " + tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError("cannot rename " + tmp.string() + ": " + ec.message());
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -86,10 +67,7 @@ uint64_t PolicyStore::Latest(const std::string& id) const {
 }
 
 absl::StatusOr<v1::RetentionPolicy> PolicyStore::Put(v1::RetentionPolicy p, std::string_view bank) {
-  if (!SafeId(p.policy_id())) {
-    return absl::InvalidArgumentError("policy_id '" + p.policy_id() +
-                                      "' must be 1-128 characters of [A-Za-z0-9._-]");
-  }
+  RETURN_IF_ERROR(ValidatePolicyId(p.policy_id()));
   const uint64_t requested = p.version();
   p.set_version(1);  // validated with a placeholder; the real one is assigned below
   RETURN_IF_ERROR(ValidateStandalonePolicy(p));
@@ -97,8 +75,8 @@ absl::StatusOr<v1::RetentionPolicy> PolicyStore::Put(v1::RetentionPolicy p, std:
   if (!bank.empty()) {
     // Loading checks the bank whole (format, checksum, model fingerprint) and gives its content
     // hash, which must be the one the policy names; only then does it get its name.
-    const fs::path incoming = fs::path(dir_) / "banks" / "incoming.tmp";
-    RETURN_IF_ERROR(WriteAtomically(incoming, bank));
+    const fs::path incoming = TemporaryPathFor((fs::path(dir_) / "banks" / "incoming").string());
+    RETURN_IF_ERROR(WriteFileAtomically(incoming, bank));
     auto parsed = PredictorBank::Open(incoming.string(), p.model_fingerprint());
     absl::Status bad;
     if (!parsed.ok()) {

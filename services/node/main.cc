@@ -2,12 +2,14 @@
 // nodes (see services/node/node_service.h); Prometheus metrics on /metrics; the standard gRPC
 // health service and server reflection for generic clients.
 //   riskkv-node --model M --listen 127.0.0.1:7070 --metrics-listen 127.0.0.1:9470
-//               [--policy policy.pb --bank bank.rkvbank] [--link-mbps 100]
+//               [--policy policy.pb --bank bank.rkvbank | --control HOST:PORT --policy-id ID]
+//               [--link-mbps 100]
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -17,6 +19,7 @@
 #include "common/recovery/retention_policy.h"
 #include "services/cli_args.h"
 #include "services/node/node_service.h"
+#include "services/node/policy_follower.h"
 #include "services/server_main.h"
 #include "spdlog/spdlog.h"
 
@@ -28,6 +31,12 @@ ABSL_FLAG(std::string, port_file, "",
           "write 'GRPC_PORT METRICS_PORT' here once listening (for scripts using port 0)");
 ABSL_FLAG(std::string, policy, "", "retention policy file (riskkv-calibrate's policy.pb)");
 ABSL_FLAG(std::string, bank, "", "predictor bank the policy names (bank.rkvbank)");
+ABSL_FLAG(std::string, control, "",
+          "riskkv-control address: follow --policy-id there instead of --policy/--bank");
+ABSL_FLAG(std::string, policy_id, "", "the policy to follow at --control");
+ABSL_FLAG(std::string, cache_dir, "",
+          "where policies and banks from --control are cached (default: $RISKKV_HOME/node-cache, "
+          "RISKKV_HOME defaulting to ~/.cache/riskkv)");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(std::string, activations, "int8", "int8 (llama.cpp's arithmetic) or f32 (exact)");
 ABSL_FLAG(std::string, kv_dtype, "f16", "KV cache storage and wire dtype: f16 or f32");
@@ -43,13 +52,22 @@ int Fail(const std::string& m) {
   return 1;
 }
 
+std::string DefaultCacheDir() {
+  if (const char* home = std::getenv("RISKKV_HOME"); home && *home) {
+    return std::string(home) + "/node-cache";
+  }
+  const char* user = std::getenv("HOME");
+  return std::string(user && *user ? user : ".") + "/.cache/riskkv/node-cache";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // Every thread started from here on leaves SIGINT / SIGTERM to the one that waits for them.
   const sigset_t signals = riskkv::BlockTerminationSignals();
   absl::SetProgramUsageMessage(
-      "riskkv-node --model PATH [--listen HOST:PORT] [--policy P --bank B]");
+      "riskkv-node --model PATH [--listen HOST:PORT] [--policy P --bank B | --control ADDR "
+      "--policy-id ID [--cache-dir DIR]]");
   std::vector<std::string> store;
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
@@ -62,6 +80,15 @@ int main(int argc, char** argv) {
   if (!(absl::GetFlag(FLAGS_timeout) > 0)) return Fail("--timeout must be > 0");
   if (absl::GetFlag(FLAGS_policy).empty() != absl::GetFlag(FLAGS_bank).empty()) {
     return Fail("--policy and --bank go together");
+  }
+  const bool follow = !absl::GetFlag(FLAGS_control).empty();
+  if (follow && !absl::GetFlag(FLAGS_policy).empty()) {
+    return Fail(
+        "--control and --policy exclude each other: a node follows the control plane or "
+        "serves a fixed policy");
+  }
+  if (follow != !absl::GetFlag(FLAGS_policy_id).empty()) {
+    return Fail("--control and --policy-id go together");
   }
   auto model_options =
       riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
@@ -78,24 +105,14 @@ int main(int argc, char** argv) {
   options.link_mbps = absl::GetFlag(FLAGS_link_mbps);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.default_timeout_seconds = absl::GetFlag(FLAGS_timeout);
-  riskkv::v1::RetentionPolicy policy;
-  std::unique_ptr<riskkv::PredictorBank> bank;
   if (!absl::GetFlag(FLAGS_policy).empty()) {
-    auto p = riskkv::ReadPolicy(absl::GetFlag(FLAGS_policy),
-                                static_cast<int32_t>((*model)->config().n_layers), *fingerprint);
-    if (!p.ok()) return Fail(p.status().ToString());
-    policy = *p;
-    auto b = riskkv::PredictorBank::Open(absl::GetFlag(FLAGS_bank), *fingerprint);
-    if (!b.ok()) return Fail(b.status().ToString());
-    bank = std::move(*b);
-    if (!policy.rebuilt_groups().empty() &&
-        bank->content_hash() != policy.predictor_bank_sha256()) {
-      return Fail("bank " + absl::GetFlag(FLAGS_bank) + " has hash " + bank->content_hash() +
-                  "; the policy needs " + policy.predictor_bank_sha256());
-    }
-    options.policy = &policy;
-    options.bank = bank.get();
+    auto r = riskkv::LoadRetention(absl::GetFlag(FLAGS_policy), absl::GetFlag(FLAGS_bank),
+                                   static_cast<int32_t>((*model)->config().n_layers), *fingerprint);
+    if (!r.ok()) return Fail(r.status().ToString());
+    options.retention = *r;
   }
+
+  const auto n_layers = static_cast<int32_t>((*model)->config().n_layers);
 
   // Metrics first: civetweb's threads start before anything else takes thread-local storage.
   auto registry = std::make_shared<prometheus::Registry>();
@@ -111,7 +128,38 @@ int main(int argc, char** argv) {
     metrics_port = exposer->GetListeningPorts().empty() ? 0 : exposer->GetListeningPorts()[0];
   }
   riskkv::NodeMetrics metrics(*registry, (*model)->config().name);
+
+  // Following the control plane: start from the cached version, so the node serves RECONSTRUCT
+  // even while the control plane is down, then watch for newer ones.
+  std::unique_ptr<riskkv::PolicyFollower> follower;
+  riskkv::NodeService* service_ptr = nullptr;
+  if (follow) {
+    riskkv::PolicyFollowerOptions fo;
+    fo.control_address = absl::GetFlag(FLAGS_control);
+    fo.policy_id = absl::GetFlag(FLAGS_policy_id);
+    fo.cache_dir =
+        absl::GetFlag(FLAGS_cache_dir).empty() ? DefaultCacheDir() : absl::GetFlag(FLAGS_cache_dir);
+    fo.model_fingerprint = *fingerprint;
+    fo.n_layers = n_layers;
+    auto f = riskkv::PolicyFollower::Create(
+        fo,
+        [&service_ptr](std::shared_ptr<const riskkv::Retention> r) {
+          service_ptr->SetRetention(std::move(r));
+        },
+        &metrics);
+    if (!f.ok()) return Fail(f.status().ToString());
+    follower = std::move(*f);
+    auto cached = follower->LoadCache();
+    if (!cached.ok()) {
+      spdlog::warn("riskkv-node: ignoring the cached policy: {}", cached.status().ToString());
+    } else if (*cached) {
+      spdlog::info("riskkv-node: policy {} v{} from the cache in {}", fo.policy_id,
+                   (*cached)->policy.version(), fo.cache_dir);
+      options.retention = *cached;
+    }
+  }
   riskkv::NodeService service(**model, options, &metrics);
+  service_ptr = &service;
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -124,12 +172,16 @@ int main(int argc, char** argv) {
   if (!server || port == 0) return Fail("cannot listen on " + absl::GetFlag(FLAGS_listen));
   riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file),
                         std::to_string(port) + " " + std::to_string(metrics_port));
-  spdlog::info("riskkv-node: {} ({}), policy {}, listening on port {}, metrics on port {}",
-               (*model)->config().name, fingerprint->substr(0, 12),
-               options.policy ? policy.policy_id() + " v" + std::to_string(policy.version())
-                              : std::string("none"),
-               port, metrics_port);
+  const auto retention = service.retention();
+  spdlog::info(
+      "riskkv-node: {} ({}), policy {}, listening on port {}, metrics on port {}",
+      (*model)->config().name, fingerprint->substr(0, 12),
+      retention ? retention->policy.policy_id() + " v" + std::to_string(retention->policy.version())
+                : std::string("none"),
+      port, metrics_port);
+  if (follower) follower->Start();
 
   riskkv::ServeUntilSignal(*server, signals, "riskkv-node", std::chrono::seconds(5));
+  if (follower) follower->Stop();
   return 0;
 }

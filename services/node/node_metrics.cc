@@ -54,6 +54,14 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
       policy_version_(prometheus::BuildGauge()
                           .Name("riskkv_policy_version")
                           .Help("Version of the retention policy in use (0: none)")
+                          .Register(r)),
+      control_connected_(prometheus::BuildGauge()
+                             .Name("riskkv_control_connected")
+                             .Help("1 while the node's Watch stream to the control plane is up")
+                             .Register(r)),
+      policy_updates_(prometheus::BuildCounter()
+                          .Name("riskkv_policy_updates_total")
+                          .Help("Policy versions pushed by the control plane, by outcome")
                           .Register(r)) {
   sessions_.Add({{"model", model_}}).Set(0);
   policy_version_.Add({{"model", model_}}).Set(0);
@@ -90,5 +98,13 @@ void NodeMetrics::Recovery(const std::string& mode, double seconds) {
 void NodeMetrics::SetActiveSessions(double n) { sessions_.Add({{"model", model_}}).Set(n); }
 
 void NodeMetrics::SetPolicyVersion(double v) { policy_version_.Add({{"model", model_}}).Set(v); }
+
+void NodeMetrics::SetControlConnected(bool connected) {
+  control_connected_.Add({{"model", model_}}).Set(connected ? 1 : 0);
+}
+
+void NodeMetrics::PolicyUpdate(const std::string& outcome) {
+  policy_updates_.Add({{"model", model_}, {"outcome", outcome}}).Increment();
+}
 
 }  // namespace riskkv

@@ -25,6 +25,10 @@ class NodeMetrics {
   void Recovery(const std::string& mode, double seconds);
   void SetActiveSessions(double n);
   void SetPolicyVersion(double version);
+  // Following the control plane: whether the Watch stream is up, and each pushed version
+  // ("applied" or "rejected").
+  void SetControlConnected(bool connected);
+  void PolicyUpdate(const std::string& outcome);
 
  private:
   std::string model_;
@@ -38,6 +42,8 @@ class NodeMetrics {
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Family<prometheus::Gauge>& sessions_;
   prometheus::Family<prometheus::Gauge>& policy_version_;
+  prometheus::Family<prometheus::Gauge>& control_connected_;
+  prometheus::Family<prometheus::Counter>& policy_updates_;
 };
 
 }  // namespace riskkv

@@ -2,6 +2,7 @@
 #include "services/node/node_service.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <random>
 #include <thread>
 
@@ -52,7 +53,21 @@ NodeService::NodeService(Model& model, NodeOptions options, NodeMetrics* metrics
   char buf[16];
   std::snprintf(buf, sizeof buf, "%06x-", rd() & 0xFFFFFF);
   id_prefix_ = buf;
-  if (metrics_ && options_.policy) metrics_->SetPolicyVersion(options_.policy->version());
+  SetRetention(std::move(options_.retention));
+}
+
+void NodeService::SetRetention(std::shared_ptr<const Retention> retention) {
+  const double version = retention ? static_cast<double>(retention->policy.version()) : 0;
+  {
+    std::lock_guard lock(retention_mu_);
+    retention_ = std::move(retention);
+  }
+  if (metrics_) metrics_->SetPolicyVersion(version);
+}
+
+std::shared_ptr<const Retention> NodeService::retention() const {
+  std::lock_guard lock(retention_mu_);
+  return retention_;
 }
 
 absl::StatusOr<std::string> NodeService::Register(std::shared_ptr<Session> s) {
@@ -272,7 +287,8 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
   return grpc::Status::OK;
 }
 
-MigrationMode NodeService::ChooseMode(const Session& s, std::string* reason) const {
+MigrationMode NodeService::ChooseMode(const Session& s, const Retention* retention,
+                                      std::string* reason) const {
   const ModelConfig& c = model_.config();
   const auto history = static_cast<double>(s.tokens.size() - 1);
   const double row = static_cast<double>(s.cache->token_bytes());
@@ -280,8 +296,8 @@ MigrationMode NodeService::ChooseMode(const Session& s, std::string* reason) con
   const double full = 2 * history * row * static_cast<double>(c.n_layers) / rate;
   const double replay = history * options_.prefill_seconds_per_token;
   double recon = -1;
-  if (options_.policy && options_.bank) {
-    recon = 2 * history * row * options_.policy->kept_layers_size() / rate +
+  if (retention != nullptr) {
+    recon = 2 * history * row * retention->policy.kept_layers_size() / rate +
             history * options_.rebuild_seconds_per_token;
   }
   MigrationMode best = full <= replay ? MigrationMode::kFullKv : MigrationMode::kTokenReplay;
@@ -311,7 +327,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   }
   auto s = Acquire(req->session_id());
   if (!s.ok()) return ToGrpc(s.status());
-  if (req->mode() == v1::AUTO) mode = ChooseMode(**s, &reason);
+  if (req->mode() == v1::AUTO) mode = ChooseMode(**s, retention().get(), &reason);
   const double timeout =
       req->timeout_seconds() > 0 ? req->timeout_seconds() : options_.default_timeout_seconds;
   const auto deadline = std::chrono::system_clock::now() +
@@ -354,7 +370,14 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
                                       std::chrono::system_clock::time_point deadline,
                                       v1::MigrateReply* reply, bool* refused) {
   *refused = false;
-  const SendOptions so{mode, options_.model_fingerprint, options_.policy, options_.max_chunk_bytes};
+  const std::shared_ptr<const Retention> retention = this->retention();
+  if (mode == MigrationMode::kReconstruct && retention == nullptr) {
+    *refused = true;  // nothing moved; a fallback may still run
+    return absl::FailedPreconditionError(
+        "this node has no retention policy for RECONSTRUCT (start it with --policy or --control)");
+  }
+  const SendOptions so{mode, options_.model_fingerprint, retention ? &retention->policy : nullptr,
+                       options_.max_chunk_bytes};
   const SessionView view{s.cache.get(), s.tokens, &*s.sampler};
   ASSIGN_OR_RETURN(v1::MigrationHandshake h, MakeHandshake(view, so));
   auto channel = grpc::CreateChannel(req.target_address(), grpc::InsecureChannelCredentials());
@@ -440,7 +463,71 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Cancels a server call at `deadline` unless destroyed first.
+class CallWatchdog {
+ public:
+  CallWatchdog(grpc::ServerContext* ctx, std::chrono::system_clock::time_point deadline)
+      : thread_([this, ctx, deadline] {
+          std::unique_lock lock(mu_);
+          if (!cv_.wait_until(lock, deadline, [this] { return done_; })) {
+            fired_ = true;
+            ctx->TryCancel();
+          }
+        }) {}
+  ~CallWatchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  bool fired() {
+    std::lock_guard lock(mu_);
+    return fired_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool fired_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
 grpc::Status NodeService::Receive(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream) {
+  if (receiving_.fetch_add(1) >= options_.max_concurrent_receives) {
+    receiving_.fetch_sub(1);
+    if (metrics_) metrics_->Failure("target", "busy");
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("this node is already receiving its limit of ",
+                                     options_.max_concurrent_receives, " migrations"));
+  }
+  // The caller's deadline, but never longer than this node's own bound.
+  const auto bound = std::chrono::system_clock::now() +
+                     std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                         std::chrono::duration<double>(options_.default_timeout_seconds));
+  grpc::Status st;
+  {
+    CallWatchdog watchdog(ctx, std::min(bound, ctx->deadline()));
+    st = ReceiveAdmitted(ctx, stream);
+    if (watchdog.fired()) {
+      st = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrCat("the migration did not finish within this node's bound of ",
+                                     options_.default_timeout_seconds, " s; nothing was applied"));
+    }
+  }
+  receiving_.fetch_sub(1);
+  return st;
+}
+
+grpc::Status NodeService::ReceiveAdmitted(
     grpc::ServerContext*, grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream) {
   const auto start = Clock::now();
   auto fail = [&](const std::string& reason, const absl::Status& s) {
@@ -458,8 +545,18 @@ grpc::Status NodeService::Receive(
   if (!f.has_handshake()) {
     return fail("protocol", absl::InvalidArgumentError("the first frame must be a handshake"));
   }
-  MigrationReceiver rx({&model_, options_.model_fingerprint, options_.policy, options_.bank,
-                        options_.capacity, &model_mu_});
+  {
+    std::lock_guard lock(mu_);
+    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+      return fail("session_limit",
+                  absl::ResourceExhaustedError(absl::StrCat("this node serves its limit of ",
+                                                            options_.max_sessions, " sessions")));
+    }
+  }
+  const std::shared_ptr<const Retention> retention = this->retention();
+  MigrationReceiver rx(
+      {&model_, options_.model_fingerprint, retention ? &retention->policy : nullptr,
+       retention ? retention->bank.get() : nullptr, options_.capacity, &model_mu_});
   if (auto s = rx.OnFrame(f); !s.ok()) {
     if (metrics_) {
       auto m = FromProto(f.handshake().mode());

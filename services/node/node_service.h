@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "services/grpc_status.h"
 #include "services/migration/migration.h"
 #include "services/node/node_metrics.h"
+#include "services/node/retention.h"
 
 namespace riskkv {
 
@@ -43,13 +45,14 @@ class RateLimiter {
 
 struct NodeOptions {
   std::string model_fingerprint;
-  const v1::RetentionPolicy* policy = nullptr;  // RECONSTRUCT needs both
-  const PredictorBank* bank = nullptr;
+  std::shared_ptr<const Retention> retention;  // RECONSTRUCT needs one (see SetRetention)
   DType kv_dtype = DType::kF32;
   int64_t capacity = 0;  // KV rows per session (0: the model's context)
   double link_mbps = 0;  // sender-side rate limit (0: none)
   int64_t max_chunk_bytes = 256 << 10;
+  // A migration's deadline when the caller sets none; also the longest a Receive may run.
   double default_timeout_seconds = 120;
+  int max_concurrent_receives = 4;  // more incoming migrations are refused (RESOURCE_EXHAUSTED)
   int max_sessions = 64;
   // Speeds AUTO assumes before any measurement (seconds per history token).
   double prefill_seconds_per_token = 3e-3;
@@ -60,6 +63,11 @@ class NodeService final : public v1::Node::Service {
  public:
   // `metrics` may be null (no metrics).
   NodeService(Model& model, NodeOptions options, NodeMetrics* metrics);
+
+  // Replaces the policy and bank (null: none). Migrations already running keep the pair they
+  // started with; later ones, in either role, use the new one.
+  void SetRetention(std::shared_ptr<const Retention> retention);
+  std::shared_ptr<const Retention> retention() const;
 
   grpc::Status StartSession(grpc::ServerContext*, const v1::StartSessionRequest*,
                             v1::SessionInfo*) override;
@@ -103,7 +111,11 @@ class NodeService final : public v1::Node::Service {
                            const v1::MigrateRequest& req, MigrationMode mode,
                            std::chrono::system_clock::time_point deadline, v1::MigrateReply* reply,
                            bool* refused);
-  MigrationMode ChooseMode(const Session& s, std::string* reason) const;
+  // Receive's work once the admission limit let the call in.
+  grpc::Status ReceiveAdmitted(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream);
+  MigrationMode ChooseMode(const Session& s, const Retention* retention, std::string* reason) const;
   void CountSessions();  // mu_ held
 
   Model& model_;
@@ -111,6 +123,9 @@ class NodeService final : public v1::Node::Service {
   NodeMetrics* metrics_;
   RateLimiter link_;
   std::mutex model_mu_;  // one forward pass at a time (the backend's scratch is shared)
+  mutable std::mutex retention_mu_;
+  std::shared_ptr<const Retention> retention_;  // options_.retention is moved here
+  std::atomic<int> receiving_{0};
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_;
   uint64_t next_id_ = 1;

@@ -37,8 +37,13 @@ class Nodes : public ::testing::Test {
     ASSERT_TRUE(m.ok());
     fingerprint_ = new std::string(*ModelFingerprint(**m));
     tiny_ = new testing::TinyPolicy(testing::MakeTinyPolicy(**m, *fingerprint_));
+    auto r = MakeRetention(tiny_->policy, std::move(tiny_->bank),
+                           static_cast<int32_t>((*m)->config().n_layers), *fingerprint_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    retention_ = new std::shared_ptr<const Retention>(*r);
   }
   static void TearDownTestSuite() {
+    delete retention_;
     delete tiny_;
     delete fingerprint_;
   }
@@ -53,8 +58,7 @@ class Nodes : public ::testing::Test {
     NodeOptions o;
     o.model_fingerprint = *fingerprint_;
     if (with_policy) {
-      o.policy = &tiny_->policy;
-      o.bank = tiny_->bank.get();
+      o.retention = *retention_;
     }
     o.capacity = 200;
     o.link_mbps = link_mbps;
@@ -138,9 +142,11 @@ class Nodes : public ::testing::Test {
 
   static std::string* fingerprint_;
   static testing::TinyPolicy* tiny_;
+  static std::shared_ptr<const Retention>* retention_;  // tiny_'s policy with its bank
 };
 std::string* Nodes::fingerprint_ = nullptr;
 testing::TinyPolicy* Nodes::tiny_ = nullptr;
+std::shared_ptr<const Retention>* Nodes::retention_ = nullptr;
 
 TEST_F(Nodes, EveryModeResumesAndTheMetricsMove) {
   auto a = Start(true), b = Start(true);

@@ -1,0 +1,53 @@
+// Retention policy and bank pairs (see retention.h).
+#include "services/node/retention.h"
+
+#include "common/recovery/retention_policy.h"
+#include "common/status_macros.h"
+
+namespace riskkv {
+
+absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
+    v1::RetentionPolicy policy, std::shared_ptr<const PredictorBank> bank, int32_t n_layers,
+    const std::string& fingerprint) {
+  const std::string name = "policy " + policy.policy_id() + " v" + std::to_string(policy.version());
+  if (auto s = ValidatePolicy(policy, n_layers); !s.ok()) {
+    return absl::InvalidArgumentError(name + ": " + std::string(s.message()));
+  }
+  if (policy.model_fingerprint() != fingerprint) {
+    return absl::FailedPreconditionError(name + " is for model " + policy.model_fingerprint() +
+                                         ", not this node's " + fingerprint);
+  }
+  if (bank == nullptr) return absl::InvalidArgumentError(name + " comes without its bank");
+  if (bank->content_hash() != policy.predictor_bank_sha256()) {
+    return absl::InvalidArgumentError(name + " needs bank " + policy.predictor_bank_sha256() +
+                                      ", got " + bank->content_hash());
+  }
+  for (const LayerGroup& g : RebuiltGroups(policy)) {
+    const FoldedGroup* fg = bank->FindGroupForLayer(g.targets.front());
+    if (fg == nullptr || fg->group != g) {
+      return absl::InvalidArgumentError(name + ": bank " + bank->content_hash() +
+                                        " has no predictor for group " + g.ToString());
+    }
+  }
+  auto r = std::make_shared<Retention>();
+  r->policy = std::move(policy);
+  r->bank = std::move(bank);
+  return std::shared_ptr<const Retention>(std::move(r));
+}
+
+absl::StatusOr<std::shared_ptr<const Retention>> LoadRetention(const std::string& policy_path,
+                                                               const std::string& bank_path,
+                                                               int32_t n_layers,
+                                                               const std::string& fingerprint) {
+  ASSIGN_OR_RETURN(v1::RetentionPolicy policy, ReadPolicy(policy_path, n_layers, fingerprint));
+  ASSIGN_OR_RETURN(std::unique_ptr<PredictorBank> bank,
+                   PredictorBank::Open(bank_path, fingerprint));
+  auto r = MakeRetention(std::move(policy), std::move(bank), n_layers, fingerprint);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(), policy_path + " with " + bank_path + ": " +
+                                               std::string(r.status().message()));
+  }
+  return r;
+}
+
+}  // namespace riskkv

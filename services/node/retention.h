@@ -1,0 +1,34 @@
+// What a node needs for RECONSTRUCT: a retention policy and the predictor bank it names, checked
+// against the node's model and against each other. Nodes swap the whole pair at once (a new
+// version from the control plane), so migrations hold a snapshot for their duration.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/recovery/predictor_bank.h"
+#include "riskkv/v1/retention_policy.pb.h"
+
+namespace riskkv {
+
+struct Retention {
+  v1::RetentionPolicy policy;
+  std::shared_ptr<const PredictorBank> bank;
+};
+
+// Checks the policy against a model of `n_layers` layers with `fingerprint` (FailedPrecondition
+// for another model, InvalidArgument for a malformed policy) and the bank against the policy:
+// the same content hash, and a predictor for each rebuilt group exactly as the policy names it.
+absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
+    v1::RetentionPolicy policy, std::shared_ptr<const PredictorBank> bank, int32_t n_layers,
+    const std::string& fingerprint);
+
+// Reads a policy file and a bank file and checks them as MakeRetention does.
+absl::StatusOr<std::shared_ptr<const Retention>> LoadRetention(const std::string& policy_path,
+                                                               const std::string& bank_path,
+                                                               int32_t n_layers,
+                                                               const std::string& fingerprint);
+
+}  // namespace riskkv
