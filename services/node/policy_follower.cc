@@ -188,7 +188,7 @@ void PolicyFollower::Run() {
     if (connected || why != last_error) {
       spdlog::warn(
           "riskkv-node: control plane {} unreachable ({}); serving policy v{} meanwhile, "
-          "retrying with backoff (next in {:.1f} s)",
+          "retrying with backoff (next in {:.2f} s)",
           options_.control_address, why, version(), wait);
     }
     last_error = why;

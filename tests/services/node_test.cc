@@ -5,8 +5,10 @@
 #include <prometheus/text_serializer.h>
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <regex>
+#include <thread>
 
 #include "common/model_fingerprint.h"
 #include "services/node/node_service.h"
@@ -51,7 +53,8 @@ class Nodes : public ::testing::Test {
 
   // A node with its own model; `with_policy` gives it the bank and policy RECONSTRUCT needs.
   static std::unique_ptr<TestNode> Start(bool with_policy, double link_mbps = 0,
-                                         double prefill_seconds_per_token = 3e-3) {
+                                         double prefill_seconds_per_token = 3e-3,
+                                         const std::function<void(NodeOptions&)>& tweak = nullptr) {
     auto n = std::make_unique<TestNode>();
     n->model = *Model::Load(Path(), {.threads = 1, .activations = ActivationPrecision::kF32});
     n->metrics = std::make_unique<NodeMetrics>(*n->registry, "tiny");
@@ -64,6 +67,7 @@ class Nodes : public ::testing::Test {
     o.link_mbps = link_mbps;
     o.prefill_seconds_per_token = prefill_seconds_per_token;
     o.max_chunk_bytes = 2048;
+    if (tweak) tweak(o);
     n->service = std::make_unique<NodeService>(*n->model, o, n->metrics.get());
     grpc::ServerBuilder b;
     int port = 0;
@@ -335,6 +339,92 @@ TEST_F(Nodes, ChainsAndConcurrentMigrations) {
   ASSERT_TRUE(Migrate(*c, r2.target_session_id(), *a, v1::TOKEN_REPLAY, &r3).ok());
   EXPECT_TRUE(Generate(*a, r3.target_session_id(), 4).ok());
   EXPECT_TRUE(Generate(*c, ry.target_session_id(), 4).ok());
+}
+
+TEST_F(Nodes, ARetentionSwapAppliesToLaterMigrations) {
+  auto a = Start(true), b = Start(false);
+  EXPECT_NE(b->Metrics().find("riskkv_policy_version{model=\"tiny\"} 0"), std::string::npos);
+  const std::string id = StartSession(*a);
+  v1::MigrateReply reply;
+  grpc::Status s = Migrate(*a, id, *b, v1::RECONSTRUCT, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("no retention policy"), std::string::npos) << s.error_message();
+  // B receives a newer version of the policy (same bank): A's version 3 no longer matches.
+  v1::RetentionPolicy newer = (*retention_)->policy;
+  newer.set_version(4);
+  auto v4 = MakeRetention(newer, (*retention_)->bank,
+                          static_cast<int32_t>(b->model->config().n_layers), *fingerprint_);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  b->service->SetRetention(*v4);
+  EXPECT_NE(b->Metrics().find("riskkv_policy_version{model=\"tiny\"} 4"), std::string::npos);
+  s = Migrate(*a, id, *b, v1::RECONSTRUCT, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("version 3 is not this node's tiny version 4"),
+            std::string::npos)
+      << s.error_message();
+  // A follows: the next migration runs.
+  a->service->SetRetention(*v4);
+  s = Migrate(*a, id, *b, v1::RECONSTRUCT, &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.mode(), v1::RECONSTRUCT);
+  EXPECT_GT(reply.kv_bytes_omitted(), 0);
+  // A node without a policy asked for RECONSTRUCT falls back instead of failing.
+  auto c = Start(false);
+  const std::string x = StartSession(*c);
+  s = Migrate(*c, x, *a, v1::RECONSTRUCT, &reply, /*fallback=*/true);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.mode(), v1::FULL_KV);
+  EXPECT_NE(reply.mode_reason().find("has no retention policy"), std::string::npos)
+      << reply.mode_reason();
+}
+
+TEST_F(Nodes, ATargetBoundsItsIncomingMigrationsInNumberAndTime) {
+  // 1 Mbit/s sources: a 150-token session's 300 KiB of KV take about 2 s to send (after the
+  // bucket's 64 KiB burst).
+  auto slow1 = Start(true, 1), slow2 = Start(true, 1);
+  auto target = Start(true, 0, 3e-3, [](NodeOptions& o) { o.max_concurrent_receives = 1; });
+  const std::string x = StartSession(*slow1), y = StartSession(*slow2);
+  ASSERT_TRUE(Generate(*slow1, x, 120).ok());
+  ASSERT_TRUE(Generate(*slow2, y, 120).ok());
+  auto first = std::async(std::launch::async, [&] {
+    v1::MigrateReply r;
+    return Migrate(*slow1, x, *target, v1::FULL_KV, &r);
+  });
+  // Wait until the first migration holds its session, then give it time to reach the target.
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    req.set_session_id(x);
+    v1::SessionInfo info;
+    if (slow1->stub->GetSession(&ctx, req, &info).error_code() ==
+        grpc::StatusCode::FAILED_PRECONDITION) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  v1::MigrateReply reply;
+  grpc::Status s = Migrate(*slow2, y, *target, v1::FULL_KV, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("already receiving its limit of 1"), std::string::npos)
+      << s.error_message();
+  EXPECT_TRUE(Generate(*slow2, y, 1).ok());  // the refused session stays usable
+  EXPECT_TRUE(first.get().ok());
+  EXPECT_NE(target->Metrics().find("reason=\"busy\",role=\"target\"} 1"), std::string::npos);
+
+  // A target that allows a receive 0.5 s cuts a 2.5 s transfer off; the session stays home.
+  auto strict = Start(true, 0, 3e-3, [](NodeOptions& o) { o.default_timeout_seconds = 0.5; });
+  const auto t0 = std::chrono::steady_clock::now();
+  s = Migrate(*slow2, y, *strict, v1::FULL_KV, &reply);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.error_message().find("stays on this node"), std::string::npos) << s.error_message();
+  EXPECT_LT(took, 2.0) << s.error_message();
+  EXPECT_TRUE(Generate(*slow2, y, 1).ok());
+  grpc::ClientContext lc;
+  v1::ListSessionsReply list;
+  ASSERT_TRUE(strict->stub->ListSessions(&lc, {}, &list).ok());
+  EXPECT_EQ(list.sessions_size(), 0);
 }
 
 TEST_F(Nodes, AutoPicksTheFastestEstimateAndSaysWhy) {

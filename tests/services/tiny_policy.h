@@ -19,8 +19,8 @@ struct TinyPolicy {
   v1::RetentionPolicy policy;
 };
 
-inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint,
-                                 uint64_t version = 3) {
+inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint, uint64_t version = 3,
+                                 DType bank_dtype = DType::kF32) {
   TinyPolicy out;
   std::vector<int32_t> text(6 * 64);
   for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<int32_t>((i * 53 + 7) % 500);
@@ -30,7 +30,7 @@ inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint,
   auto fits = FitGroups(model, std::span<const Request>(requests).first(4),
                         std::span<const Request>(requests).subspan(4), *groups);
   EXPECT_TRUE(fits.ok()) << fits.status();
-  auto bank = PredictorBank::FromFits(fingerprint, DType::kF32, *fits);
+  auto bank = PredictorBank::FromFits(fingerprint, bank_dtype, *fits);
   EXPECT_TRUE(bank.ok()) << bank.status();
   out.bank = std::move(*bank);
   v1::RetentionPolicy& p = out.policy;

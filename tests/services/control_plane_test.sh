@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Real riskkv-node processes following a real riskkv-control: a policy put while they run reaches
+# both; with the control plane stopped a restarted node serves RECONSTRUCT from its cache; when
+# the control plane comes back the nodes catch up on the version put meanwhile.
+#   control_plane_test.sh BIN_DIR MODEL PYTHON
+set -euo pipefail
+BIN=$1 MODEL=$2 PY=$3
+T=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$T"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$T"/*.log; do echo "--- $f"; tail -8 "$f"; done >&2; exit 1; }
+json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print(d$1)"; }
+wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
+
+"$BIN/riskkv-calibrate" --model "$MODEL" --out "$T/cal" --quick --epsilon 10 --quiet >/dev/null
+ID=tiny-llama-deep
+
+start_control() {  # [port]
+  rm -f "$T/control.ports"
+  "$BIN/riskkv-control" --store "$T/store" --listen "127.0.0.1:${1:-0}" \
+    --port-file "$T/control.ports" >>"$T/control.log" 2>&1 &
+  control_pid=$!
+  pids+=($control_pid)
+  wait_file "$T/control.ports" || fail "control plane did not start"
+  CONTROL=127.0.0.1:$(cat "$T/control.ports")
+}
+put() { "$BIN/riskkvctl" --control "$CONTROL" policy-put "$@" | json "['policy']['version']"; }
+start_node() {  # name
+  rm -f "$T/$1.ports"
+  "$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    --port-file "$T/$1.ports" --threads 1 --activations f32 --kv-dtype f32 \
+    --control "$CONTROL" --policy-id "$ID" --cache-dir "$T/cache-$1" >>"$T/$1.log" 2>&1 &
+  pids+=($!)
+  eval "pid_$1=$!"
+  wait_file "$T/$1.ports" || fail "node $1 did not start"
+}
+addr() { echo "127.0.0.1:$(cut -d' ' -f1 "$T/$1.ports")"; }
+metrics() { curl -sf "http://127.0.0.1:$(cut -d' ' -f2 "$T/$1.ports")/metrics" || true; }
+has_metric() { local m; m=$(metrics "$1"); grep -q "^$2\$" <<<"$m"; }
+wait_metric() {  # node line
+  for _ in $(seq 100); do has_metric "$1" "$2" && return 0; sleep 0.1; done
+  fail "node $1 never showed '$2': $(metrics "$1" | grep -E 'policy|control')"
+}
+ctl() { local n=$1; shift; "$BIN/riskkvctl" --node "$(addr "$n")" "$@"; }
+reconstruct() {  # from to: a RECONSTRUCT migration that must run as such
+  local s reply
+  s=$(ctl "$1" start --tokens '[5,36,67,98,129,160,191,222,253,284]' | json "['sessionId']")
+  reply=$(ctl "$1" migrate --session "$s" --to "$(addr "$2")" --mode reconstruct --nofallback) ||
+    fail "reconstruct $1 -> $2"
+  [ "$(echo "$reply" | json "['mode']")" = RECONSTRUCT ] || fail "reconstruct: $reply"
+}
+
+# Flags are checked before the model loads.
+out=$("$BIN/riskkv-node" --model "$MODEL" --control 127.0.0.1:1 2>&1) && fail "no --policy-id: $out"
+grep -q -- "--control and --policy-id go together" <<<"$out" || fail "flag error: $out"
+out=$("$BIN/riskkv-node" --model "$MODEL" --control 127.0.0.1:1 --policy-id "$ID" \
+  --policy "$T/cal/policy.pb" --bank "$T/cal/bank.rkvbank" 2>&1) && fail "both sources: $out"
+grep -q "exclude each other" <<<"$out" || fail "flag error: $out"
+
+start_control
+[ "$(put --policy "$T/cal/policy.pb" --bank "$T/cal/bank.rkvbank")" = 1 ] || fail "first put"
+start_node a
+start_node b
+for n in a b; do
+  wait_metric $n 'riskkv_policy_version{model="tiny_llama_deep"} 1'
+  wait_metric $n 'riskkv_control_connected{model="tiny_llama_deep"} 1'
+done
+reconstruct a b
+
+# A new version put while the nodes run reaches both; migrations name it in their handshake.
+[ "$(put --policy "$T/cal/policy.pb" --assign-version)" = 2 ] || fail "second put"
+for n in a b; do wait_metric $n 'riskkv_policy_version{model="tiny_llama_deep"} 2'; done
+reconstruct b a
+grep -q "now using policy $ID v2" "$T/a.log" || fail "A did not log the update"
+
+# The control plane stops: the nodes keep version 2; B restarted meanwhile starts from its
+# cache and still rebuilds.
+port=$(cat "$T/control.ports")
+kill "$control_pid"; wait "$control_pid" 2>/dev/null || true
+wait_metric a 'riskkv_control_connected{model="tiny_llama_deep"} 0'
+kill "$pid_b"; wait "$pid_b" 2>/dev/null || true
+start_node b
+has_metric b 'riskkv_policy_version{model="tiny_llama_deep"} 2' ||
+  fail "restarted B does not serve the cached policy: $(metrics b | grep policy)"
+grep -q "policy $ID v2 from the cache" "$T/b.log" || fail "B did not say it used the cache"
+reconstruct a b
+reconstruct b a
+
+# Version 3 is stored while the control plane is down (a second instance on the same store);
+# once the control plane is back on its address the nodes catch up.
+start_control
+[ "$(put --policy "$T/cal/policy.pb" --assign-version)" = 3 ] || fail "third put"
+kill "$control_pid"; wait "$control_pid" 2>/dev/null || true
+start_control "$port"
+for n in a b; do
+  wait_metric $n 'riskkv_policy_version{model="tiny_llama_deep"} 3'
+  wait_metric $n 'riskkv_control_connected{model="tiny_llama_deep"} 1'
+done
+reconstruct a b
+ls "$T/cache-a/banks" | grep -q '\.rkvbank$' || fail "A cached no bank"
+echo "control plane test passed"
