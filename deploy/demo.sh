@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The main job: sets everything up, builds, calibrates a retention policy for SmolLM2-135M when
-# none is cached (quick settings, about a minute), starts two edge nodes on this machine (node A
-# sends over an emulated 100 Mbit/s link), starts a session on A, generates, migrates copies of it
-# to B in each mode, continues on B, and prints mode, KV bytes sent, transfer and recovery time
-# and the continuation's NLL change against the never-migrated session; then the metrics.
-#   deploy/demo.sh [--keep]     --keep leaves both nodes running (ports 7070/7071, metrics
-#                               9470/9471) for riskkvctl and curl
+# none is cached (quick settings, about a minute), starts the control plane and puts the policy
+# there, starts two edge nodes on this machine that follow it (node A sends over an emulated
+# 100 Mbit/s link), starts a session on A, generates, migrates copies of it to B in each mode,
+# continues on B, and prints mode, KV bytes sent, transfer and recovery time and the
+# continuation's NLL change against the never-migrated session; then the metrics.
+#   deploy/demo.sh [--keep]     --keep leaves the servers running (control plane 7060, nodes
+#                               7070/7071, metrics 9470/9471) for riskkvctl and curl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 keep=0
@@ -20,22 +21,40 @@ if [ ! -f "$POLICY_DIR/policy.pb" ]; then
   echo "== calibrating a retention policy (--quick) into $POLICY_DIR"
   "$BIN/riskkv-calibrate" --model "$MODEL" --out "$POLICY_DIR" --quick
 fi
-bank=()
-[ -f "$POLICY_DIR/bank.rkvbank" ] && bank=(--policy "$POLICY_DIR/policy.pb" --bank "$POLICY_DIR/bank.rkvbank")
 
 LOGS=$(mktemp -d)
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap 'stop' EXIT
+wait_port_file() {
+  for _ in $(seq 300); do [ -s "$1" ] && return 0; sleep 0.1; done
+  cat "$1.log"; exit 1
+}
+CONTROL=127.0.0.1:7060
+echo "== control plane on $CONTROL (store $LOGS/control-store)"
+"$BIN/riskkv-control" --store "$LOGS/control-store" --listen $CONTROL \
+  --port-file "$LOGS/control" >"$LOGS/control.log" 2>&1 &
+pids+=($!)
+wait_port_file "$LOGS/control"
+put=$("$BIN/riskkvctl" --control $CONTROL policy-put --policy "$POLICY_DIR/policy.pb" \
+  --bank "$POLICY_DIR/bank.rkvbank")
+POLICY_ID=$(echo "$put" | python3 -c "import json,sys; print(json.load(sys.stdin)['policy']['policyId'])")
+echo "policy $POLICY_ID version 1 stored; the nodes fetch it and its bank from the control plane"
+
 "$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:7070 --metrics-listen 127.0.0.1:9470 \
-  --port-file "$LOGS/a" --link-mbps 100 "${bank[@]}" >"$LOGS/a.log" 2>&1 &
+  --port-file "$LOGS/a" --link-mbps 100 --control $CONTROL --policy-id "$POLICY_ID" \
+  --cache-dir "$LOGS/cache-a" >"$LOGS/a.log" 2>&1 &
 pids+=($!)
 "$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:7071 --metrics-listen 127.0.0.1:9471 \
-  --port-file "$LOGS/b" "${bank[@]}" >"$LOGS/b.log" 2>&1 &
+  --port-file "$LOGS/b" --control $CONTROL --policy-id "$POLICY_ID" \
+  --cache-dir "$LOGS/cache-b" >"$LOGS/b.log" 2>&1 &
 pids+=($!)
-for n in a b; do
-  for _ in $(seq 300); do [ -s "$LOGS/$n" ] && break; sleep 0.1; done
-  [ -s "$LOGS/$n" ] || { cat "$LOGS/$n.log"; exit 1; }
+for n in a b; do wait_port_file "$LOGS/$n"; done
+for port in 9470 9471; do
+  for _ in $(seq 100); do
+    curl -s http://127.0.0.1:$port/metrics | grep -q '^riskkv_policy_version{.*} 1$' && break
+    sleep 0.1
+  done
 done
 A=127.0.0.1:7070 B=127.0.0.1:7071
 ctl() { "$BIN/riskkvctl" "$@"; }
@@ -54,7 +73,7 @@ import json,sys; h=$history; t=json.load(sys.stdin)['tokenIds']; print(json.dump
 ref=$(ctl --node $A start --tokens "$history" | field "['sessionId']")
 ref_nll=$(ctl --node $A score --session "$ref" --tokens "$continuation" | field "['meanNll']")
 
-printf '\n%-13s %14s %12s %12s %12s %10s\n' mode "KV bytes sent" "transfer s" "recovery s" "rebuild s" "dNLL"
+printf '\n%-17s %14s %12s %12s %12s %10s\n' mode "KV bytes sent" "transfer s" "recovery s" "rebuild s" "dNLL"
 for mode in full_kv token_replay reconstruct auto; do
   s=$(ctl --node $A start --tokens "$history" | field "['sessionId']")
   reply=$(ctl --node $A migrate --session "$s" --to $B --mode $mode)
@@ -62,7 +81,7 @@ for mode in full_kv token_replay reconstruct auto; do
   nll=$(ctl --node $B score --session "$moved" --tokens "$continuation" | field "['meanNll']")
   echo "$reply" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
-print('%-13s %14s %12.4f %12.4f %12.4f %+10.5f' % (('$mode' if '$mode' != 'auto' else 'auto:' + r['mode'].lower()),
+print('%-17s %14s %12.4f %12.4f %12.4f %+10.5f' % (('$mode' if '$mode' != 'auto' else 'auto:' + r['mode'].lower()),
       r['kvBytesSent'], r['transferSeconds'], r['recoverySeconds'], r['rebuildSeconds'], $nll - $ref_nll))"
   last=$moved
 done
@@ -71,11 +90,11 @@ echo "== the last session continues on B"
 ctl --node $B generate --session "$last" -n 24
 echo
 echo "== metrics (curl http://127.0.0.1:9470/metrics, :9471)"
-curl -s http://127.0.0.1:9470/metrics | grep -E '^riskkv_(migrations_total|kv_omitted_bytes_total|active_sessions)'
-curl -s http://127.0.0.1:9471/metrics | grep -E '^riskkv_(migrations_total|recovery_seconds_(sum|count)|active_sessions)'
+curl -s http://127.0.0.1:9470/metrics | grep -E '^riskkv_(migrations_total|kv_omitted_bytes_total|active_sessions|policy_version)'
+curl -s http://127.0.0.1:9471/metrics | grep -E '^riskkv_(migrations_total|recovery_seconds_(sum|count)|active_sessions|policy_version)'
 if [ $keep = 1 ]; then
   trap - EXIT
   echo
-  echo "nodes left running: A=$A (metrics :9470), B=$B (metrics :9471); logs in $LOGS"
+  echo "servers left running: control plane $CONTROL, A=$A (metrics :9470), B=$B (metrics :9471); logs in $LOGS"
   echo "stop them with: kill ${pids[*]}"
 fi

@@ -143,7 +143,8 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
   const ModelConfig& c = model.config();
   auto apply = [&](size_t k, size_t r, const KvCache&, KvCache& work) -> absl::Status {
     for (int g : configs[k]) {
-      RETURN_IF_ERROR(RebuildGroup(work, groups[g], c, model.backend(), 0, requests[r].history));
+      RETURN_IF_ERROR(
+          RebuildGroup(work, groups[g], c, model.backend(), 0, requests[r].moved_rows()));
     }
     return absl::OkStatus();
   };
@@ -163,13 +164,16 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
     const Request& req = requests[r];
     const auto tokens = std::span<const int32_t>(req.tokens);
     ASSIGN_OR_RETURN(auto exact, model.NewKvCache(static_cast<int64_t>(req.tokens.size())));
-    ASSIGN_OR_RETURN(std::vector<float> last, model.Prefill(tokens.first(req.history), *exact));
+    if (req.moved_rows() > 0) {
+      RETURN_IF_ERROR(model.Prefill(tokens.first(req.moved_rows()), *exact).status());
+    }
     ASSIGN_OR_RETURN(auto work, exact->Clone());
     for (size_t k = 0; k < n_configs; ++k) {
       RETURN_IF_ERROR(work->CopyFrom(*exact));
       RETURN_IF_ERROR(apply(k, r, *exact, *work));
-      // The first eval token is scored from the history's last logits, which no rebuild
-      // changes (they come from the exact prefill); the rest see the configuration's cache.
+      // What a migration target does next: decode the last history token over the moved (and
+      // rebuilt) rows; its logits score the first eval token.
+      ASSIGN_OR_RETURN(std::vector<float> last, model.Decode(tokens[req.moved_rows()], *work));
       ASSIGN_OR_RETURN(NllResult res,
                        model.TeacherForcedNll(tokens.subspan(req.history), *work, last));
       nll[k][r] = res.mean;

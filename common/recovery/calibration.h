@@ -16,10 +16,15 @@
 
 namespace riskkv {
 
-// `history` tokens whose KV a migration moves, followed by `eval` tokens scored.
+// A session of `history` tokens when it migrates, followed by `eval` tokens scored. As in a
+// migration, the KV rows of all but the last history token are what moves (and what a
+// configuration rebuilds); the target then decodes the last history token over those rows, so
+// every eval token, the first included, sees the configuration.
 struct Request {
   std::vector<int32_t> tokens;
   int64_t history = 0;
+
+  int64_t moved_rows() const { return history - 1; }
 };
 
 // Cuts consecutive, non-overlapping windows of history + eval tokens (at most max_requests; 0
@@ -46,8 +51,8 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
     Model& model, std::span<const Request> requests, std::span<const FoldedGroup> groups,
     std::span<const std::vector<int>> configs, const Progress& progress = {});
 
-// Turns `work` (holding a copy of request `request`'s exact history KV) into configuration
-// `config`'s cache; `exact` is the untouched original.
+// Turns `work` (holding a copy of request `request`'s exact KV for its moved_rows()) into
+// configuration `config`'s cache; `exact` is the untouched original.
 using ApplyConfig =
     std::function<absl::Status(size_t config, size_t request, const KvCache& exact, KvCache& work)>;
 

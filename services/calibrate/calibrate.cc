@@ -385,7 +385,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     auto apply = [&](size_t k, size_t r, const KvCache& exact, KvCache& work) -> absl::Status {
       if (k == 0) return absl::OkStatus();
       const int g = static_cast<int>((k - 1) / draws), d = static_cast<int>((k - 1) % draws);
-      const int64_t h = reqs[r].history;
+      const int64_t h = reqs[r].moved_rows();
       RETURN_IF_ERROR(RebuildGroup(work, folded[g], c, model.backend(), 0, h));
       for (int32_t layer : res.groups[g].targets) {
         ASSIGN_OR_RETURN(KvError e, LayerNrmse(exact, work, layer, h));

@@ -81,10 +81,12 @@ class Nodes : public ::testing::Test {
     return n;
   }
 
-  static std::string StartSession(TestNode& n, float temperature = 0) {
+  static std::string StartSession(TestNode& n, float temperature = 0,
+                                  const std::vector<int32_t>& tokens = {}) {
     grpc::ClientContext ctx;
     v1::StartSessionRequest req;
-    for (int i = 0; i < 30; ++i) req.add_token_ids((i * 31 + 5) % 500);
+    for (int i = 0; i < 30 && tokens.empty(); ++i) req.add_token_ids((i * 31 + 5) % 500);
+    for (int32_t t : tokens) req.add_token_ids(t);
     req.mutable_sampling()->set_temperature(temperature);
     req.mutable_sampling()->set_top_p(1.0f);
     req.mutable_sampling()->set_seed(11);
@@ -339,6 +341,36 @@ TEST_F(Nodes, ChainsAndConcurrentMigrations) {
   ASSERT_TRUE(Migrate(*c, r2.target_session_id(), *a, v1::TOKEN_REPLAY, &r3).ok());
   EXPECT_TRUE(Generate(*a, r3.target_session_id(), 4).ok());
   EXPECT_TRUE(Generate(*c, ry.target_session_id(), 4).ok());
+}
+
+// RECONSTRUCT through two nodes costs each held-out request the NLL change calibration measured
+// offline for it, so the continuation stays under the policy's recorded bound.
+TEST_F(Nodes, ReconstructKeepsThePolicysMeasuredNll) {
+  // Offline and served paths run the same f32 arithmetic over f32 KV on the same rows.
+  constexpr double kTolerance = 1e-5;
+  auto a = Start(true), b = Start(true);
+  const v1::RetentionPolicy& p = (*retention_)->policy;
+  ASSERT_EQ(p.test_delta_nll().requests(), static_cast<int>(tiny_->test_requests.size()));
+  double sum = 0;
+  for (size_t r = 0; r < tiny_->test_requests.size(); ++r) {
+    const Request& q = tiny_->test_requests[r];
+    const std::vector<int32_t> history(q.tokens.begin(), q.tokens.begin() + q.history);
+    const std::vector<int32_t> continuation(q.tokens.begin() + q.history, q.tokens.end());
+    const std::string stay = StartSession(*a, 0, history), move = StartSession(*a, 0, history);
+    v1::MigrateReply reply;
+    const grpc::Status s = Migrate(*a, move, *b, v1::RECONSTRUCT, &reply);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    const double delta =
+        Score(*b, reply.target_session_id(), continuation) - Score(*a, stay, continuation);
+    std::printf("request %zu: dNLL %+.9f migrated, %+.9f offline\n", r, delta,
+                tiny_->test_deltas[r]);
+    EXPECT_NEAR(delta, tiny_->test_deltas[r], kTolerance) << "request " << r;
+    sum += delta;
+  }
+  const double mean = sum / static_cast<double>(tiny_->test_requests.size());
+  std::printf("mean dNLL %+.6f; the policy's held-out bound: %+.6f (95%% CI high)\n", mean,
+              p.test_delta_nll().ci_high());
+  EXPECT_LE(mean, p.test_delta_nll().ci_high() + kTolerance);
 }
 
 TEST_F(Nodes, ARetentionSwapAppliesToLaterMigrations) {

@@ -10,6 +10,7 @@
 #include "common/model.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/predictor_bank.h"
+#include "common/recovery/quality_gate.h"
 #include "riskkv/v1/retention_policy.pb.h"
 
 namespace riskkv::testing {
@@ -17,6 +18,10 @@ namespace riskkv::testing {
 struct TinyPolicy {
   std::unique_ptr<PredictorBank> bank;
   v1::RetentionPolicy policy;
+  // Held-out requests and the NLL change rebuilding costs each (rebuilt - exact), measured
+  // offline as riskkv-calibrate does; the policy's test_delta_nll summarises them.
+  std::vector<Request> test_requests;
+  std::vector<double> test_deltas;
 };
 
 inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint, uint64_t version = 3,
@@ -49,6 +54,25 @@ inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint, u
     if (!rebuilt[l]) p.add_kept_layers(l);
   }
   p.set_predictor_bank_sha256(out.bank->content_hash());
+  p.set_history_tokens(48);
+  p.set_eval_tokens(16);
+  std::vector<int32_t> held_out(4 * 64);
+  for (size_t i = 0; i < held_out.size(); ++i) {
+    held_out[i] = static_cast<int32_t>((i * 71 + 13) % 500);
+  }
+  out.test_requests = MakeRequests(held_out, 48, 16, 0);
+  const std::vector<std::vector<int>> configs = {{}, {0, 1}};
+  auto nll = MeasureNll(model, out.test_requests, out.bank->groups(), configs);
+  EXPECT_TRUE(nll.ok()) << nll.status();
+  for (size_t r = 0; r < out.test_requests.size(); ++r) {
+    out.test_deltas.push_back((*nll)[1][r] - (*nll)[0][r]);
+  }
+  auto ci = BootstrapMeanInterval(out.test_deltas, 0.95);
+  EXPECT_TRUE(ci.ok()) << ci.status();
+  p.mutable_test_delta_nll()->set_mean(ci->mean);
+  p.mutable_test_delta_nll()->set_ci_low(ci->lo);
+  p.mutable_test_delta_nll()->set_ci_high(ci->hi);
+  p.mutable_test_delta_nll()->set_requests(static_cast<int32_t>(out.test_deltas.size()));
   return out;
 }
 

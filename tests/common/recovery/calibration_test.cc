@@ -60,10 +60,13 @@ TEST(Calibration, ExactConfigurationMatchesPlainScoringAndRebuildIsPaired) {
   ASSERT_EQ(nll->size(), 2u);
   ASSERT_EQ((*nll)[0].size(), 2u);
   for (size_t r = 0; r < 2; ++r) {
-    // Rebuilding nothing is the exact cache: bit-identical to scoring the request directly.
+    // Rebuilding nothing is the exact cache: bit-identical to scoring the request directly the
+    // way a migration target resumes (all history rows but the last, then a decode step).
     const Request& req = requests[4 + r];
     auto cache = m.NewKvCache(req.tokens.size());
-    auto last = m.Prefill(std::span<const int32_t>(req.tokens).first(req.history), **cache);
+    const auto tokens = std::span<const int32_t>(req.tokens);
+    ASSERT_TRUE(m.Prefill(tokens.first(req.moved_rows()), **cache).ok());
+    auto last = m.Decode(tokens[req.moved_rows()], **cache);
     ASSERT_TRUE(last.ok());
     auto direct = m.TeacherForcedNll(std::span<const int32_t>(req.tokens).subspan(req.history),
                                      **cache, *last);
