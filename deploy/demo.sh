@@ -5,7 +5,7 @@
 # 100 Mbit/s link), starts a session on A, generates, migrates copies of it to B in each mode,
 # continues on B, and prints mode, KV bytes sent, transfer and recovery time and the
 # continuation's NLL change against the never-migrated session; then the metrics.
-#   deploy/demo.sh [--keep]     --keep leaves the servers running (control plane 7060, nodes
+#   deploy/demo.sh [--keep]     --keep leaves the servers running (control plane 7000, nodes
 #                               7070/7071, metrics 9470/9471) for riskkvctl and curl
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ wait_port_file() {
   for _ in $(seq 300); do [ -s "$1" ] && return 0; sleep 0.1; done
   cat "$1.log"; exit 1
 }
-CONTROL=127.0.0.1:7060
+CONTROL=127.0.0.1:7000
 echo "== control plane on $CONTROL (store $LOGS/control-store)"
 "$BIN/riskkv-control" --store "$LOGS/control-store" --listen $CONTROL \
   --port-file "$LOGS/control" >"$LOGS/control.log" 2>&1 &
