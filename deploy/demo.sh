@@ -5,12 +5,17 @@
 # 100 Mbit/s link), starts a session on A, generates, migrates copies of it to B in each mode,
 # continues on B, and prints mode, KV bytes sent, transfer and recovery time and the
 # continuation's NLL change against the never-migrated session; then the metrics.
-#   deploy/demo.sh [--keep]     --keep leaves the servers running (control plane 7000, nodes
-#                               7070/7071, metrics 9470/9471) for riskkvctl and curl
+#   deploy/demo.sh [--stop]     the servers stay up afterwards (control plane 7000, nodes
+#                               7070/7071, metrics 9470/9471) for riskkvctl and curl; --stop
+#                               stops them at the end. A new run first stops the previous one's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-keep=0
-[ "${1:-}" = --keep ] && keep=1
+stop_at_end=0
+case "${1:-}" in
+  --stop) stop_at_end=1 ;;
+  "") ;;
+  *) echo "usage: deploy/demo.sh [--stop]" >&2; exit 2 ;;
+esac
 deploy/setup.sh
 deploy/build.sh release
 RISKKV_HOME="${RISKKV_HOME:-$HOME/.cache/riskkv}"
@@ -22,7 +27,15 @@ if [ ! -f "$POLICY_DIR/policy.pb" ]; then
   "$BIN/riskkv-calibrate" --model "$MODEL" --out "$POLICY_DIR" --quick
 fi
 
-LOGS=$(mktemp -d)
+# Logs, the control plane's store and the nodes' policy caches, fresh for every run.
+DEMO="$RISKKV_HOME/demo"
+if [ -f "$DEMO/pids" ]; then
+  kill $(cat "$DEMO/pids") 2>/dev/null || true
+  sleep 1
+fi
+rm -rf "$DEMO"
+mkdir -p "$DEMO"
+LOGS=$DEMO
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap 'stop' EXIT
@@ -35,6 +48,7 @@ echo "== control plane on $CONTROL (store $LOGS/control-store)"
 "$BIN/riskkv-control" --store "$LOGS/control-store" --listen $CONTROL \
   --port-file "$LOGS/control" >"$LOGS/control.log" 2>&1 &
 pids+=($!)
+echo "${pids[*]}" >"$DEMO/pids"
 wait_port_file "$LOGS/control"
 put=$("$BIN/riskkvctl" --control $CONTROL policy-put --policy "$POLICY_DIR/policy.pb" \
   --bank "$POLICY_DIR/bank.rkvbank")
@@ -49,6 +63,7 @@ pids+=($!)
   --port-file "$LOGS/b" --control $CONTROL --policy-id "$POLICY_ID" \
   --cache-dir "$LOGS/cache-b" >"$LOGS/b.log" 2>&1 &
 pids+=($!)
+echo "${pids[*]}" >"$DEMO/pids"
 for n in a b; do wait_port_file "$LOGS/$n"; done
 for port in 9470 9471; do
   for _ in $(seq 100); do
@@ -85,6 +100,14 @@ print('%-17s %14s %12.4f %12.4f %12.4f %+10.5f' % (('$mode' if '$mode' != 'auto'
       r['kvBytesSent'], r['transferSeconds'], r['recoverySeconds'], r['rebuildSeconds'], $nll - $ref_nll))"
   last=$moved
 done
+"$BIN/riskkvctl" --control $CONTROL policy-get --policy-id "$POLICY_ID" | python3 -c "
+import json,sys; p=json.load(sys.stdin)['policy']; t=p.get('testDeltaNll', {})
+print('the policy (%s v%s) rebuilds %d of %d layers; calibration measured dNLL %+.5f [95%% CI %+.5f, %+.5f]'
+      % (p['policyId'], p['version'], sum(len(g['targets']) for g in p.get('rebuiltGroups', [])),
+         len(p.get('keptLayers', [])) + sum(len(g['targets']) for g in p.get('rebuiltGroups', [])),
+         t.get('mean', 0), t.get('ciLow', 0), t.get('ciHigh', 0)))
+print('on %s held-out requests of %s + %s tokens; the dNLL column above is one %s-token continuation'
+      % (t.get('requests', 0), p.get('historyTokens'), p.get('evalTokens'), $(echo "$continuation" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')))"
 echo
 echo "== the last session continues on B"
 ctl --node $B generate --session "$last" -n 24
@@ -92,9 +115,13 @@ echo
 echo "== metrics (curl http://127.0.0.1:9470/metrics, :9471)"
 curl -s http://127.0.0.1:9470/metrics | grep -E '^riskkv_(migrations_total|kv_omitted_bytes_total|active_sessions|policy_version)'
 curl -s http://127.0.0.1:9471/metrics | grep -E '^riskkv_(migrations_total|recovery_seconds_(sum|count)|active_sessions|policy_version)'
-if [ $keep = 1 ]; then
+if [ $stop_at_end = 0 ]; then
   trap - EXIT
   echo
   echo "servers left running: control plane $CONTROL, A=$A (metrics :9470), B=$B (metrics :9471); logs in $LOGS"
-  echo "stop them with: kill ${pids[*]}"
+  echo "try: $BIN/riskkvctl --node $B list; curl -s 127.0.0.1:9471/metrics | grep ^riskkv_"
+  echo "stop them with: kill \$(cat $DEMO/pids)   (or run deploy/demo.sh --stop)"
+else
+  stop
+  rm -f "$DEMO/pids"
 fi

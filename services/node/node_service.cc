@@ -287,27 +287,31 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
   return grpc::Status::OK;
 }
 
-MigrationMode NodeService::ChooseMode(const Session& s, const Retention* retention,
-                                      std::string* reason) const {
+std::vector<MigrationMode> NodeService::RankModes(const Session& s, const Retention* retention,
+                                                  std::string* reason) const {
   const ModelConfig& c = model_.config();
   const auto history = static_cast<double>(s.tokens.size() - 1);
   const double row = static_cast<double>(s.cache->token_bytes());
   const double rate = link_.bytes_per_second() > 0 ? link_.bytes_per_second() : 125e6;
   const double full = 2 * history * row * static_cast<double>(c.n_layers) / rate;
   const double replay = history * options_.prefill_seconds_per_token;
+  std::vector<std::pair<double, MigrationMode>> est = {{full, MigrationMode::kFullKv},
+                                                       {replay, MigrationMode::kTokenReplay}};
   double recon = -1;
   if (retention != nullptr) {
     recon = 2 * history * row * retention->policy.kept_layers_size() / rate +
             history * options_.rebuild_seconds_per_token;
+    est.insert(est.begin(), {recon, MigrationMode::kReconstruct});
   }
-  MigrationMode best = full <= replay ? MigrationMode::kFullKv : MigrationMode::kTokenReplay;
-  double best_t = std::min(full, replay);
-  if (recon >= 0 && recon < best_t) best = MigrationMode::kReconstruct, best_t = recon;
+  std::stable_sort(est.begin(), est.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
   *reason = absl::StrCat("auto: estimated reconstruct ",
                          recon >= 0 ? absl::StrCat(recon, " s") : std::string("n/a (no policy)"),
                          ", full_kv ", full, " s, token_replay ", replay, " s at ", rate * 8 / 1e6,
                          " Mbit/s");
-  return best;
+  std::vector<MigrationMode> ranked;
+  for (const auto& e : est) ranked.push_back(e.second);
+  return ranked;
 }
 
 grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::MigrateRequest* req,
@@ -317,28 +321,32 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   if (!(req->timeout_seconds() >= 0 && req->timeout_seconds() <= 86400)) {
     return Bad("timeout_seconds must be in [0, 86400]");
   }
-  MigrationMode mode;
-  std::string reason;
+  MigrationMode mode = MigrationMode::kFullKv;
+  std::string reason = "requested";
   if (req->mode() != v1::AUTO) {
     auto m = FromProto(req->mode());
     if (!m.ok()) return ToGrpc(m.status());
     mode = *m;
-    reason = "requested";
   }
   auto s = Acquire(req->session_id());
   if (!s.ok()) return ToGrpc(s.status());
-  if (req->mode() == v1::AUTO) mode = ChooseMode(**s, retention().get(), &reason);
+  // The modes to try in order. AUTO ranks them by estimate; a refused handshake (the target
+  // lacks the bank or holds another policy version) moves on to the next, as a fallback does.
+  std::vector<MigrationMode> attempts;
+  if (req->mode() == v1::AUTO) {
+    attempts = RankModes(**s, retention().get(), &reason);
+  } else {
+    attempts = {mode};
+    for (MigrationMode m : {MigrationMode::kFullKv, MigrationMode::kTokenReplay}) {
+      if (std::find(attempts.begin(), attempts.end(), m) == attempts.end()) attempts.push_back(m);
+    }
+  }
+  if (!req->allow_fallback()) attempts.resize(1);
   const double timeout =
       req->timeout_seconds() > 0 ? req->timeout_seconds() : options_.default_timeout_seconds;
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::duration_cast<std::chrono::system_clock::duration>(
                             std::chrono::duration<double>(timeout));
-  std::vector<MigrationMode> attempts = {mode};
-  if (req->allow_fallback()) {
-    for (MigrationMode m : {MigrationMode::kFullKv, MigrationMode::kTokenReplay}) {
-      if (std::find(attempts.begin(), attempts.end(), m) == attempts.end()) attempts.push_back(m);
-    }
-  }
   absl::Status status;
   for (MigrationMode m : attempts) {
     bool refused = false;
@@ -355,7 +363,8 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
       metrics_->Failure("source", refused ? "handshake_refused" : "transfer_failed");
     }
     if (!refused) break;
-    reason = absl::StrCat("fallback: ", MigrationModeName(m), " refused (", status.message(), ")");
+    reason = absl::StrCat(req->mode() == v1::AUTO ? reason + "; " : std::string(),
+                          "fallback: ", MigrationModeName(m), " refused (", status.message(), ")");
   }
   Release(*s);  // the session stays here, intact
   return ToGrpc(absl::Status(status.code(), absl::StrCat("migration of '", req->session_id(),

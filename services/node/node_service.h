@@ -115,7 +115,10 @@ class NodeService final : public v1::Node::Service {
   grpc::Status ReceiveAdmitted(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream);
-  MigrationMode ChooseMode(const Session& s, const Retention* retention, std::string* reason) const;
+  // AUTO: the modes ranked by estimated time (RECONSTRUCT only with a policy), fastest first;
+  // *reason gives the estimates.
+  std::vector<MigrationMode> RankModes(const Session& s, const Retention* retention,
+                                       std::string* reason) const;
   void CountSessions();  // mu_ held
 
   Model& model_;

@@ -251,7 +251,8 @@ TEST_F(Nodes, RefusedHandshakeFallsBackOrLeavesTheSessionOnTheSource) {
       << reply.mode_reason();
   EXPECT_NE(a->Metrics().find("reason=\"handshake_refused\",role=\"source\"} 2"), std::string::npos)
       << a->Metrics();
-  EXPECT_NE(b->Metrics().find("reason=\"handshake\",role=\"target\"} 2"), std::string::npos);
+  EXPECT_NE(b->Metrics().find("reason=\"handshake\",role=\"target\"} 3"), std::string::npos)
+      << b->Metrics();
 }
 
 TEST_F(Nodes, UnreachableOrStoppedTargetLeavesTheSessionOnTheSource) {
@@ -394,6 +395,15 @@ TEST_F(Nodes, ARetentionSwapAppliesToLaterMigrations) {
   EXPECT_NE(s.error_message().find("version 3 is not this node's tiny version 4"),
             std::string::npos)
       << s.error_message();
+  // With fallback the stale version costs a FULL_KV migration, and the reply says why.
+  const std::string other = StartSession(*a);
+  s = Migrate(*a, other, *b, v1::RECONSTRUCT, &reply, /*fallback=*/true);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.mode(), v1::FULL_KV);
+  EXPECT_NE(reply.mode_reason().find("fallback: reconstruct refused"), std::string::npos)
+      << reply.mode_reason();
+  EXPECT_NE(b->Metrics().find("reason=\"handshake\",role=\"target\"} 3"), std::string::npos)
+      << b->Metrics();
   // A follows: the next migration runs.
   a->service->SetRetention(*v4);
   s = Migrate(*a, id, *b, v1::RECONSTRUCT, &reply);
@@ -477,6 +487,20 @@ TEST_F(Nodes, AutoPicksTheFastestEstimateAndSaysWhy) {
     EXPECT_EQ(reply.mode_reason().rfind("auto: estimated reconstruct ", 0), 0u)
         << reply.mode_reason();
   }
+  // The target lacks the bank: AUTO learns it at the handshake and runs the next fastest.
+  auto a = Start(true, 10, 1.0), b = Start(false);
+  const std::string id = StartSession(*a);
+  v1::MigrateReply reply;
+  grpc::Status s = Migrate(*a, id, *b, v1::AUTO, &reply, /*fallback=*/true);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.mode(), v1::FULL_KV);
+  EXPECT_NE(reply.mode_reason().find("; fallback: reconstruct refused (target"), std::string::npos)
+      << reply.mode_reason();
+  // Without fallback AUTO tries its first choice only.
+  const std::string id2 = StartSession(*a);
+  s = Migrate(*a, id2, *b, v1::AUTO, &reply, /*fallback=*/false);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_TRUE(Generate(*a, id2, 1).ok());
 }
 
 TEST_F(Nodes, BadRequestsGetPreciseStatusesAndHarmNothing) {

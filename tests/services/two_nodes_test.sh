@@ -58,11 +58,27 @@ ctl b generate --session "$moved" -n 12 >/dev/null
 [ "$(tokens a "$stay")" = "$(tokens b "$moved")" ] || fail "full_kv continuation differs: $(tokens a "$stay") vs $(tokens b "$moved")"
 ctl a show --session "$move" >/dev/null 2>&1 && fail "the moved session is still on A"
 
-# RECONSTRUCT sends the kept layers only; the target rebuilds the others.
-s=$(start)
+# TOKEN_REPLAY: the target prefills the token ids; the first 32 tokens continue identically.
+stay=$(start); move=$(start)
+reply=$(ctl a migrate --session "$move" --to "$(addr b)" --mode token_replay --nofallback)
+[ "$(echo "$reply" | json "['mode']")" = TOKEN_REPLAY ] || fail "token_replay: $reply"
+moved=$(echo "$reply" | json "['targetSessionId']")
+ctl a generate --session "$stay" -n 32 >/dev/null
+ctl b generate --session "$moved" -n 32 >/dev/null
+[ "$(tokens a "$stay")" = "$(tokens b "$moved")" ] || fail "token_replay continuation differs"
+
+# RECONSTRUCT sends the kept layers only; the target rebuilds the others. The continuation's
+# NLL change against the never-migrated session is reported (node_test holds it to the
+# policy's measured bound).
+stay=$(start); s=$(start)
 reply=$(ctl a migrate --session "$s" --to "$(addr b)" --mode reconstruct --nofallback)
 [ "$(echo "$reply" | json "['mode']")" = RECONSTRUCT ] || fail "reconstruct: $reply"
 [ "$(echo "$reply" | json "['kvBytesOmitted']")" -gt 0 ] || fail "nothing omitted: $reply"
+cont='[7,11,13,17,19,23,29,31,37,41,43,47,53,59,61,67]'
+exact=$(ctl a score --session "$stay" --tokens "$cont" | json "['meanNll']")
+rebuilt=$(ctl b score --session "$(echo "$reply" | json "['targetSessionId']")" --tokens "$cont" |
+  json "['meanNll']")
+"$PY" -c "print('reconstruct: continuation dNLL %+.5f nats/token' % ($rebuilt - $exact))"
 
 # C has no policy: RECONSTRUCT is refused at the handshake; with fallback FULL_KV runs, without
 # it the session stays on A.
@@ -141,13 +157,13 @@ grep -q 'riskkv_migrations_total{mode="full_kv",model="tiny_llama_deep",outcome=
   fail "A's full_kv count: $(grep migrations_total <<<"$ma")"
 grep -q 'riskkv_migrations_total{mode="reconstruct",model="tiny_llama_deep",outcome="ok",role="target"} 1' <<<"$mb" ||
   fail "B's reconstruct count: $(grep migrations_total <<<"$mb")"
-grep -q 'riskkv_migrations_total{mode="token_replay",model="tiny_llama_deep",outcome="ok",role="target"} 1' <<<"$mb" ||
+grep -q 'riskkv_migrations_total{mode="token_replay",model="tiny_llama_deep",outcome="ok",role="target"} 2' <<<"$mb" ||
   fail "B's token_replay count"
 grep -q 'riskkv_migration_failures_total{model="tiny_llama_deep",reason="handshake",role="target"} 2' <<<"$mc" ||
   fail "C's refusals: $(grep failures <<<"$mc")"
 grep -q '^riskkv_recovery_seconds_count{mode="reconstruct",model="tiny_llama_deep"} 1' <<<"$mb" ||
   fail "B's recovery histogram"
-grep -q '^riskkv_active_sessions{model="tiny_llama_deep"} 4' <<<"$mb" || fail "B's sessions"
+grep -q '^riskkv_active_sessions{model="tiny_llama_deep"} 5' <<<"$mb" || fail "B's sessions: $(grep active <<<"$mb")"
 grep -q 'riskkv_migration_failures_total{model="tiny_llama_deep",reason="transfer_failed",role="source"} 1' <<<"$(metrics slow)" ||
   fail "the slow source's failure count: $(metrics slow | grep failures)"
 echo "two-node test passed"
