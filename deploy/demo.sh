@@ -50,8 +50,9 @@ echo "== control plane on $CONTROL (store $LOGS/control-store)"
 pids+=($!)
 echo "${pids[*]}" >"$DEMO/pids"
 wait_port_file "$LOGS/control"
-put=$("$BIN/riskkvctl" --control $CONTROL policy-put --policy "$POLICY_DIR/policy.pb" \
-  --bank "$POLICY_DIR/bank.rkvbank")
+bank=()  # none when the calibration's gate fell back to exact KV
+[ -f "$POLICY_DIR/bank.rkvbank" ] && bank=(--bank "$POLICY_DIR/bank.rkvbank")
+put=$("$BIN/riskkvctl" --control $CONTROL policy-put --policy "$POLICY_DIR/policy.pb" "${bank[@]}")
 POLICY_ID=$(echo "$put" | python3 -c "import json,sys; print(json.load(sys.stdin)['policy']['policyId'])")
 echo "policy $POLICY_ID version 1 stored; the nodes fetch it and its bank from the control plane"
 

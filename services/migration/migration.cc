@@ -224,7 +224,8 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   std::vector<int32_t> expected;
   if (session_.mode == MigrationMode::kReconstruct) {
     const v1::RetentionPolicy* p = ctx_.policy;
-    if (p == nullptr || ctx_.bank == nullptr) {
+    // A policy that rebuilds nothing (its gate fell back to exact KV) needs no bank.
+    if (p == nullptr || (ctx_.bank == nullptr && p->rebuilt_groups_size() > 0)) {
       return refuse("this node has no retention policy and bank for RECONSTRUCT");
     }
     if (h.policy_id() != p->policy_id() || h.policy_version() != p->version()) {
@@ -232,9 +233,10 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
                                  " is not this node's ", p->policy_id(), " version ",
                                  p->version()));
     }
-    if (h.predictor_bank_sha256() != ctx_.bank->content_hash()) {
+    const std::string mine = ctx_.bank ? ctx_.bank->content_hash() : p->predictor_bank_sha256();
+    if (h.predictor_bank_sha256() != mine) {
       return refuse("predictor bank " + h.predictor_bank_sha256() + " is not this node's " +
-                    ctx_.bank->content_hash());
+                    (mine.empty() ? std::string("(none)") : mine));
     }
     for (const LayerGroup& g : RebuiltGroups(*p)) {
       const FoldedGroup* fg = ctx_.bank->FindGroupForLayer(g.targets.front());

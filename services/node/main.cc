@@ -30,7 +30,9 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9470",
 ABSL_FLAG(std::string, port_file, "",
           "write 'GRPC_PORT METRICS_PORT' here once listening (for scripts using port 0)");
 ABSL_FLAG(std::string, policy, "", "retention policy file (riskkv-calibrate's policy.pb)");
-ABSL_FLAG(std::string, bank, "", "predictor bank the policy names (bank.rkvbank)");
+ABSL_FLAG(std::string, bank, "",
+          "predictor bank the policy names (bank.rkvbank; none for a policy that rebuilds "
+          "nothing)");
 ABSL_FLAG(std::string, control, "",
           "riskkv-control address: follow --policy-id there instead of --policy/--bank");
 ABSL_FLAG(std::string, policy_id, "", "the policy to follow at --control");
@@ -78,8 +80,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_link_mbps) < 0) return Fail("--link-mbps must be >= 0");
   if (absl::GetFlag(FLAGS_max_sessions) < 1) return Fail("--max-sessions must be >= 1");
   if (!(absl::GetFlag(FLAGS_timeout) > 0)) return Fail("--timeout must be > 0");
-  if (absl::GetFlag(FLAGS_policy).empty() != absl::GetFlag(FLAGS_bank).empty()) {
-    return Fail("--policy and --bank go together");
+  if (absl::GetFlag(FLAGS_policy).empty() && !absl::GetFlag(FLAGS_bank).empty()) {
+    return Fail("--bank needs the --policy that names it");
   }
   const bool follow = !absl::GetFlag(FLAGS_control).empty();
   if (follow && !absl::GetFlag(FLAGS_policy).empty()) {

@@ -86,7 +86,8 @@ absl::StatusOr<std::shared_ptr<const Retention>> PolicyFollower::LoadCache() {
     return absl::InvalidArgumentError(path + " holds policy '" + policy.policy_id() + "', not '" +
                                       options_.policy_id + "'");
   }
-  const std::string bank_path = BankPath(policy.predictor_bank_sha256());
+  const std::string bank_path =
+      policy.rebuilt_groups_size() > 0 ? BankPath(policy.predictor_bank_sha256()) : "";
   ASSIGN_OR_RETURN(auto retention,
                    LoadRetention(path, bank_path, options_.n_layers, options_.model_fingerprint));
   std::lock_guard lock(mu_);
@@ -275,7 +276,10 @@ absl::Status PolicyFollower::Accept(v1::Control::Stub& stub, const v1::Retention
     return absl::FailedPreconditionError(name + " is for model " + policy.model_fingerprint() +
                                          ", not this node's " + options_.model_fingerprint);
   }
-  ASSIGN_OR_RETURN(auto bank, Bank(stub, policy.predictor_bank_sha256()));
+  std::shared_ptr<const PredictorBank> bank;  // none for a policy that rebuilds nothing
+  if (policy.rebuilt_groups_size() > 0) {
+    ASSIGN_OR_RETURN(bank, Bank(stub, policy.predictor_bank_sha256()));
+  }
   ASSIGN_OR_RETURN(auto retention, MakeRetention(policy, std::move(bank), options_.n_layers,
                                                  options_.model_fingerprint));
   RETURN_IF_ERROR(WriteFileAtomically(PolicyPath(), policy.SerializeAsString()));

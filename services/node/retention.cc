@@ -17,8 +17,12 @@ absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
     return absl::FailedPreconditionError(name + " is for model " + policy.model_fingerprint() +
                                          ", not this node's " + fingerprint);
   }
-  if (bank == nullptr) return absl::InvalidArgumentError(name + " comes without its bank");
-  if (bank->content_hash() != policy.predictor_bank_sha256()) {
+  if (bank == nullptr) {
+    if (policy.rebuilt_groups_size() > 0) {
+      return absl::InvalidArgumentError(name + " rebuilds layers and comes without its bank " +
+                                        policy.predictor_bank_sha256());
+    }
+  } else if (bank->content_hash() != policy.predictor_bank_sha256()) {
     return absl::InvalidArgumentError(name + " needs bank " + policy.predictor_bank_sha256() +
                                       ", got " + bank->content_hash());
   }
@@ -40,12 +44,15 @@ absl::StatusOr<std::shared_ptr<const Retention>> LoadRetention(const std::string
                                                                int32_t n_layers,
                                                                const std::string& fingerprint) {
   ASSIGN_OR_RETURN(v1::RetentionPolicy policy, ReadPolicy(policy_path, n_layers, fingerprint));
-  ASSIGN_OR_RETURN(std::unique_ptr<PredictorBank> bank,
-                   PredictorBank::Open(bank_path, fingerprint));
+  std::unique_ptr<PredictorBank> bank;
+  if (!bank_path.empty()) {
+    ASSIGN_OR_RETURN(bank, PredictorBank::Open(bank_path, fingerprint));
+  }
   auto r = MakeRetention(std::move(policy), std::move(bank), n_layers, fingerprint);
   if (!r.ok()) {
-    return absl::Status(r.status().code(), policy_path + " with " + bank_path + ": " +
-                                               std::string(r.status().message()));
+    return absl::Status(r.status().code(), policy_path +
+                                               (bank_path.empty() ? "" : " with " + bank_path) +
+                                               ": " + std::string(r.status().message()));
   }
   return r;
 }

@@ -410,6 +410,32 @@ TEST_F(Nodes, ARetentionSwapAppliesToLaterMigrations) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(reply.mode(), v1::RECONSTRUCT);
   EXPECT_GT(reply.kv_bytes_omitted(), 0);
+  // A policy whose gate fell back to exact KV rebuilds nothing and needs no bank: RECONSTRUCT
+  // then sends every layer.
+  v1::RetentionPolicy exact = (*retention_)->policy;
+  exact.set_version(5);
+  exact.clear_rebuilt_groups();
+  exact.clear_kept_layers();
+  for (int32_t l = 0; l < static_cast<int32_t>(a->model->config().n_layers); ++l) {
+    exact.add_kept_layers(l);
+  }
+  exact.clear_predictor_bank_sha256();
+  auto v5 = MakeRetention(exact, nullptr, static_cast<int32_t>(a->model->config().n_layers),
+                          *fingerprint_);
+  ASSERT_TRUE(v5.ok()) << v5.status();
+  a->service->SetRetention(*v5);
+  b->service->SetRetention(*v5);
+  const std::string whole = StartSession(*a);
+  s = Migrate(*a, whole, *b, v1::RECONSTRUCT, &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.mode(), v1::RECONSTRUCT);
+  EXPECT_EQ(reply.kv_bytes_omitted(), 0);
+  // ... but a policy that rebuilds layers does.
+  EXPECT_FALSE(MakeRetention((*retention_)->policy, nullptr,
+                             static_cast<int32_t>(a->model->config().n_layers), *fingerprint_)
+                   .ok());
+  a->service->SetRetention(*v4);
+
   // A node without a policy asked for RECONSTRUCT falls back instead of failing.
   auto c = Start(false);
   const std::string x = StartSession(*c);

@@ -250,6 +250,32 @@ TEST_F(Follower, ServesTheCacheWhileTheControlPlaneIsDownAndCatchesUpWhenItRetur
   EXPECT_EQ(w->applied[0]->policy.epsilon(), 0.03);
 }
 
+TEST_F(Follower, APolicyThatRebuildsNothingNeedsNoBank) {
+  ControlPlane control(dir_ / "store");
+  v1::RetentionPolicy exact = Policy(0.01);
+  exact.clear_rebuilt_groups();
+  exact.clear_kept_layers();
+  for (int32_t l = 0; l < static_cast<int32_t>(model_->config().n_layers); ++l) {
+    exact.add_kept_layers(l);
+  }
+  exact.clear_predictor_bank_sha256();
+  ASSERT_TRUE(control.store().Put(exact, "").ok());
+  control.Start();
+  auto w = Follow(Options(control.address()));
+  w->follower->Start();
+  ASSERT_TRUE(w->WaitFor([&] { return w->follower->version() == 1; }));
+  {
+    std::lock_guard lock(w->mu);
+    ASSERT_EQ(w->applied.size(), 1u);
+    EXPECT_EQ(w->applied[0]->bank, nullptr);
+  }
+  w->follower->Stop();
+  auto cached = Follow(Options(control.address()))->follower->LoadCache();
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  ASSERT_NE(*cached, nullptr);
+  EXPECT_EQ((*cached)->policy.kept_layers_size(), exact.kept_layers_size());
+}
+
 TEST_F(Follower, RefusesAVersionForAnotherModelAndKeepsTheOneInUse) {
   ControlPlane control(dir_ / "store");
   control.Start();
