@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A gRPC client the project did not generate: PyPI grpcio with server reflection, no compiled stubs.
 
-Asks a riskkv-node what it serves, checks its health, starts a session, generates, and migrates
+Asks a riskkv-node what it serves, checks its health, starts a session, generates, sends one
+oversized request (which the node must refuse with RESOURCE_EXHAUSTED and survive), and migrates
 the session to another node. Prints the Migrate reply as JSON; exits non-zero on any failure.
 
     reflection_client.py SOURCE_ADDR TARGET_ADDR [MODE]
@@ -59,6 +60,17 @@ def main() -> int:
     if len(tokens) != 4:
         print(f"generated {tokens}, expected 4 tokens", file=sys.stderr)
         return 1
+
+    # A message over the node's 8 MiB limit is refused before it reaches the service.
+    req, start = method(channel, pool, "riskkv.v1.Node", "StartSession")
+    try:
+        start(json_format.ParseDict({"prompt": "x" * (9 << 20)}, req()), timeout=60)
+        print("a 9 MiB StartSession was accepted", file=sys.stderr)
+        return 1
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            print(f"oversized request: {e.code()} {e.details()}", file=sys.stderr)
+            return 1
 
     req, migrate = method(channel, pool, "riskkv.v1.Node", "Migrate")
     reply = migrate(json_format.ParseDict(
