@@ -4,15 +4,19 @@
 #pragma once
 
 #include <grpcpp/server.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
 #include <signal.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "spdlog/spdlog.h"
 
 namespace riskkv {
@@ -34,6 +38,24 @@ inline void WritePortFile(const std::string& path, const std::string& line) {
   if (path.empty()) return;
   std::ofstream(path + ".tmp") << line << "\n";
   std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+// Serves `registry` on http://ADDRESS/metrics and sets *port to the port it got; an empty address
+// means no metrics (null, port 0). Start it before anything else takes thread-local storage:
+// civetweb's threads have small fixed stacks.
+inline absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
+    const std::string& address, std::shared_ptr<prometheus::Registry> registry, int* port) {
+  *port = 0;
+  if (address.empty()) return std::unique_ptr<prometheus::Exposer>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError("cannot serve metrics on " + address + ": " + e.what());
+  }
+  exposer->RegisterCollectable(registry);
+  if (!exposer->GetListeningPorts().empty()) *port = exposer->GetListeningPorts()[0];
+  return exposer;
 }
 
 // Serves until the first signal of `set`, then gives running calls `grace` to finish.

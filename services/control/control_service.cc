@@ -1,15 +1,37 @@
 // riskkv-control's gRPC service.
 #include "services/control/control_service.h"
 
+#include <cctype>
 #include <fstream>
 
 #include "services/grpc_status.h"
 
 namespace riskkv {
+
+ControlService::ControlService(PolicyStore& store, ControlMetrics* metrics)
+    : store_(store), metrics_(metrics) {
+  CountPolicies();
+}
+
+void ControlService::CountPolicies() {
+  if (!metrics_) return;
+  const auto list = store_.List();
+  metrics_->SetPolicies(static_cast<double>(list.size()));
+  for (const auto& s : list) {
+    metrics_->SetLatestVersion(s.policy_id(), static_cast<double>(s.latest_version()));
+  }
+}
+
 grpc::Status ControlService::PutPolicy(grpc::ServerContext*, const v1::PutPolicyRequest* req,
                                        v1::PolicyRecord* reply) {
   auto p = store_.Put(req->policy(), req->bank());
+  if (metrics_) {
+    std::string outcome = p.ok() ? "ok" : absl::StatusCodeToString(p.status().code());
+    for (char& c : outcome) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    metrics_->Put(outcome);
+  }
   if (!p.ok()) return ToGrpc(p.status());
+  CountPolicies();
   *reply->mutable_policy() = *p;
   return grpc::Status::OK;
 }
@@ -35,14 +57,21 @@ grpc::Status ControlService::GetBank(grpc::ServerContext* ctx, const v1::GetBank
   std::ifstream in(*path, std::ios::binary);
   if (!in) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read " + *path);
   std::string buf(1 << 20, '\0');
+  double sent = 0;
+  bool whole = false;
   while (!ctx->IsCancelled()) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     const auto n = in.gcount();
-    if (n <= 0) break;
+    if (n <= 0) {
+      whole = true;
+      break;
+    }
     v1::BankChunk chunk;
     chunk.set_data(buf.data(), static_cast<size_t>(n));
     if (!writer->Write(chunk)) break;
+    sent += static_cast<double>(n);
   }
+  if (metrics_ && whole) metrics_->BankDownload(sent);
   return grpc::Status::OK;
 }
 
@@ -53,6 +82,7 @@ grpc::Status ControlService::Watch(grpc::ServerContext* ctx, const v1::WatchRequ
   }
   ctx->AddInitialMetadata(kWatchMetadataKey, "1");
   writer->SendInitialMetadata();
+  if (metrics_) metrics_->AddWatchers(1);
   uint64_t known = req->known_version();
   while (!ctx->IsCancelled()) {
     auto p = store_.WaitNewer(req->policy_id(), known, 500);
@@ -62,6 +92,7 @@ grpc::Status ControlService::Watch(grpc::ServerContext* ctx, const v1::WatchRequ
     if (!writer->Write(r)) break;
     known = p->version();
   }
+  if (metrics_) metrics_->AddWatchers(-1);
   return grpc::Status::OK;
 }
 

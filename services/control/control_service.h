@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "riskkv/v1/control.grpc.pb.h"
+#include "services/control/control_metrics.h"
 #include "services/control/policy_store.h"
 
 namespace riskkv {
@@ -14,7 +15,8 @@ inline constexpr char kWatchMetadataKey[] = "riskkv-watch";
 
 class ControlService final : public v1::Control::Service {
  public:
-  explicit ControlService(PolicyStore& store) : store_(store) {}
+  // `metrics` may be null (no metrics).
+  explicit ControlService(PolicyStore& store, ControlMetrics* metrics = nullptr);
 
   grpc::Status PutPolicy(grpc::ServerContext*, const v1::PutPolicyRequest*,
                          v1::PolicyRecord*) override;
@@ -28,7 +30,10 @@ class ControlService final : public v1::Control::Service {
                      grpc::ServerWriter<v1::PolicyRecord>*) override;
 
  private:
+  void CountPolicies();
+
   PolicyStore& store_;
+  ControlMetrics* metrics_;
 };
 
 }  // namespace riskkv

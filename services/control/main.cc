@@ -1,6 +1,6 @@
 // riskkv-control: the control plane. Stores retention policies and predictor banks on local disk,
 // versions them, serves Get/List/Put and pushes new versions to watching nodes.
-//   riskkv-control --store DIR --listen 127.0.0.1:7000
+//   riskkv-control --store DIR --listen 127.0.0.1:7000 --metrics-listen 127.0.0.1:9400
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -15,7 +15,10 @@
 
 ABSL_FLAG(std::string, store, "", "directory of the policy store (created when missing)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7000", "gRPC address (port 0: any free port)");
-ABSL_FLAG(std::string, port_file, "", "write the gRPC port here once listening");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
+          "Prometheus /metrics address (port 0: any free port; empty: no metrics)");
+ABSL_FLAG(std::string, port_file, "",
+          "write 'GRPC_PORT METRICS_PORT' here once listening (for scripts using port 0)");
 
 int main(int argc, char** argv) {
   const sigset_t signals = riskkv::BlockTerminationSignals();
@@ -32,7 +35,16 @@ int main(int argc, char** argv) {
     spdlog::error("riskkv-control: {}", store.status().ToString());
     return 1;
   }
-  riskkv::ControlService service(**store);
+  // Metrics first: civetweb's threads start before anything else takes thread-local storage.
+  auto registry = std::make_shared<prometheus::Registry>();
+  int metrics_port = 0;
+  auto exposer = riskkv::ServeMetrics(absl::GetFlag(FLAGS_metrics_listen), registry, &metrics_port);
+  if (!exposer.ok()) {
+    spdlog::error("riskkv-control: {}", exposer.status().ToString());
+    return 1;
+  }
+  riskkv::ControlMetrics metrics(*registry);
+  riskkv::ControlService service(**store, &metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -48,9 +60,10 @@ int main(int argc, char** argv) {
     spdlog::error("riskkv-control: cannot listen on {}", absl::GetFlag(FLAGS_listen));
     return 1;
   }
-  riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file), std::to_string(port));
-  spdlog::info("riskkv-control: store {} ({} policies), listening on port {}",
-               absl::GetFlag(FLAGS_store), (*store)->List().size(), port);
+  riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file),
+                        std::to_string(port) + " " + std::to_string(metrics_port));
+  spdlog::info("riskkv-control: store {} ({} policies), listening on port {}, metrics on port {}",
+               absl::GetFlag(FLAGS_store), (*store)->List().size(), port, metrics_port);
   riskkv::ServeUntilSignal(*server, signals, "riskkv-control", std::chrono::seconds(2));
   return 0;
 }

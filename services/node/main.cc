@@ -25,6 +25,9 @@
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory (required)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (port 0: any free port)");
+ABSL_FLAG(std::string, advertise, "",
+          "the address other nodes and clients reach this node at, shown in riskkv_node_info "
+          "(default: --listen with the port it got)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9470",
           "Prometheus /metrics address (port 0: any free port; empty: no metrics)");
 ABSL_FLAG(std::string, port_file, "",
@@ -118,17 +121,9 @@ int main(int argc, char** argv) {
 
   // Metrics first: civetweb's threads start before anything else takes thread-local storage.
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<prometheus::Exposer> exposer;
   int metrics_port = 0;
-  if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(m);
-    } catch (const std::exception& e) {
-      return Fail("cannot serve metrics on " + m + ": " + e.what());
-    }
-    exposer->RegisterCollectable(registry);
-    metrics_port = exposer->GetListeningPorts().empty() ? 0 : exposer->GetListeningPorts()[0];
-  }
+  auto exposer = riskkv::ServeMetrics(absl::GetFlag(FLAGS_metrics_listen), registry, &metrics_port);
+  if (!exposer.ok()) return Fail(exposer.status().ToString());
   riskkv::NodeMetrics metrics(*registry, (*model)->config().name);
 
   // Following the control plane: start from the cached version, so the node serves RECONSTRUCT
@@ -174,13 +169,20 @@ int main(int argc, char** argv) {
   if (!server || port == 0) return Fail("cannot listen on " + absl::GetFlag(FLAGS_listen));
   riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file),
                         std::to_string(port) + " " + std::to_string(metrics_port));
+  std::string advertise = absl::GetFlag(FLAGS_advertise);
+  if (advertise.empty()) {
+    const std::string listen = absl::GetFlag(FLAGS_listen);
+    advertise = listen.substr(0, listen.rfind(':')) + ":" + std::to_string(port);
+  }
+  metrics.SetInfo(advertise, "cpu");
   const auto retention = service.retention();
   spdlog::info(
-      "riskkv-node: {} ({}), policy {}, listening on port {}, metrics on port {}",
+      "riskkv-node: {} ({}), policy {}, listening on port {} (advertised as {}), metrics on "
+      "port {}",
       (*model)->config().name, fingerprint->substr(0, 12),
       retention ? retention->policy.policy_id() + " v" + std::to_string(retention->policy.version())
                 : std::string("none"),
-      port, metrics_port);
+      port, advertise, metrics_port);
   if (follower) follower->Start();
 
   riskkv::ServeUntilSignal(*server, signals, "riskkv-node", std::chrono::seconds(5));

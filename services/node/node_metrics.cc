@@ -62,7 +62,11 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
       policy_updates_(prometheus::BuildCounter()
                           .Name("riskkv_policy_updates_total")
                           .Help("Policy versions pushed by the control plane, by outcome")
-                          .Register(r)) {
+                          .Register(r)),
+      info_(prometheus::BuildGauge()
+                .Name("riskkv_node_info")
+                .Help("1, labelled with the node's advertised address and compute backend")
+                .Register(r)) {
   sessions_.Add({{"model", model_}}).Set(0);
   policy_version_.Add({{"model", model_}}).Set(0);
 }
@@ -101,6 +105,10 @@ void NodeMetrics::SetPolicyVersion(double v) { policy_version_.Add({{"model", mo
 
 void NodeMetrics::SetControlConnected(bool connected) {
   control_connected_.Add({{"model", model_}}).Set(connected ? 1 : 0);
+}
+
+void NodeMetrics::SetInfo(const std::string& address, const std::string& backend) {
+  info_.Add({{"model", model_}, {"address", address}, {"backend", backend}}).Set(1);
 }
 
 void NodeMetrics::PolicyUpdate(const std::string& outcome) {

@@ -28,6 +28,8 @@ class NodeMetrics {
   // Following the control plane: whether the Watch stream is up, and each pushed version
   // ("applied" or "rejected").
   void SetControlConnected(bool connected);
+  // riskkv_node_info: the address other nodes reach this one at, and the compute backend.
+  void SetInfo(const std::string& address, const std::string& backend);
   void PolicyUpdate(const std::string& outcome);
 
  private:
@@ -44,6 +46,7 @@ class NodeMetrics {
   prometheus::Family<prometheus::Gauge>& policy_version_;
   prometheus::Family<prometheus::Gauge>& control_connected_;
   prometheus::Family<prometheus::Counter>& policy_updates_;
+  prometheus::Family<prometheus::Gauge>& info_;
 };
 
 }  // namespace riskkv

@@ -22,12 +22,12 @@ ID=tiny-llama-deep
 
 start_control() {  # [port]
   rm -f "$T/control.ports"
-  "$BIN/riskkv-control" --store "$T/store" --listen "127.0.0.1:${1:-0}" \
+  "$BIN/riskkv-control" --store "$T/store" --listen "127.0.0.1:${1:-0}" --metrics-listen 127.0.0.1:0 \
     --port-file "$T/control.ports" >>"$T/control.log" 2>&1 &
   control_pid=$!
   pids+=($control_pid)
   wait_file "$T/control.ports" || fail "control plane did not start"
-  CONTROL=127.0.0.1:$(cat "$T/control.ports")
+  CONTROL=127.0.0.1:$(cut -d' ' -f1 "$T/control.ports")
 }
 put() { "$BIN/riskkvctl" --control "$CONTROL" policy-put "$@" | json "['policy']['version']"; }
 start_node() {  # name
@@ -71,6 +71,16 @@ for n in a b; do
   wait_metric $n 'riskkv_control_connected{model="tiny_llama_deep"} 1'
 done
 reconstruct a b
+# The control plane's own metrics: two watchers, each node downloaded the bank once.
+cm=$(curl -sf "http://127.0.0.1:$(cut -d' ' -f2 "$T/control.ports")/metrics") ||
+  fail "control plane metrics"
+grep -q '^riskkv_control_watchers 2$' <<<"$cm" || fail "watchers: $(grep watchers <<<"$cm")"
+grep -q '^riskkv_control_bank_downloads_total 2$' <<<"$cm" || fail "downloads: $(grep bank <<<"$cm")"
+grep -q '^riskkv_control_puts_total{outcome="ok"} 1$' <<<"$cm" || fail "puts: $(grep puts <<<"$cm")"
+grep -q "^riskkv_control_policy_latest_version{policy_id=\"$ID\"} 1$" <<<"$cm" ||
+  fail "latest version: $(grep latest <<<"$cm")"
+grep -q '^riskkv_node_info{address="127.0.0.1:[0-9]*",backend="cpu",model="tiny_llama_deep"} 1$' \
+  <<<"$(metrics a)" || fail "node info: $(metrics a | grep node_info)"
 
 # A new version put while the nodes run reaches both; migrations name it in their handshake.
 [ "$(put --policy "$T/cal/policy.pb" --assign-version)" = 2 ] || fail "second put"
@@ -80,7 +90,7 @@ grep -q "now using policy $ID v2" "$T/a.log" || fail "A did not log the update"
 
 # The control plane stops: the nodes keep version 2; B restarted meanwhile starts from its
 # cache and still rebuilds.
-port=$(cat "$T/control.ports")
+port=$(cut -d' ' -f1 "$T/control.ports")
 kill "$control_pid"; wait "$control_pid" 2>/dev/null || true
 wait_metric a 'riskkv_control_connected{model="tiny_llama_deep"} 0'
 kill "$pid_b"; wait "$pid_b" 2>/dev/null || true

@@ -122,13 +122,14 @@ reply=$("$PY" "$HERE/../tools/reflection_client.py" "$(addr a)" "$(addr b)" TOKE
 # malformed put refused.
 start_control() {
   rm -f "$T/control.ports"
-  "$BIN/riskkv-control" --store "$T/store" --listen 127.0.0.1:0 --port-file "$T/control.ports" \
+  "$BIN/riskkv-control" --store "$T/store" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    --port-file "$T/control.ports" \
     >>"$T/control.log" 2>&1 &
   control_pid=$!
   pids+=($control_pid)
   for _ in $(seq 100); do [ -s "$T/control.ports" ] && break; sleep 0.1; done
   [ -s "$T/control.ports" ] || fail "control plane did not start"
-  CONTROL=127.0.0.1:$(cat "$T/control.ports")
+  CONTROL=127.0.0.1:$(cut -d' ' -f1 "$T/control.ports")
 }
 start_control
 v=$("$BIN/riskkvctl" --control "$CONTROL" policy-put --policy "$T/cal/policy.pb" \
