@@ -8,6 +8,7 @@
 //   riskkvctl --control 127.0.0.1:7000 policy-put --policy policy.pb --bank bank.rkvbank
 //   riskkvctl --control 127.0.0.1:7000 policy-get --policy-id ID [--version N]
 //   riskkvctl --control 127.0.0.1:7000 policy-list
+//   riskkvctl --node 127.0.0.1:7070 health; riskkvctl --control 127.0.0.1:7000 control-health
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
@@ -17,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "riskkv/v1/control.grpc.pb.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/cli_args.h"
@@ -73,16 +75,31 @@ grpc::ClientContext* Deadline(grpc::ClientContext* ctx, double seconds) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "riskkvctl [--node HOST:PORT] start|generate|migrate|score|show|list [flags]\n"
-      "riskkvctl [--control HOST:PORT] policy-put|policy-get|policy-list [flags]");
+      "riskkvctl [--control HOST:PORT] policy-put|policy-get|policy-list [flags]\n"
+      "riskkvctl [--node HOST:PORT] health | [--control HOST:PORT] control-health: exit 0 when "
+      "serving");
   std::vector<std::string> store;
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
   std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (rest.size() != 2) {
     return Fail(
         "one command expected: start, generate, migrate, score, show, list, policy-put, "
-        "policy-get, policy-list");
+        "policy-get, policy-list, health, control-health");
   }
   const std::string cmd = rest[1];
+  if (cmd == "health" || cmd == "control-health") {
+    const std::string address =
+        cmd == "health" ? absl::GetFlag(FLAGS_node) : absl::GetFlag(FLAGS_control);
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckResponse reply;
+    const grpc::Status s = health->Check(Deadline(&ctx, 5), {}, &reply);
+    if (!s.ok()) return Fail(address + ": " + s.error_message());
+    std::printf("%s %s\n", address.c_str(),
+                grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status()).c_str());
+    return reply.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+  }
   if (cmd.rfind("policy-", 0) == 0) {
     auto control = riskkv::v1::Control::NewStub(
         grpc::CreateChannel(absl::GetFlag(FLAGS_control), grpc::InsecureChannelCredentials()));

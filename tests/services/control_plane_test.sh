@@ -63,6 +63,7 @@ out=$("$BIN/riskkv-node" --model "$MODEL" --control 127.0.0.1:1 --policy-id "$ID
 grep -q "exclude each other" <<<"$out" || fail "flag error: $out"
 
 start_control
+"$BIN/riskkvctl" --control "$CONTROL" control-health | grep -q "SERVING$" || fail "control health"
 [ "$(put --policy "$T/cal/policy.pb" --bank "$T/cal/bank.rkvbank")" = 1 ] || fail "first put"
 start_node a
 start_node b

@@ -44,6 +44,11 @@ metrics() { curl -sf "http://127.0.0.1:$(cut -d' ' -f2 "$T/$1.ports")/metrics"; 
 ctl() { local n=$1; shift; "$BIN/riskkvctl" --node "$(addr "$n")" "$@"; }
 tokens() { ctl "$1" show --session "$2" | json "['tokenIds']"; }
 
+# The gRPC health service, through riskkvctl (what container health checks run).
+out=$(ctl a health) || fail "health: $out"
+[ "$out" = "$(addr a) SERVING" ] || fail "health: $out"
+out=$("$BIN/riskkvctl" --node 127.0.0.1:1 health 2>&1) && fail "health of nothing: $out"
+
 start() { ctl a start --tokens '[5,36,67,98,129,160,191,222,253,284]' | json "['sessionId']"; }
 
 # FULL_KV: token-identical to the same session never migrated (greedy).
