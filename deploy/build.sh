@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Configures and builds one CMake preset (release by default, or asan).
-#   deploy/build.sh [release|asan]
+# Configures and builds one CMake preset (release by default; asan; image and image-cuda for the
+# container images), all targets or the ones named.
+#   deploy/build.sh [release|asan|image|image-cuda] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset="${1:-release}"
+[ $# -gt 0 ] && shift
 jobs="$(nproc)"
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
 cmake --preset "$preset" >/dev/null
-cmake --build --preset "$preset" -j "$jobs"
+cmake --build --preset "$preset" -j "$jobs" "${targets[@]}"

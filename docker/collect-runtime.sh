@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Gathers what a runtime image needs from a build tree: the binaries users run, the CUDA module
+# when it was built, and every shared library they load except the C runtime the base image
+# provides (glibc, libstdc++, libgcc_s) and, with --cuda-from-base, the CUDA libraries an NVIDIA
+# CUDA runtime base provides. Run by both Dockerfiles' build stages and by CI on the release
+# build (tests/deploy), so what goes into the images is checked without a container engine.
+#   docker/collect-runtime.sh BUILD_DIR OUT_DIR [--cuda-from-base]
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: collect-runtime.sh BUILD_DIR OUT_DIR [--cuda-from-base]" >&2; exit 2; }
+build=$1 out=$2 cuda_from_base=0
+[ "${3:-}" = --cuda-from-base ] && cuda_from_base=1
+BINARIES=(services/riskkv-node services/riskkv-control services/riskkvctl
+  services/riskkv-calibrate services/riskkv-generate services/riskkv-score)
+mkdir -p "$out/bin" "$out/lib"
+for b in "${BINARIES[@]}"; do
+  [ -x "$build/$b" ] || { echo "collect-runtime: $build/$b is missing (build it first)" >&2; exit 1; }
+  cp "$build/$b" "$out/bin/"
+done
+objects=("$out"/bin/*)
+if [ -f "$build/kernels/cuda/libriskkv_cuda.so" ]; then
+  # Beside the binaries, where the node looks for it first.
+  cp "$build/kernels/cuda/libriskkv_cuda.so" "$out/bin/"
+  objects+=("$out/bin/libriskkv_cuda.so")
+fi
+skip='/(libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so'
+[ "$cuda_from_base" = 1 ] && skip="$skip|/(libcuda|libcudart|libcublas|libcublasLt)\\.so"
+missing=$(ldd "${objects[@]}" | awk '/not found/ {print $1}' | sort -u)
+[ -z "$missing" ] || { echo "collect-runtime: unresolved libraries: $missing" >&2; exit 1; }
+ldd "${objects[@]}" | awk '/=> \// {print $3}' | sort -u | { grep -v -E "$skip" || true; } |
+  while read -r lib; do cp -L "$lib" "$out/lib/"; done
+echo "collect-runtime: $(ls "$out/bin" | wc -l) files in $out/bin, $(ls "$out/lib" | wc -l) libraries in $out/lib"
