@@ -73,34 +73,15 @@ for port in 9470 9471; do
   done
 done
 A=127.0.0.1:7070 B=127.0.0.1:7071
-ctl() { "$BIN/riskkvctl" "$@"; }
-field() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
+ctl_a() { "$BIN/riskkvctl" --node $A "$@"; }
+ctl_b() { "$BIN/riskkvctl" --node $B "$@"; }
+source deploy/scenario.sh
 
 # A history of about 400 tokens: the start of "The Story of Mel" from the Jargon File.
 prompt=$(zcat /usr/share/doc/jargon-text/jargon.txt.gz | sed -n '/^The Story of Mel/,$p' |
   sed -n '2,40p' | tr -s ' \n' ' ')
-echo "== session on A"
-s0=$(ctl --node $A start --prompt "$prompt" | field "['sessionId']")
-ctl --node $A generate --session "$s0" -n 24
-history=$(ctl --node $A show --session "$s0" | field "['tokenIds']")
-ctl --node $A generate --session "$s0" -n 32 >/dev/null
-continuation=$(ctl --node $A show --session "$s0" | python3 -c "
-import json,sys; h=$history; t=json.load(sys.stdin)['tokenIds']; print(json.dumps(t[len(h):]))")
-ref=$(ctl --node $A start --tokens "$history" | field "['sessionId']")
-ref_nll=$(ctl --node $A score --session "$ref" --tokens "$continuation" | field "['meanNll']")
-
-printf '\n%-17s %14s %12s %12s %12s %10s\n' mode "KV bytes sent" "transfer s" "recovery s" "rebuild s" "dNLL"
-for mode in full_kv token_replay reconstruct auto; do
-  s=$(ctl --node $A start --tokens "$history" | field "['sessionId']")
-  reply=$(ctl --node $A migrate --session "$s" --to $B --mode $mode)
-  moved=$(echo "$reply" | field "['targetSessionId']")
-  nll=$(ctl --node $B score --session "$moved" --tokens "$continuation" | field "['meanNll']")
-  echo "$reply" | python3 -c "
-import json,sys; r=json.load(sys.stdin)
-print('%-17s %14s %12.4f %12.4f %12.4f %+10.5f' % (('$mode' if '$mode' != 'auto' else 'auto:' + r['mode'].lower()),
-      r['kvBytesSent'], r['transferSeconds'], r['recoverySeconds'], r['rebuildSeconds'], $nll - $ref_nll))"
-  last=$moved
-done
+run_scenario $B --prompt "$prompt"
+last=$SCENARIO_LAST
 "$BIN/riskkvctl" --control $CONTROL policy-get --policy-id "$POLICY_ID" | python3 -c "
 import json,sys; p=json.load(sys.stdin)['policy']; t=p.get('testDeltaNll', {})
 print('the policy (%s v%s) rebuilds %d of %d layers; calibration measured dNLL %+.5f [95%% CI %+.5f, %+.5f]'
@@ -108,10 +89,10 @@ print('the policy (%s v%s) rebuilds %d of %d layers; calibration measured dNLL %
          len(p.get('keptLayers', [])) + sum(len(g['targets']) for g in p.get('rebuiltGroups', [])),
          t.get('mean', 0), t.get('ciLow', 0), t.get('ciHigh', 0)))
 print('on %s held-out requests of %s + %s tokens; the dNLL column above is one %s-token continuation'
-      % (t.get('requests', 0), p.get('historyTokens'), p.get('evalTokens'), $(echo "$continuation" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')))"
+      % (t.get('requests', 0), p.get('historyTokens'), p.get('evalTokens'), $SCENARIO_CONTINUATION_TOKENS))"
 echo
 echo "== the last session continues on B"
-ctl --node $B generate --session "$last" -n 24
+ctl_b generate --session "$last" -n 24
 echo
 echo "== metrics (curl http://127.0.0.1:9470/metrics, :9471)"
 curl -s http://127.0.0.1:9470/metrics | grep -E '^riskkv_(migrations_total|kv_omitted_bytes_total|active_sessions|policy_version)'

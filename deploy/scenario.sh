@@ -1,0 +1,45 @@
+# The migration scenario the demo (deploy/demo.sh) and the two-namespace run (deploy/netns/)
+# share; source it. `ctl_a` and `ctl_b` must be defined as functions running riskkvctl against
+# node A and node B (however the caller reaches them).
+#
+#   run_scenario TARGET START_ARGS...
+#     Starts a session on A with START_ARGS (riskkvctl start flags: --prompt TEXT or --tokens
+#     JSON), generates 24 tokens, then 32 more as the continuation to score. Then, for each
+#     mode, migrates a fresh copy of the history to TARGET (B's address as A reaches it), scores
+#     the continuation on B against the never-migrated copy on A, and prints one row: mode,
+#     KV bytes sent, the transfer rate those bytes achieved, transfer, recovery and rebuild time,
+#     and the continuation's NLL change. Sets SCENARIO_LAST to the last session moved to B.
+
+_scenario_field() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
+
+run_scenario() {
+  local target=$1
+  shift
+  local s0 history continuation ref ref_nll s reply moved nll mode
+  s0=$(ctl_a start "$@" | _scenario_field "['sessionId']")
+  echo "== session on A"
+  ctl_a generate --session "$s0" -n 24
+  history=$(ctl_a show --session "$s0" | _scenario_field "['tokenIds']")
+  ctl_a generate --session "$s0" -n 32 >/dev/null
+  continuation=$(ctl_a show --session "$s0" | python3 -c "
+import json,sys; h=$history; t=json.load(sys.stdin)['tokenIds']; print(json.dumps(t[len(h):]))")
+  ref=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
+  ref_nll=$(ctl_a score --session "$ref" --tokens "$continuation" | _scenario_field "['meanNll']")
+  printf '\n%-17s %14s %10s %11s %11s %10s %10s\n' mode "KV bytes sent" "Mbit/s" "transfer s" \
+    "recovery s" "rebuild s" "dNLL"
+  for mode in full_kv token_replay reconstruct auto; do
+    s=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
+    reply=$(ctl_a migrate --session "$s" --to "$target" --mode $mode)
+    moved=$(echo "$reply" | _scenario_field "['targetSessionId']")
+    nll=$(ctl_b score --session "$moved" --tokens "$continuation" | _scenario_field "['meanNll']")
+    echo "$reply" | python3 -c "
+import json,sys; r=json.load(sys.stdin)
+sent, t = int(r['kvBytesSent']), r['transferSeconds']
+rate = '%10.1f' % (sent * 8 / t / 1e6) if sent and t else '%10s' % '-'
+mode = '$mode' if '$mode' != 'auto' else 'auto:' + r['mode'].lower()
+print('%-17s %14d %s %11.4f %11.4f %10.4f %+10.5f' % (mode, sent, rate, t, r['recoverySeconds'],
+      r['rebuildSeconds'], $nll - $ref_nll))"
+    SCENARIO_LAST=$moved
+  done
+  SCENARIO_CONTINUATION_TOKENS=$(echo "$continuation" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+}
