@@ -48,7 +48,9 @@ NodeService::NodeService(Model& model, NodeOptions options, NodeMetrics* metrics
     : model_(model),
       options_(std::move(options)),
       metrics_(metrics),
-      link_(options_.link_mbps * 1e6) {
+      link_(options_.link_mbps * 1e6),
+      prefill_spt_(options_.prefill_seconds_per_token),
+      rebuild_spt_(options_.rebuild_seconds_per_token) {
   std::random_device rd;
   char buf[16];
   std::snprintf(buf, sizeof buf, "%06x-", rd() & 0xFFFFFF);
@@ -63,6 +65,50 @@ void NodeService::SetRetention(std::shared_ptr<const Retention> retention) {
     retention_ = std::move(retention);
   }
   if (metrics_) metrics_->SetPolicyVersion(version);
+}
+
+namespace {
+
+constexpr double kWeight = 0.3;         // of a new measurement in the running estimate
+constexpr int64_t kMinTokens = 8;       // shorter prefills and rebuilds say little about speed
+constexpr double kMinBytes = 64 << 10;  // likewise for transfers
+constexpr size_t kMaxPeers = 256;
+
+void Blend(double* estimate, bool* measured, double value) {
+  *estimate = *measured ? (1 - kWeight) * *estimate + kWeight * value : value;
+  *measured = true;
+}
+
+}  // namespace
+
+void NodeService::MeasurePrefill(double seconds, int64_t tokens) {
+  if (!options_.measure_speeds || tokens < kMinTokens || !(seconds > 0)) return;
+  std::lock_guard lock(speed_mu_);
+  Blend(&prefill_spt_, &prefill_measured_, seconds / static_cast<double>(tokens));
+}
+
+void NodeService::MeasureRebuild(double seconds, int64_t tokens) {
+  if (!options_.measure_speeds || tokens < kMinTokens || !(seconds > 0)) return;
+  std::lock_guard lock(speed_mu_);
+  Blend(&rebuild_spt_, &rebuild_measured_, seconds / static_cast<double>(tokens));
+}
+
+void NodeService::MeasurePeer(const std::string& target, double bytes, double seconds,
+                              const v1::HandshakeAccepted& accepted) {
+  if (!options_.measure_speeds) return;
+  std::lock_guard lock(speed_mu_);
+  if (!peers_.count(target) && peers_.size() >= kMaxPeers) peers_.erase(peers_.begin());
+  Peer& p = peers_[target];
+  if (bytes >= kMinBytes && seconds > 0) {
+    bool measured = p.bytes_per_second > 0;
+    Blend(&p.bytes_per_second, &measured, bytes / seconds);
+  }
+  if (accepted.prefill_seconds_per_token() > 0) {
+    p.prefill_seconds_per_token = accepted.prefill_seconds_per_token();
+  }
+  if (accepted.rebuild_seconds_per_token() > 0) {
+    p.rebuild_seconds_per_token = accepted.rebuild_seconds_per_token();
+  }
 }
 
 std::shared_ptr<const Retention> NodeService::retention() const {
@@ -161,8 +207,10 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
   s->cache = std::move(*cache);
   {
     std::lock_guard lock(model_mu_);
+    const auto t0 = Clock::now();
     auto l = model_.Prefill(s->tokens, *s->cache);
     if (!l.ok()) return ToGrpc(l.status());
+    MeasurePrefill(Since(t0), static_cast<int64_t>(s->tokens.size()));
     s->pending_logits = std::move(*l);
   }
   Fill("", *s, false, info);
@@ -288,27 +336,55 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
 }
 
 std::vector<MigrationMode> NodeService::RankModes(const Session& s, const Retention* retention,
+                                                  const std::string& target,
                                                   std::string* reason) const {
   const ModelConfig& c = model_.config();
   const auto history = static_cast<double>(s.tokens.size() - 1);
   const double row = static_cast<double>(s.cache->token_bytes());
-  const double rate = link_.bytes_per_second() > 0 ? link_.bytes_per_second() : 125e6;
+  // Each input: measured toward this target, measured here, configured, or assumed.
+  double rate = link_.bytes_per_second() > 0 ? link_.bytes_per_second() : 125e6;
+  std::string rate_from = link_.bytes_per_second() > 0 ? "--link-mbps" : "assumed";
+  double prefill, rebuild;
+  std::string prefill_from, rebuild_from;
+  {
+    std::lock_guard lock(speed_mu_);
+    prefill = prefill_spt_;
+    rebuild = rebuild_spt_;
+    prefill_from = prefill_measured_ ? "measured here" : "assumed";
+    rebuild_from = rebuild_measured_ ? "measured here" : "assumed";
+    if (auto it = peers_.find(target); it != peers_.end()) {
+      const Peer& p = it->second;
+      if (p.bytes_per_second > 0 && (rate_from == "assumed" || p.bytes_per_second < rate)) {
+        rate = p.bytes_per_second;
+        rate_from = "measured to the target";
+      }
+      if (p.prefill_seconds_per_token > 0) {
+        prefill = p.prefill_seconds_per_token;
+        prefill_from = "the target's";
+      }
+      if (p.rebuild_seconds_per_token > 0) {
+        rebuild = p.rebuild_seconds_per_token;
+        rebuild_from = "the target's";
+      }
+    }
+  }
   const double full = 2 * history * row * static_cast<double>(c.n_layers) / rate;
-  const double replay = history * options_.prefill_seconds_per_token;
+  const double replay = history * prefill;
   std::vector<std::pair<double, MigrationMode>> est = {{full, MigrationMode::kFullKv},
                                                        {replay, MigrationMode::kTokenReplay}};
   double recon = -1;
   if (retention != nullptr) {
-    recon = 2 * history * row * retention->policy.kept_layers_size() / rate +
-            history * options_.rebuild_seconds_per_token;
+    recon = 2 * history * row * retention->policy.kept_layers_size() / rate + history * rebuild;
     est.insert(est.begin(), {recon, MigrationMode::kReconstruct});
   }
   std::stable_sort(est.begin(), est.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
-  *reason = absl::StrCat("auto: estimated reconstruct ",
-                         recon >= 0 ? absl::StrCat(recon, " s") : std::string("n/a (no policy)"),
-                         ", full_kv ", full, " s, token_replay ", replay, " s at ", rate * 8 / 1e6,
-                         " Mbit/s");
+  *reason =
+      absl::StrCat("auto: estimated reconstruct ",
+                   recon >= 0 ? absl::StrCat(recon, " s") : std::string("n/a (no policy)"),
+                   ", full_kv ", full, " s, token_replay ", replay, " s at ", rate * 8 / 1e6,
+                   " Mbit/s (", rate_from, "), prefill ", prefill * 1e3, " ms/token (",
+                   prefill_from, "), rebuild ", rebuild * 1e3, " ms/token (", rebuild_from, ")");
   std::vector<MigrationMode> ranked;
   for (const auto& e : est) ranked.push_back(e.second);
   return ranked;
@@ -334,7 +410,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   // lacks the bank or holds another policy version) moves on to the next, as a fallback does.
   std::vector<MigrationMode> attempts;
   if (req->mode() == v1::AUTO) {
-    attempts = RankModes(**s, retention().get(), &reason);
+    attempts = RankModes(**s, retention().get(), req->target_address(), &reason);
   } else {
     attempts = {mode};
     for (MigrationMode m : {MigrationMode::kFullKv, MigrationMode::kTokenReplay}) {
@@ -416,6 +492,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
                             (st.ok() ? std::string("stream closed") : st.error_message()));
   }
   if (!r.has_accepted()) return finish("target answered the handshake out of protocol");
+  const v1::HandshakeAccepted accepted = r.accepted();
   const auto t0 = Clock::now();
   bool broke = false;
   absl::Status sent = SendKv(view, h, so, [&](v1::MigrationFrame f) {
@@ -438,6 +515,8 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
   }
   reply->set_rebuild_seconds(r.resumed().rebuild_seconds());
   reply->set_recovery_seconds(r.resumed().recovery_seconds());
+  MeasurePeer(req.target_address(), static_cast<double>(h.kv_bytes()), reply->transfer_seconds(),
+              accepted);
   if (metrics_) {
     metrics_->Transfer(MigrationModeName(mode), reply->transfer_seconds(),
                        static_cast<double>(reply->kv_bytes_sent()),
@@ -576,7 +655,11 @@ grpc::Status NodeService::ReceiveAdmitted(
   }
   auto mode_name = MigrationModeName(*FromProto(f.handshake().mode()));
   v1::ReceiveReply r;
-  r.mutable_accepted();
+  {
+    std::lock_guard lock(speed_mu_);
+    r.mutable_accepted()->set_prefill_seconds_per_token(prefill_spt_);
+    r.mutable_accepted()->set_rebuild_seconds_per_token(rebuild_spt_);
+  }
   stream->Write(r);
   bool trailer = false;
   while (!trailer) {
@@ -593,6 +676,9 @@ grpc::Status NodeService::ReceiveAdmitted(
   }
   auto resumed = rx.TakeResumed();
   if (!resumed.ok()) return fail("resume", resumed.status());
+  const auto history = static_cast<int64_t>(resumed->tokens.size()) - 1;
+  if (resumed->prefill_seconds > 0) MeasurePrefill(resumed->prefill_seconds, history);
+  if (resumed->rebuild_seconds > 0) MeasureRebuild(resumed->rebuild_seconds, history);
   const double recovery = Since(first_byte);
   r.Clear();
   r.mutable_resumed()->set_rebuild_seconds(resumed->rebuild_seconds);

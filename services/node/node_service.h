@@ -57,6 +57,9 @@ struct NodeOptions {
   // Speeds AUTO assumes before any measurement (seconds per history token).
   double prefill_seconds_per_token = 3e-3;
   double rebuild_seconds_per_token = 1.5e-4;
+  // Measure them (this node's prefills and rebuilds, each target's transfer rate and reported
+  // speeds) and let AUTO use the measurements; false pins the values above.
+  bool measure_speeds = true;
 };
 
 class NodeService final : public v1::Node::Service {
@@ -115,10 +118,15 @@ class NodeService final : public v1::Node::Service {
   grpc::Status ReceiveAdmitted(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream);
-  // AUTO: the modes ranked by estimated time (RECONSTRUCT only with a policy), fastest first;
-  // *reason gives the estimates.
+  // AUTO: the modes ranked by estimated time to `target` (RECONSTRUCT only with a policy),
+  // fastest first; *reason gives the estimates and where each input came from.
   std::vector<MigrationMode> RankModes(const Session& s, const Retention* retention,
-                                       std::string* reason) const;
+                                       const std::string& target, std::string* reason) const;
+  // Speed measurements (exponentially weighted; no-ops unless options_.measure_speeds).
+  void MeasurePrefill(double seconds, int64_t tokens);
+  void MeasureRebuild(double seconds, int64_t tokens);
+  void MeasurePeer(const std::string& target, double bytes, double seconds,
+                   const v1::HandshakeAccepted& accepted);
   void CountSessions();  // mu_ held
 
   Model& model_;
@@ -126,6 +134,20 @@ class NodeService final : public v1::Node::Service {
   NodeMetrics* metrics_;
   RateLimiter link_;
   std::mutex model_mu_;  // one forward pass at a time (the backend's scratch is shared)
+  // What AUTO knows of speeds: this node's own, and per target address the transfer rate seen
+  // and the speeds the target reported (0: not measured).
+  struct Peer {
+    double bytes_per_second = 0;
+    double prefill_seconds_per_token = 0;
+    double rebuild_seconds_per_token = 0;
+  };
+  mutable std::mutex speed_mu_;
+  double prefill_spt_;
+  double rebuild_spt_;
+  bool prefill_measured_ = false;
+  bool rebuild_measured_ = false;
+  std::map<std::string, Peer> peers_;
+
   mutable std::mutex retention_mu_;
   std::shared_ptr<const Retention> retention_;  // options_.retention is moved here
   std::atomic<int> receiving_{0};

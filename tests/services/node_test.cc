@@ -504,7 +504,9 @@ TEST_F(Nodes, AutoPicksTheFastestEstimateAndSaysWhy) {
   for (const Case& c : {Case{0, 3e-3, v1::FULL_KV},         // 1 Gbit/s: the wire is free
                         Case{0.1, 3e-3, v1::TOKEN_REPLAY},  // 100 kbit/s: replay wins
                         Case{10, 1.0, v1::RECONSTRUCT}}) {  // slow prefill, modest link
-    auto a = Start(true, c.link_mbps, c.prefill_seconds_per_token), b = Start(true);
+    // Speeds pinned: the cases set them rather than measure them.
+    auto pin = [](NodeOptions& o) { o.measure_speeds = false; };
+    auto a = Start(true, c.link_mbps, c.prefill_seconds_per_token, pin), b = Start(true);
     const std::string id = StartSession(*a);
     v1::MigrateReply reply;
     const grpc::Status s = Migrate(*a, id, *b, v1::AUTO, &reply);
@@ -514,7 +516,7 @@ TEST_F(Nodes, AutoPicksTheFastestEstimateAndSaysWhy) {
         << reply.mode_reason();
   }
   // The target lacks the bank: AUTO learns it at the handshake and runs the next fastest.
-  auto a = Start(true, 10, 1.0), b = Start(false);
+  auto a = Start(true, 10, 1.0, [](NodeOptions&o) { o.measure_speeds = false; }), b = Start(false);
   const std::string id = StartSession(*a);
   v1::MigrateReply reply;
   grpc::Status s = Migrate(*a, id, *b, v1::AUTO, &reply, /*fallback=*/true);
@@ -527,6 +529,41 @@ TEST_F(Nodes, AutoPicksTheFastestEstimateAndSaysWhy) {
   s = Migrate(*a, id2, *b, v1::AUTO, &reply, /*fallback=*/false);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_TRUE(Generate(*a, id2, 1).ok());
+}
+
+TEST_F(Nodes, AutoUsesTheSpeedsItMeasured) {
+  auto a = Start(true), b = Start(true);
+  std::string id = StartSession(*a);
+  v1::MigrateReply reply;
+  // Before any migration to B the link rate is assumed; the prefill speed is A's own, measured
+  // on the session's prefill.
+  ASSERT_TRUE(Migrate(*a, id, *b, v1::AUTO, &reply).ok());
+  EXPECT_NE(reply.mode_reason().find("Mbit/s (assumed)"), std::string::npos) << reply.mode_reason();
+  EXPECT_NE(reply.mode_reason().find("ms/token (measured here)"), std::string::npos)
+      << reply.mode_reason();
+  // A FULL_KV migration of 100 KiB measures the rate to B, and B reported its speeds.
+  id = StartSession(*a);
+  ASSERT_TRUE(Generate(*a, id, 20).ok());
+  ASSERT_TRUE(Migrate(*a, id, *b, v1::FULL_KV, &reply).ok());
+  const double measured = reply.kv_bytes_sent() * 8 / reply.transfer_seconds() / 1e6;
+  id = StartSession(*a);
+  ASSERT_TRUE(Migrate(*a, id, *b, v1::AUTO, &reply).ok());
+  const std::string& why = reply.mode_reason();
+  const size_t at = why.find(" Mbit/s (measured to the target)");
+  ASSERT_NE(at, std::string::npos) << why;
+  const double used = std::stod(why.substr(why.rfind(' ', at - 1) + 1));
+  EXPECT_NEAR(used, measured, 1e-3 * measured) << why;
+  EXPECT_NE(why.find("ms/token (the target's)"), std::string::npos) << why;
+  // A configured link limit wins over a faster measurement (the token bucket's burst makes
+  // short transfers look faster than the link).
+  auto c = Start(true, /*link_mbps=*/10);
+  id = StartSession(*c);
+  ASSERT_TRUE(Generate(*c, id, 20).ok());
+  ASSERT_TRUE(Migrate(*c, id, *b, v1::FULL_KV, &reply).ok());
+  id = StartSession(*c);
+  ASSERT_TRUE(Migrate(*c, id, *b, v1::AUTO, &reply).ok());
+  EXPECT_NE(reply.mode_reason().find("at 10 Mbit/s (--link-mbps)"), std::string::npos)
+      << reply.mode_reason();
 }
 
 TEST_F(Nodes, BadRequestsGetPreciseStatusesAndHarmNothing) {
