@@ -281,8 +281,15 @@ grpc::Status NodeService::ListSessions(grpc::ServerContext*, const v1::ListSessi
   std::lock_guard lock(mu_);
   for (const auto& [id, s] : sessions_) {
     auto* info = reply->add_sessions();
-    info->set_session_id(id);
-    info->set_model_fingerprint(options_.model_fingerprint);
+    // A busy session's state belongs to the call using it; only its flag is read then.
+    std::lock_guard session_lock(s->mu);
+    if (s->busy) {
+      info->set_session_id(id);
+      info->set_model_fingerprint(options_.model_fingerprint);
+      info->set_busy(true);
+    } else {
+      Fill(id, *s, /*with_tokens=*/false, info);
+    }
   }
   return grpc::Status::OK;
 }

@@ -606,7 +606,9 @@ TEST_F(Nodes, BadRequestsGetPreciseStatusesAndHarmNothing) {
   grpc::ClientContext c2;
   v1::ListSessionsReply list;
   ASSERT_TRUE(a->stub->ListSessions(&c2, {}, &list).ok());
-  EXPECT_EQ(list.sessions_size(), 1);
+  ASSERT_EQ(list.sessions_size(), 1);
+  EXPECT_EQ(list.sessions(0).tokens(), 30 + 30);  // the prompt and 30 generated tokens
+  EXPECT_FALSE(list.sessions(0).busy());
 
   grpc::ClientContext ctx;
   v1::StartSessionRequest both;
