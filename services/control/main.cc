@@ -11,6 +11,7 @@
 #include "services/cli_args.h"
 #include "services/control/control_service.h"
 #include "services/server_main.h"
+#include "services/tls.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, store, "", "directory of the policy store (created when missing)");
@@ -45,11 +46,16 @@ int main(int argc, char** argv) {
   }
   riskkv::ControlMetrics metrics(*registry);
   riskkv::ControlService service(**store, &metrics);
+  auto credentials = riskkv::ServerCredentialsFor(riskkv::TlsFilesFromFlags());
+  if (!credentials.ok()) {
+    spdlog::error("riskkv-control: {}", credentials.status().ToString());
+    return 1;
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
   builder.SetMaxReceiveMessageSize(256 << 20);  // a policy with its bank
   // Watching nodes ping every 20 s to notice a vanished control plane; allow it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);

@@ -22,6 +22,7 @@
 #include "riskkv/v1/control.grpc.pb.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/cli_args.h"
+#include "services/tls.h"
 
 ABSL_FLAG(std::string, node, "127.0.0.1:7070", "the node to talk to");
 ABSL_FLAG(std::string, prompt, "", "start: prompt text");
@@ -87,11 +88,13 @@ int main(int argc, char** argv) {
         "policy-get, policy-list, health, control-health");
   }
   const std::string cmd = rest[1];
+  auto tls = riskkv::ChannelCredentialsFor(riskkv::TlsFilesFromFlags());
+  if (!tls.ok()) return Fail(tls.status().ToString());
+  const std::shared_ptr<grpc::ChannelCredentials> credentials = *tls;
   if (cmd == "health" || cmd == "control-health") {
     const std::string address =
         cmd == "health" ? absl::GetFlag(FLAGS_node) : absl::GetFlag(FLAGS_control);
-    auto health = grpc::health::v1::Health::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, credentials));
     grpc::ClientContext ctx;
     grpc::health::v1::HealthCheckResponse reply;
     const grpc::Status s = health->Check(Deadline(&ctx, 5), {}, &reply);
@@ -102,7 +105,7 @@ int main(int argc, char** argv) {
   }
   if (cmd.rfind("policy-", 0) == 0) {
     auto control = riskkv::v1::Control::NewStub(
-        grpc::CreateChannel(absl::GetFlag(FLAGS_control), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(absl::GetFlag(FLAGS_control), credentials));
     if (cmd == "policy-put") {
       riskkv::v1::PutPolicyRequest req;
       auto policy = riskkv::ReadFileToString(absl::GetFlag(FLAGS_policy));
@@ -134,8 +137,8 @@ int main(int argc, char** argv) {
       return Print(control->ListPolicies(Deadline(&ctx, 60), {}, &reply), reply);
     }
   }
-  auto stub = riskkv::v1::Node::NewStub(
-      grpc::CreateChannel(absl::GetFlag(FLAGS_node), grpc::InsecureChannelCredentials()));
+  auto stub =
+      riskkv::v1::Node::NewStub(grpc::CreateChannel(absl::GetFlag(FLAGS_node), credentials));
   const std::string session = absl::GetFlag(FLAGS_session);
   auto need_session = [&]() { return session.empty() ? Fail("--session is required") : 0; };
   if (cmd == "start") {

@@ -21,6 +21,7 @@
 #include "services/node/node_service.h"
 #include "services/node/policy_follower.h"
 #include "services/server_main.h"
+#include "services/tls.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory (required)");
@@ -103,7 +104,14 @@ int main(int argc, char** argv) {
   auto fingerprint = riskkv::ModelFingerprint(**model);
   if (!fingerprint.ok()) return Fail(fingerprint.status().ToString());
 
+  const riskkv::TlsFiles tls = riskkv::TlsFilesFromFlags();
+  auto server_credentials = riskkv::ServerCredentialsFor(tls);
+  if (!server_credentials.ok()) return Fail(server_credentials.status().ToString());
+  auto peer_credentials = riskkv::ChannelCredentialsFor(tls);
+  if (!peer_credentials.ok()) return Fail(peer_credentials.status().ToString());
+
   riskkv::NodeOptions options;
+  options.peer_credentials = *peer_credentials;
   options.model_fingerprint = *fingerprint;
   options.kv_dtype = *kv;
   options.capacity = absl::GetFlag(FLAGS_capacity);
@@ -138,6 +146,7 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_cache_dir).empty() ? DefaultCacheDir() : absl::GetFlag(FLAGS_cache_dir);
     fo.model_fingerprint = *fingerprint;
     fo.n_layers = n_layers;
+    fo.credentials = *peer_credentials;
     auto f = riskkv::PolicyFollower::Create(
         fo,
         [&service_ptr](std::shared_ptr<const riskkv::Retention> r) {
@@ -162,7 +171,7 @@ int main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *server_credentials, &port);
   builder.SetMaxReceiveMessageSize(8 << 20);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -472,7 +472,9 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
                        options_.max_chunk_bytes};
   const SessionView view{s.cache.get(), s.tokens, &*s.sampler};
   ASSIGN_OR_RETURN(v1::MigrationHandshake h, MakeHandshake(view, so));
-  auto channel = grpc::CreateChannel(req.target_address(), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(
+      req.target_address(),
+      options_.peer_credentials ? options_.peer_credentials : grpc::InsecureChannelCredentials());
   auto stub = v1::Node::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(deadline);

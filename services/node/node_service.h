@@ -52,7 +52,10 @@ struct NodeOptions {
   int64_t max_chunk_bytes = 256 << 10;
   // A migration's deadline when the caller sets none; also the longest a Receive may run.
   double default_timeout_seconds = 120;
-  int max_concurrent_receives = 4;  // more incoming migrations are refused (RESOURCE_EXHAUSTED)
+  int max_concurrent_receives = 4;
+  // How this node reaches migration targets (null: plaintext).
+  std::shared_ptr<grpc::ChannelCredentials>
+      peer_credentials;  // more incoming migrations are refused (RESOURCE_EXHAUSTED)
   int max_sessions = 64;
   // Speeds AUTO assumes before any measurement (seconds per history token).
   double prefill_seconds_per_token = 3e-3;

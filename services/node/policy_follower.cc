@@ -131,8 +131,9 @@ void PolicyFollower::Run() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  auto channel =
-      grpc::CreateCustomChannel(options_.control_address, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(
+      options_.control_address,
+      options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(), args);
   auto stub = v1::Control::NewStub(channel);
   std::mt19937_64 rng(std::random_device{}());
   double backoff = options_.min_backoff_seconds;

@@ -36,6 +36,7 @@ struct PolicyFollowerOptions {
   double max_backoff_seconds = 30;
   int64_t max_bank_bytes = int64_t{4} << 30;
   double bank_timeout_seconds = 300;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
 };
 
 class PolicyFollower {
