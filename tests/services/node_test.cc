@@ -412,14 +412,9 @@ TEST_F(Nodes, ARetentionSwapAppliesToLaterMigrations) {
   EXPECT_GT(reply.kv_bytes_omitted(), 0);
   // A policy whose gate fell back to exact KV rebuilds nothing and needs no bank: RECONSTRUCT
   // then sends every layer.
-  v1::RetentionPolicy exact = (*retention_)->policy;
+  v1::RetentionPolicy exact = testing::KeepingEveryLayer(
+      (*retention_)->policy, static_cast<int32_t>(a->model->config().n_layers));
   exact.set_version(5);
-  exact.clear_rebuilt_groups();
-  exact.clear_kept_layers();
-  for (int32_t l = 0; l < static_cast<int32_t>(a->model->config().n_layers); ++l) {
-    exact.add_kept_layers(l);
-  }
-  exact.clear_predictor_bank_sha256();
   auto v5 = MakeRetention(exact, nullptr, static_cast<int32_t>(a->model->config().n_layers),
                           *fingerprint_);
   ASSERT_TRUE(v5.ok()) << v5.status();

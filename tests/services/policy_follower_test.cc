@@ -164,6 +164,14 @@ class Follower : public ::testing::Test {
     w->follower = std::move(*f);
     return w;
   }
+  // Stores version 1 with its bank, starts `control` and lets a follower cache it.
+  void FillCacheWithVersion1(ControlPlane& control) {
+    ASSERT_TRUE(control.store().Put(Policy(0.01), *bank_bytes_).ok());
+    control.Start();
+    auto first = Follow(Options(control.address()));
+    first->follower->Start();
+    ASSERT_TRUE(first->WaitFor([&] { return first->follower->version() == 1; }));
+  }
   static v1::RetentionPolicy Policy(double epsilon) {
     v1::RetentionPolicy p = tiny_->policy;
     p.set_version(0);
@@ -219,13 +227,7 @@ TEST_F(Follower, AppliesEveryPushedVersionAndCachesIt) {
 
 TEST_F(Follower, ServesTheCacheWhileTheControlPlaneIsDownAndCatchesUpWhenItReturns) {
   ControlPlane control(dir_ / "store");
-  ASSERT_TRUE(control.store().Put(Policy(0.01), *bank_bytes_).ok());
-  control.Start();
-  {
-    auto first = Follow(Options(control.address()));
-    first->follower->Start();
-    ASSERT_TRUE(first->WaitFor([&] { return first->follower->version() == 1; }));
-  }
+  FillCacheWithVersion1(control);
   control.Stop();
 
   // A node restarted while the control plane is down starts from its cache.
@@ -252,13 +254,8 @@ TEST_F(Follower, ServesTheCacheWhileTheControlPlaneIsDownAndCatchesUpWhenItRetur
 
 TEST_F(Follower, APolicyThatRebuildsNothingNeedsNoBank) {
   ControlPlane control(dir_ / "store");
-  v1::RetentionPolicy exact = Policy(0.01);
-  exact.clear_rebuilt_groups();
-  exact.clear_kept_layers();
-  for (int32_t l = 0; l < static_cast<int32_t>(model_->config().n_layers); ++l) {
-    exact.add_kept_layers(l);
-  }
-  exact.clear_predictor_bank_sha256();
+  const v1::RetentionPolicy exact =
+      testing::KeepingEveryLayer(Policy(0.01), static_cast<int32_t>(model_->config().n_layers));
   ASSERT_TRUE(control.store().Put(exact, "").ok());
   control.Start();
   auto w = Follow(Options(control.address()));
@@ -334,13 +331,7 @@ TEST_F(Follower, RefusesBankBytesThatAreCorruptOrDoNotHashToTheirName) {
 
 TEST_F(Follower, ACorruptCacheIsReportedAndHealedFromTheControlPlane) {
   ControlPlane control(dir_ / "store");
-  ASSERT_TRUE(control.store().Put(Policy(0.01), *bank_bytes_).ok());
-  control.Start();
-  {
-    auto first = Follow(Options(control.address()));
-    first->follower->Start();
-    ASSERT_TRUE(first->WaitFor([&] { return first->follower->version() == 1; }));
-  }
+  FillCacheWithVersion1(control);
   const fs::path bank = dir_ / "cache" / "banks" / (tiny_->bank->content_hash() + ".rkvbank");
   {
     std::fstream f(bank, std::ios::in | std::ios::out | std::ios::binary);

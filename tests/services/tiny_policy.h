@@ -76,4 +76,13 @@ inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint, u
   return out;
 }
 
+// `policy` as its gate falling back to exact KV would leave it: every layer kept, no bank.
+inline v1::RetentionPolicy KeepingEveryLayer(v1::RetentionPolicy policy, int32_t n_layers) {
+  policy.clear_rebuilt_groups();
+  policy.clear_kept_layers();
+  for (int32_t l = 0; l < n_layers; ++l) policy.add_kept_layers(l);
+  policy.clear_predictor_bank_sha256();
+  return policy;
+}
+
 }  // namespace riskkv::testing

@@ -6,16 +6,7 @@
 set -euo pipefail
 BIN=$1 MODEL=$2 PY=$3
 HERE=$(cd "$(dirname "$0")" && pwd)
-T=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$T"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; for f in "$T"/*.log; do echo "--- $f"; tail -5 "$f"; done >&2; exit 1; }
-json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print(d$1)"; }
+source "$(dirname "$0")/process_test_lib.sh"
 
 "$BIN/riskkv-calibrate" --model "$MODEL" --out "$T/cal" --quick --epsilon 10 --quiet >/dev/null
 
