@@ -30,8 +30,20 @@ fi
 # Logs, the control plane's store and the nodes' policy caches, fresh for every run.
 DEMO="$RISKKV_HOME/demo"
 if [ -f "$DEMO/pids" ]; then
-  kill $(cat "$DEMO/pids") 2>/dev/null || true
-  sleep 1
+  # Only processes that still are this demo's servers (pids may have been reused since).
+  old=()
+  for p in $(cat "$DEMO/pids"); do
+    grep -q riskkv- "/proc/$p/cmdline" 2>/dev/null && old+=("$p")
+  done
+  if ((${#old[@]})); then
+    kill "${old[@]}" 2>/dev/null || true
+    for _ in $(seq 100); do
+      alive=0
+      for p in "${old[@]}"; do [ -d "/proc/$p" ] && alive=1; done
+      [ $alive = 0 ] && break
+      sleep 0.1
+    done
+  fi
 fi
 rm -rf "$DEMO"
 mkdir -p "$DEMO"
@@ -66,11 +78,10 @@ pids+=($!)
 pids+=($!)
 echo "${pids[*]}" >"$DEMO/pids"
 for n in a b; do wait_port_file "$LOGS/$n"; done
+has_policy() { grep -q '^riskkv_policy_version{.*} 1$' <<<"$(curl -s "http://127.0.0.1:$1/metrics")"; }
 for port in 9470 9471; do
-  for _ in $(seq 100); do
-    curl -s http://127.0.0.1:$port/metrics | grep -q '^riskkv_policy_version{.*} 1$' && break
-    sleep 0.1
-  done
+  for _ in $(seq 100); do has_policy $port && break; sleep 0.1; done
+  has_policy $port || { echo "the node with metrics on $port did not get the policy"; tail "$LOGS"/*.log; exit 1; }
 done
 A=127.0.0.1:7070 B=127.0.0.1:7071
 ctl_a() { "$BIN/riskkvctl" --node $A "$@"; }

@@ -13,7 +13,10 @@
 #   Jargon File text the demo uses.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-RISKKV_HOME="${RISKKV_HOME:-$HOME/.cache/riskkv}"
+# Under sudo, the invoking user's cache (where deploy/setup.sh put the model), not root's.
+home=$HOME
+[ -n "${SUDO_USER:-}" ] && home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
+RISKKV_HOME="${RISKKV_HOME:-$home/.cache/riskkv}"
 MODEL="$RISKKV_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 POLICY_DIR="$RISKKV_HOME/policies/smollm2-135m-instruct"
 RATE=100mbit
@@ -34,9 +37,14 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "two_hosts.sh: skipped: creating network namespaces needs root (run it with sudo)" >&2
   exit 77
 fi
-for tool in ip tc curl; do
-  command -v $tool >/dev/null || { echo "two_hosts.sh: $tool is missing (iproute2, curl)" >&2; exit 1; }
+for tool in ip tc curl python3; do
+  command -v $tool >/dev/null || { echo "two_hosts.sh: $tool is missing (deploy/setup.sh)" >&2; exit 1; }
 done
+JARGON=/usr/share/doc/jargon-text/jargon.txt.gz
+if [ -z "$TOKENS" ] && [ ! -f "$JARGON" ]; then
+  echo "two_hosts.sh: $JARGON is missing (Debian package jargon-text; or pass --tokens)" >&2
+  exit 1
+fi
 [ -x "$BIN/riskkv-node" ] || { echo "two_hosts.sh: no $BIN/riskkv-node (deploy/build.sh)" >&2; exit 1; }
 [ -f "$MODEL" ] || { echo "two_hosts.sh: no model $MODEL (deploy/setup.sh)" >&2; exit 1; }
 if [ ! -f "$POLICY_DIR/policy.pb" ]; then
@@ -49,6 +57,8 @@ WORK=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # Whatever else still runs inside the namespaces.
+  for ns in $NA $NB $NC; do ip netns pids $ns 2>/dev/null | xargs -r kill 2>/dev/null || true; done
   wait 2>/dev/null || true
   for ns in $NA $NB $NC; do ip netns del $ns 2>/dev/null || true; done
   rm -rf "$WORK"
@@ -82,7 +92,7 @@ wait_port_file() {
   for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done
   fail "$(basename "$1") did not start"
 }
-in_ns $NC "$BIN/riskkv-control" --store "$WORK/store" --listen 0.0.0.0:7000 \
+ip netns exec $NC "$BIN/riskkv-control" --store "$WORK/store" --listen 0.0.0.0:7000 \
   --metrics-listen 0.0.0.0:9400 --port-file "$WORK/control" >"$WORK/control.log" 2>&1 &
 pids+=($!)
 wait_port_file "$WORK/control"
@@ -92,7 +102,7 @@ POLICY_ID=$(in_ns $NC "$BIN/riskkvctl" --control 127.0.0.1:7000 policy-put \
   --policy "$POLICY_DIR/policy.pb" "${bank[@]}" |
   python3 -c "import json,sys; print(json.load(sys.stdin)['policy']['policyId'])")
 start_node() {  # ns name advertise control
-  in_ns "$1" "$BIN/riskkv-node" --model "$MODEL" --listen 0.0.0.0:7070 \
+  ip netns exec "$1" "$BIN/riskkv-node" --model "$MODEL" --listen 0.0.0.0:7070 \
     --metrics-listen 0.0.0.0:9470 --advertise "$3" --control "$4" --policy-id "$POLICY_ID" \
     --cache-dir "$WORK/cache-$2" --port-file "$WORK/$2" >"$WORK/$2.log" 2>&1 &
   pids+=($!)
@@ -102,12 +112,10 @@ start_node $NB b 10.199.0.2:7070 10.199.2.2:7000
 wait_port_file "$WORK/a"
 wait_port_file "$WORK/b"
 scrape() { in_ns "$1" curl -sf "http://127.0.0.1:$2/metrics"; }
+has_policy() { grep -q '^riskkv_policy_version{.*} 1$' <<<"$(scrape "$1" 9470 || true)"; }
 for ns in $NA $NB; do
-  for _ in $(seq 100); do
-    scrape $ns 9470 | grep -q '^riskkv_policy_version{.*} 1$' && break
-    sleep 0.1
-  done
-  scrape $ns 9470 | grep -q '^riskkv_policy_version{.*} 1$' || fail "$ns did not get the policy"
+  for _ in $(seq 100); do has_policy $ns && break; sleep 0.1; done
+  has_policy $ns || fail "$ns did not get the policy"
 done
 
 ctl_a() { in_ns $NA "$BIN/riskkvctl" --node 127.0.0.1:7070 "$@"; }
@@ -116,7 +124,7 @@ source deploy/scenario.sh
 if [ -n "$TOKENS" ]; then
   run_scenario 10.199.0.2:7070 --tokens "$TOKENS"
 else
-  prompt=$(zcat /usr/share/doc/jargon-text/jargon.txt.gz | sed -n '/^The Story of Mel/,$p' |
+  prompt=$(zcat "$JARGON" | sed -n '/^The Story of Mel/,$p' |
     sed -n '2,40p' | tr -s ' \n' ' ')
   run_scenario 10.199.0.2:7070 --prompt "$prompt"
 fi

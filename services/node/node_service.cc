@@ -514,6 +514,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
     return absl::OkStatus();
   });
   if (!sent.ok()) return finish(std::string(sent.message()), /*cancel=*/!broke);
+  const double send_seconds = Since(t0);  // the wire alone, for the rate AUTO learns
   if (!stream->Read(&r) || !r.has_resumed()) return finish("target did not resume the session");
   reply->set_transfer_seconds(Since(t0));
   reply->set_kv_bytes_sent(h.kv_bytes());
@@ -524,8 +525,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
   }
   reply->set_rebuild_seconds(r.resumed().rebuild_seconds());
   reply->set_recovery_seconds(r.resumed().recovery_seconds());
-  MeasurePeer(req.target_address(), static_cast<double>(h.kv_bytes()), reply->transfer_seconds(),
-              accepted);
+  MeasurePeer(req.target_address(), static_cast<double>(h.kv_bytes()), send_seconds, accepted);
   if (metrics_) {
     metrics_->Transfer(MigrationModeName(mode), reply->transfer_seconds(),
                        static_cast<double>(reply->kv_bytes_sent()),
@@ -585,6 +585,16 @@ class CallWatchdog {
     std::lock_guard lock(mu_);
     return fired_;
   }
+  // Stops the watchdog; false when it fired first.
+  bool Disarm() {
+    {
+      std::lock_guard lock(mu_);
+      if (fired_) return false;
+      done_ = true;
+    }
+    cv_.notify_all();
+    return true;
+  }
 
  private:
   std::mutex mu_;
@@ -613,7 +623,7 @@ grpc::Status NodeService::Receive(
   grpc::Status st;
   {
     CallWatchdog watchdog(ctx, std::min(bound, ctx->deadline()));
-    st = ReceiveAdmitted(ctx, stream);
+    st = ReceiveAdmitted(ctx, stream, [&watchdog] { return watchdog.Disarm(); });
     if (watchdog.fired()) {
       st = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                         absl::StrCat("the migration did not finish within this node's bound of ",
@@ -625,7 +635,8 @@ grpc::Status NodeService::Receive(
 }
 
 grpc::Status NodeService::ReceiveAdmitted(
-    grpc::ServerContext*, grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream) {
+    grpc::ServerContext*, grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream,
+    const std::function<bool()>& disarm) {
   const auto start = Clock::now();
   auto fail = [&](const std::string& reason, const absl::Status& s) {
     if (metrics_) {
@@ -666,8 +677,9 @@ grpc::Status NodeService::ReceiveAdmitted(
   v1::ReceiveReply r;
   {
     std::lock_guard lock(speed_mu_);
-    r.mutable_accepted()->set_prefill_seconds_per_token(prefill_spt_);
-    r.mutable_accepted()->set_rebuild_seconds_per_token(rebuild_spt_);
+    // Measurements only: 0 leaves the source to its own estimate.
+    r.mutable_accepted()->set_prefill_seconds_per_token(prefill_measured_ ? prefill_spt_ : 0);
+    r.mutable_accepted()->set_rebuild_seconds_per_token(rebuild_measured_ ? rebuild_spt_ : 0);
   }
   stream->Write(r);
   bool trailer = false;
@@ -709,6 +721,10 @@ grpc::Status NodeService::ReceiveAdmitted(
   s->sampler = std::move(resumed->sampler);
   // The first decode step already ran: its logits give the next token.
   s->pending_logits = std::move(resumed->logits);
+  // From here the session is registered: the deadline may no longer cancel the call.
+  if (!disarm()) {
+    return fail("timeout", absl::DeadlineExceededError("the node's receive deadline passed"));
+  }
   auto id = Register(s);
   if (!id.ok()) return fail("session_limit", id.status());
   r.Clear();

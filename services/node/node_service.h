@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,10 +53,10 @@ struct NodeOptions {
   int64_t max_chunk_bytes = 256 << 10;
   // A migration's deadline when the caller sets none; also the longest a Receive may run.
   double default_timeout_seconds = 120;
+  // Incoming migrations received at once; more are refused (RESOURCE_EXHAUSTED).
   int max_concurrent_receives = 4;
   // How this node reaches migration targets (null: plaintext).
-  std::shared_ptr<grpc::ChannelCredentials>
-      peer_credentials;  // more incoming migrations are refused (RESOURCE_EXHAUSTED)
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
   int max_sessions = 64;
   // Speeds AUTO assumes before any measurement (seconds per history token).
   double prefill_seconds_per_token = 3e-3;
@@ -117,10 +118,12 @@ class NodeService final : public v1::Node::Service {
                            const v1::MigrateRequest& req, MigrationMode mode,
                            std::chrono::system_clock::time_point deadline, v1::MigrateReply* reply,
                            bool* refused);
-  // Receive's work once the admission limit let the call in.
+  // Receive's work once the admission limit let the call in. `disarm` stops the deadline
+  // watchdog before the session is registered; false when it already fired.
   grpc::Status ReceiveAdmitted(
       grpc::ServerContext* ctx,
-      grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream);
+      grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream,
+      const std::function<bool()>& disarm);
   // AUTO: the modes ranked by estimated time to `target` (RECONSTRUCT only with a policy),
   // fastest first; *reason gives the estimates and where each input came from.
   std::vector<MigrationMode> RankModes(const Session& s, const Retention* retention,

@@ -30,6 +30,23 @@ bool Transient(const absl::Status& s) {
          s.code() == absl::StatusCode::kCancelled;
 }
 
+// Temporary files (NAME.tmp.PID.N) that a process which no longer runs left behind, e.g. a bank
+// download cut short by a crash; other live nodes sharing the directory keep theirs.
+void RemoveAbandonedTemporaries(const std::string& cache_dir) {
+  for (const char* sub : {"policies", "banks"}) {
+    std::error_code ec;
+    for (const auto& f : fs::directory_iterator(fs::path(cache_dir) / sub, ec)) {
+      const std::string name = f.path().filename().string();
+      const size_t at = name.rfind(".tmp.");
+      if (at == std::string::npos) continue;
+      const std::string pid = name.substr(at + 5, name.find('.', at + 5) - (at + 5));
+      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::error_code ignored;
+      if (!fs::exists(fs::path("/proc") / pid, ignored)) fs::remove(f.path(), ignored);
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PolicyFollower>> PolicyFollower::Create(
@@ -53,6 +70,7 @@ absl::StatusOr<std::unique_ptr<PolicyFollower>> PolicyFollower::Create(
     return absl::PermissionDeniedError("cannot create the policy cache in " + options.cache_dir +
                                        ": " + ec.message());
   }
+  RemoveAbandonedTemporaries(options.cache_dir);
   return std::unique_ptr<PolicyFollower>(
       new PolicyFollower(std::move(options), std::move(apply), metrics));
 }
@@ -79,7 +97,8 @@ uint64_t PolicyFollower::version() const {
 
 absl::StatusOr<std::shared_ptr<const Retention>> PolicyFollower::LoadCache() {
   const std::string path = PolicyPath();
-  if (!fs::exists(path)) return std::shared_ptr<const Retention>();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::shared_ptr<const Retention>();
   ASSIGN_OR_RETURN(v1::RetentionPolicy policy,
                    ReadPolicy(path, options_.n_layers, options_.model_fingerprint));
   if (policy.policy_id() != options_.policy_id) {
@@ -131,6 +150,7 @@ void PolicyFollower::Run() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // a Watch sends no data for hours
   auto channel = grpc::CreateCustomChannel(
       options_.control_address,
       options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(), args);
@@ -138,6 +158,7 @@ void PolicyFollower::Run() {
   std::mt19937_64 rng(std::random_device{}());
   double backoff = options_.min_backoff_seconds;
   std::string last_error;
+  bool fetch_failed = false;  // the last stream ended on a failed bank download
   while (true) {
     grpc::ClientContext ctx;
     if (!SetActive(&watch_, &ctx)) break;
@@ -153,8 +174,11 @@ void PolicyFollower::Run() {
       spdlog::info("riskkv-node: following policy {} at control plane {} (in use: v{})",
                    options_.policy_id, options_.control_address, version());
       if (metrics_) metrics_->SetControlConnected(true);
-      backoff = options_.min_backoff_seconds;
+      // A download that keeps failing (a bank too large for its deadline on this link) must
+      // not be retried at the pace of a fresh connection.
+      if (!fetch_failed) backoff = options_.min_backoff_seconds;
       last_error.clear();
+      WarnIfStoreWasReset(*stub);
     }
     absl::Status lost;
     v1::PolicyRecord record;
@@ -175,6 +199,7 @@ void PolicyFollower::Run() {
       }
     }
     if (!lost.ok()) ctx.TryCancel();
+    fetch_failed = !lost.ok();
     const grpc::Status st = reader->Finish();
     SetActive(&watch_, nullptr);
     if (metrics_) metrics_->SetControlConnected(false);
@@ -199,10 +224,30 @@ void PolicyFollower::Run() {
   }
 }
 
+void PolicyFollower::WarnIfStoreWasReset(v1::Control::Stub& stub) {
+  const uint64_t mine = version();
+  if (mine == 0) return;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(After(10));
+  v1::GetPolicyRequest req;
+  req.set_policy_id(options_.policy_id);
+  v1::PolicyRecord latest;
+  const grpc::Status st = stub.GetPolicy(&ctx, req, &latest);
+  const uint64_t theirs = st.ok() ? latest.policy().version() : 0;
+  if (theirs < mine && (st.ok() || st.error_code() == grpc::StatusCode::NOT_FOUND)) {
+    spdlog::warn(
+        "riskkv-node: the control plane's latest version of {} is {}, below the v{} this node "
+        "uses: its store was reset or restored from an older copy; this node keeps v{} and "
+        "applies versions above it only",
+        options_.policy_id, theirs, mine, mine);
+  }
+}
+
 absl::StatusOr<std::shared_ptr<const PredictorBank>> PolicyFollower::Bank(
     v1::Control::Stub& stub, const std::string& sha256) {
   const std::string path = BankPath(sha256);
-  if (fs::exists(path)) {
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
     auto cached = PredictorBank::Open(path, options_.model_fingerprint);
     if (cached.ok() && (*cached)->content_hash() == sha256) {
       return std::shared_ptr<const PredictorBank>(std::move(*cached));
@@ -218,6 +263,10 @@ absl::StatusOr<std::shared_ptr<const PredictorBank>> PolicyFollower::Bank(
   absl::Status status;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      SetActive(&fetch_, nullptr);
+      return absl::PermissionDeniedError("cannot write " + tmp);
+    }
     v1::GetBankRequest req;
     req.set_sha256(sha256);
     auto reader = stub.GetBank(&ctx, req);
@@ -257,7 +306,6 @@ absl::StatusOr<std::shared_ptr<const PredictorBank>> PolicyFollower::Bank(
     return fail(absl::DataLossError("the control plane sent bank bytes with SHA-256 " +
                                     (*bank)->content_hash() + " for " + sha256));
   }
-  std::error_code ec;
   fs::rename(tmp, path, ec);  // the mapping stays valid under the new name
   if (ec)
     return fail(absl::InternalError("cannot cache the bank as " + path + ": " + ec.message()));

@@ -35,7 +35,7 @@ struct PolicyFollowerOptions {
   double min_backoff_seconds = 0.5;
   double max_backoff_seconds = 30;
   int64_t max_bank_bytes = int64_t{4} << 30;
-  double bank_timeout_seconds = 300;
+  double bank_timeout_seconds = 900;                      // one bank download, whole
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
 };
 
@@ -71,6 +71,8 @@ class PolicyFollower {
   absl::StatusOr<std::shared_ptr<const PredictorBank>> Bank(v1::Control::Stub& stub,
                                                             const std::string& sha256);
   void PruneBanks(const std::string& keep);
+  // Logs when the control plane's latest version is below the one in use (a reset store).
+  void WarnIfStoreWasReset(v1::Control::Stub& stub);
   // Registers (or, with null, clears) a call Stop() cancels; false when stopping already.
   bool SetActive(grpc::ClientContext** slot, grpc::ClientContext* ctx);
   // Waits `seconds` or until Stop(); false when stopping.

@@ -528,6 +528,7 @@ TEST_F(Nodes, AutoPicksTheFastestEstimateAndSaysWhy) {
 
 TEST_F(Nodes, AutoUsesTheSpeedsItMeasured) {
   auto a = Start(true), b = Start(true);
+  StartSession(*b);  // B measures its prefill speed
   std::string id = StartSession(*a);
   v1::MigrateReply reply;
   // Before any migration to B the link rate is assumed; the prefill speed is A's own, measured
@@ -536,7 +537,8 @@ TEST_F(Nodes, AutoUsesTheSpeedsItMeasured) {
   EXPECT_NE(reply.mode_reason().find("Mbit/s (assumed)"), std::string::npos) << reply.mode_reason();
   EXPECT_NE(reply.mode_reason().find("ms/token (measured here)"), std::string::npos)
       << reply.mode_reason();
-  // A FULL_KV migration of 100 KiB measures the rate to B, and B reported its speeds.
+  // A FULL_KV migration of 100 KiB measures the rate to B (the wire alone, so at least the
+  // rate over the whole transfer the reply reports), and B reported its prefill speed.
   id = StartSession(*a);
   ASSERT_TRUE(Generate(*a, id, 20).ok());
   ASSERT_TRUE(Migrate(*a, id, *b, v1::FULL_KV, &reply).ok());
@@ -547,7 +549,8 @@ TEST_F(Nodes, AutoUsesTheSpeedsItMeasured) {
   const size_t at = why.find(" Mbit/s (measured to the target)");
   ASSERT_NE(at, std::string::npos) << why;
   const double used = std::stod(why.substr(why.rfind(' ', at - 1) + 1));
-  EXPECT_NEAR(used, measured, 1e-3 * measured) << why;
+  EXPECT_GE(used, measured * (1 - 1e-3)) << why;
+  EXPECT_LT(used, measured * 20) << why;
   EXPECT_NE(why.find("ms/token (the target's)"), std::string::npos) << why;
   // A configured link limit wins over a faster measurement (the token bucket's burst makes
   // short transfers look faster than the link).

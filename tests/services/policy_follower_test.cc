@@ -350,6 +350,18 @@ TEST_F(Follower, ACorruptCacheIsReportedAndHealedFromTheControlPlane) {
   ASSERT_NE(*healed, nullptr);
 }
 
+TEST_F(Follower, TemporariesOfDeadProcessesAreRemovedAtStart) {
+  fs::create_directories(dir_ / "cache" / "banks");
+  const fs::path dead = dir_ / "cache" / "banks" / "x.rkvbank.tmp.999999999.0";
+  const fs::path live =
+      dir_ / "cache" / "banks" / ("y.rkvbank.tmp." + std::to_string(getpid()) + ".0");
+  std::ofstream(dead) << "partial";
+  std::ofstream(live) << "in progress";
+  auto w = Follow(Options("127.0.0.1:1"));
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));  // a running process may still be writing it
+}
+
 TEST_F(Follower, BadOptionsAreRefused) {
   auto o = Options("127.0.0.1:1");
   o.policy_id = "../escape";
