@@ -49,9 +49,10 @@ if [ "$BUILD_ONLY" = 1 ]; then
   exit 0
 fi
 
-# Test and deployment tooling: curl for /metrics, iproute2 for the two-namespace test,
-# docker-compose to validate the compose file (no container engine is needed for that).
-TEST_PACKAGES=(curl iproute2 docker-compose)
+# Test and deployment tooling: curl for /metrics, iproute2 for the two-namespace test, openssl
+# for the TLS test's certificates, docker-compose to validate the compose file (no container
+# engine is needed for that).
+TEST_PACKAGES=(curl iproute2 openssl docker-compose)
 missing=()
 for p in "${TEST_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
