@@ -560,20 +560,29 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
   return absl::OkStatus();
 }
 
-namespace {
-
-// Cancels a server call at `deadline` unless destroyed first.
-class CallWatchdog {
+// Cancels a server call at its deadline, or when nothing arrived for `idle`, unless disarmed or
+// destroyed first.
+class NodeService::Watchdog {
  public:
-  CallWatchdog(grpc::ServerContext* ctx, std::chrono::system_clock::time_point deadline)
-      : thread_([this, ctx, deadline] {
-          std::unique_lock lock(mu_);
-          if (!cv_.wait_until(lock, deadline, [this] { return done_; })) {
-            fired_ = true;
-            ctx->TryCancel();
-          }
-        }) {}
-  ~CallWatchdog() {
+  using TimePoint = std::chrono::system_clock::time_point;
+  Watchdog(grpc::ServerContext* ctx, TimePoint deadline, std::chrono::system_clock::duration idle)
+      : deadline_(deadline), idle_(idle), last_(std::chrono::system_clock::now()) {
+    thread_ = std::thread([this, ctx] {
+      std::unique_lock lock(mu_);
+      while (!done_) {
+        const TimePoint wake = busy_ ? deadline_ : std::min(deadline_, last_ + idle_);
+        changed_ = false;
+        if (cv_.wait_until(lock, wake, [this] { return done_ || changed_; })) continue;
+        const TimePoint now = std::chrono::system_clock::now();
+        if (now >= deadline_ || (!busy_ && now >= last_ + idle_)) {
+          fired_ = now >= deadline_ ? "deadline" : "idle";
+          ctx->TryCancel();
+          break;
+        }
+      }
+    });
+  }
+  ~Watchdog() {
     {
       std::lock_guard lock(mu_);
       done_ = true;
@@ -581,7 +590,27 @@ class CallWatchdog {
     cv_.notify_all();
     thread_.join();
   }
-  bool fired() {
+  // Waiting for the source from now: the idle clock starts again.
+  void Touch() {
+    {
+      std::lock_guard lock(mu_);
+      last_ = std::chrono::system_clock::now();
+      busy_ = false;
+      changed_ = true;
+    }
+    cv_.notify_all();
+  }
+  // This node is working (rebuilding, prefilling): the idle clock stops until Touch().
+  void Busy() {
+    {
+      std::lock_guard lock(mu_);
+      busy_ = true;
+      changed_ = true;
+    }
+    cv_.notify_all();
+  }
+  // Why it cancelled the call ("deadline" or "idle"), or empty.
+  std::string fired() {
     std::lock_guard lock(mu_);
     return fired_;
   }
@@ -589,7 +618,7 @@ class CallWatchdog {
   bool Disarm() {
     {
       std::lock_guard lock(mu_);
-      if (fired_) return false;
+      if (!fired_.empty()) return false;
       done_ = true;
     }
     cv_.notify_all();
@@ -599,12 +628,15 @@ class CallWatchdog {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
+  const TimePoint deadline_;
+  const std::chrono::system_clock::duration idle_;
+  TimePoint last_;
+  bool busy_ = false;
+  bool changed_ = false;  // Touch() or Busy() since the thread last looked
   bool done_ = false;
-  bool fired_ = false;
+  std::string fired_;
   std::thread thread_;
 };
-
-}  // namespace
 
 grpc::Status NodeService::Receive(
     grpc::ServerContext* ctx,
@@ -622,12 +654,19 @@ grpc::Status NodeService::Receive(
                          std::chrono::duration<double>(options_.default_timeout_seconds));
   grpc::Status st;
   {
-    CallWatchdog watchdog(ctx, std::min(bound, ctx->deadline()));
-    st = ReceiveAdmitted(ctx, stream, [&watchdog] { return watchdog.Disarm(); });
-    if (watchdog.fired()) {
+    Watchdog watchdog(ctx, std::min(bound, ctx->deadline()),
+                      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                          std::chrono::duration<double>(options_.receive_idle_seconds)));
+    st = ReceiveAdmitted(ctx, stream, watchdog);
+    const std::string fired = watchdog.fired();
+    if (fired == "deadline") {
       st = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                         absl::StrCat("the migration did not finish within this node's bound of ",
                                      options_.default_timeout_seconds, " s; nothing was applied"));
+    } else if (fired == "idle") {
+      st = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrCat("the source sent nothing for ", options_.receive_idle_seconds,
+                                     " s; nothing was applied"));
     }
   }
   receiving_.fetch_sub(1);
@@ -636,7 +675,7 @@ grpc::Status NodeService::Receive(
 
 grpc::Status NodeService::ReceiveAdmitted(
     grpc::ServerContext*, grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream,
-    const std::function<bool()>& disarm) {
+    Watchdog& watchdog) {
   const auto start = Clock::now();
   auto fail = [&](const std::string& reason, const absl::Status& s) {
     if (metrics_) {
@@ -649,6 +688,7 @@ grpc::Status NodeService::ReceiveAdmitted(
   if (!stream->Read(&f)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the stream carried no handshake");
   }
+  watchdog.Touch();
   const auto first_byte = Clock::now();
   if (!f.has_handshake()) {
     return fail("protocol", absl::InvalidArgumentError("the first frame must be a handshake"));
@@ -665,7 +705,10 @@ grpc::Status NodeService::ReceiveAdmitted(
   MigrationReceiver rx(
       {&model_, options_.model_fingerprint, retention ? &retention->policy : nullptr,
        retention ? retention->bank.get() : nullptr, options_.capacity, &model_mu_});
-  if (auto s = rx.OnFrame(f); !s.ok()) {
+  watchdog.Busy();
+  const absl::Status checked = rx.OnFrame(f);
+  watchdog.Touch();
+  if (auto s = checked; !s.ok()) {
     if (metrics_) {
       auto m = FromProto(f.handshake().mode());
       metrics_->Failure("target", "handshake");
@@ -688,13 +731,18 @@ grpc::Status NodeService::ReceiveAdmitted(
       return fail("truncated", absl::AbortedError("the stream ended before its trailer; nothing "
                                                   "was applied"));
     }
+    watchdog.Touch();
     if (f.has_commit())
       return fail("protocol", absl::InvalidArgumentError("commit before trailer"));
-    if (auto s = rx.OnFrame(f); !s.ok()) {
+    watchdog.Busy();  // a complete anchor set may start a rebuild
+    const absl::Status applied = rx.OnFrame(f);
+    watchdog.Touch();
+    if (auto s = applied; !s.ok()) {
       return fail(s.code() == absl::StatusCode::kDataLoss ? "corrupt" : "bad_chunk", s);
     }
     trailer = f.has_trailer();
   }
+  watchdog.Busy();
   auto resumed = rx.TakeResumed();
   if (!resumed.ok()) return fail("resume", resumed.status());
   const auto history = static_cast<int64_t>(resumed->tokens.size()) - 1;
@@ -706,6 +754,7 @@ grpc::Status NodeService::ReceiveAdmitted(
   r.mutable_resumed()->set_prefill_seconds(resumed->prefill_seconds);
   r.mutable_resumed()->set_recovery_seconds(recovery);
   stream->Write(r);
+  watchdog.Touch();  // the source's turn again, after this node's rebuild and decode step
   if (!stream->Read(&f)) {
     return fail("not_committed", absl::AbortedError("the source did not commit; the resumed "
                                                     "session was dropped"));
@@ -722,7 +771,7 @@ grpc::Status NodeService::ReceiveAdmitted(
   // The first decode step already ran: its logits give the next token.
   s->pending_logits = std::move(resumed->logits);
   // From here the session is registered: the deadline may no longer cancel the call.
-  if (!disarm()) {
+  if (!watchdog.Disarm()) {
     return fail("timeout", absl::DeadlineExceededError("the node's receive deadline passed"));
   }
   auto id = Register(s);

@@ -55,6 +55,9 @@ struct NodeOptions {
   double default_timeout_seconds = 120;
   // Incoming migrations received at once; more are refused (RESOURCE_EXHAUSTED).
   int max_concurrent_receives = 4;
+  // A receive whose source sends nothing this long is cut off (a stalled peer must not hold a
+  // slot until the deadline). One chunk must cross the link in less.
+  double receive_idle_seconds = 60;
   // How this node reaches migration targets (null: plaintext).
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
   int max_sessions = 64;
@@ -118,12 +121,13 @@ class NodeService final : public v1::Node::Service {
                            const v1::MigrateRequest& req, MigrationMode mode,
                            std::chrono::system_clock::time_point deadline, v1::MigrateReply* reply,
                            bool* refused);
-  // Receive's work once the admission limit let the call in. `disarm` stops the deadline
-  // watchdog before the session is registered; false when it already fired.
+  // Cancels a receive at its deadline or when its source goes idle (node_service.cc).
+  class Watchdog;
+  // Receive's work once the admission limit let the call in; `watchdog` hears of every frame and
+  // is disarmed before the session is registered.
   grpc::Status ReceiveAdmitted(
       grpc::ServerContext* ctx,
-      grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream,
-      const std::function<bool()>& disarm);
+      grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream, Watchdog& watchdog);
   // AUTO: the modes ranked by estimated time to `target` (RECONSTRUCT only with a policy),
   // fastest first; *reason gives the estimates and where each input came from.
   std::vector<MigrationMode> RankModes(const Session& s, const Retention* retention,

@@ -488,6 +488,25 @@ TEST_F(Nodes, ATargetBoundsItsIncomingMigrationsInNumberAndTime) {
   v1::ListSessionsReply list;
   ASSERT_TRUE(strict->stub->ListSessions(&lc, {}, &list).ok());
   EXPECT_EQ(list.sessions_size(), 0);
+
+  // A peer that opens a receive and sends nothing loses its slot after the idle bound, and the
+  // slot serves the next migration.
+  auto guarded = Start(true, 0, 3e-3, [](NodeOptions& o) {
+    o.max_concurrent_receives = 1;
+    o.receive_idle_seconds = 0.3;
+  });
+  grpc::ClientContext stall_ctx;
+  auto stalled = guarded->stub->Receive(&stall_ctx);
+  const auto s0 = std::chrono::steady_clock::now();
+  v1::ReceiveReply nothing;
+  EXPECT_FALSE(stalled->Read(&nothing));  // the node ends the stream
+  const grpc::Status cut = stalled->Finish();
+  EXPECT_FALSE(cut.ok());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count(), 5.0);
+  auto quick = Start(true);
+  const std::string z = StartSession(*quick);
+  s = Migrate(*quick, z, *guarded, v1::FULL_KV, &reply);
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 TEST_F(Nodes, AutoPicksTheFastestEstimateAndSaysWhy) {
