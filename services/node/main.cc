@@ -49,6 +49,10 @@ ABSL_FLAG(std::string, kv_dtype, "f16", "KV cache storage and wire dtype: f16 or
 ABSL_FLAG(int64_t, capacity, 0, "KV rows per session (0: the model's context)");
 ABSL_FLAG(double, link_mbps, 0, "sender-side rate limit emulating a link, Mbit/s (0: none)");
 ABSL_FLAG(int, max_sessions, 64, "sessions this node serves at most");
+ABSL_FLAG(int, max_receives, 4, "incoming migrations this node receives at once");
+ABSL_FLAG(double, receive_idle_timeout, 60,
+          "seconds an incoming migration may wait on its source without a frame (must exceed "
+          "one 256 KiB chunk's time on the slowest link)");
 ABSL_FLAG(double, timeout, 120, "default deadline of a migration, seconds");
 
 namespace {
@@ -84,6 +88,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_link_mbps) < 0) return Fail("--link-mbps must be >= 0");
   if (absl::GetFlag(FLAGS_max_sessions) < 1) return Fail("--max-sessions must be >= 1");
   if (!(absl::GetFlag(FLAGS_timeout) > 0)) return Fail("--timeout must be > 0");
+  if (absl::GetFlag(FLAGS_max_receives) < 1) return Fail("--max-receives must be >= 1");
+  if (!(absl::GetFlag(FLAGS_receive_idle_timeout) > 0)) {
+    return Fail("--receive-idle-timeout must be > 0");
+  }
   if (absl::GetFlag(FLAGS_policy).empty() && !absl::GetFlag(FLAGS_bank).empty()) {
     return Fail("--bank needs the --policy that names it");
   }
@@ -118,6 +126,8 @@ int main(int argc, char** argv) {
   options.link_mbps = absl::GetFlag(FLAGS_link_mbps);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.default_timeout_seconds = absl::GetFlag(FLAGS_timeout);
+  options.max_concurrent_receives = absl::GetFlag(FLAGS_max_receives);
+  options.receive_idle_seconds = absl::GetFlag(FLAGS_receive_idle_timeout);
   if (!absl::GetFlag(FLAGS_policy).empty()) {
     auto r = riskkv::LoadRetention(absl::GetFlag(FLAGS_policy), absl::GetFlag(FLAGS_bank),
                                    static_cast<int32_t>((*model)->config().n_layers), *fingerprint);

@@ -51,6 +51,8 @@ grep -q -- "--control and --policy-id go together" <<<"$out" || fail "flag error
 out=$("$BIN/riskkv-node" --model "$MODEL" --control 127.0.0.1:1 --policy-id "$ID" \
   --policy "$T/cal/policy.pb" --bank "$T/cal/bank.rkvbank" 2>&1) && fail "both sources: $out"
 grep -q "exclude each other" <<<"$out" || fail "flag error: $out"
+out=$("$BIN/riskkv-node" --model "$MODEL" --receive-idle-timeout 0 2>&1) && fail "idle 0: $out"
+grep -q -- "--receive-idle-timeout must be > 0" <<<"$out" || fail "flag error: $out"
 
 start_control
 "$BIN/riskkvctl" --control "$CONTROL" control-health | grep -q "SERVING$" || fail "control health"
