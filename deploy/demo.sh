@@ -91,7 +91,9 @@ source deploy/scenario.sh
 # A history of about 400 tokens: the start of "The Story of Mel" from the Jargon File.
 prompt=$(zcat /usr/share/doc/jargon-text/jargon.txt.gz | sed -n '/^The Story of Mel/,$p' |
   sed -n '2,40p' | tr -s ' \n' ' ')
-run_scenario $B --prompt "$prompt"
+SCENARIO_CHART="$DEMO/recovery-by-mode.svg" \
+  SCENARIO_TITLE="SmolLM2-135M, 544-token session, A -> B over 100 Mbit/s" \
+  run_scenario $B --prompt "$prompt"
 last=$SCENARIO_LAST
 "$BIN/riskkvctl" --control $CONTROL policy-get --policy-id "$POLICY_ID" | python3 -c "
 import json,sys; p=json.load(sys.stdin)['policy']; t=p.get('testDeltaNll', {})

@@ -9,6 +9,8 @@
 #     the continuation on B against the never-migrated copy on A, and prints one row: mode,
 #     KV bytes sent, the transfer rate those bytes achieved, transfer, recovery and rebuild time,
 #     and the continuation's NLL change. Sets SCENARIO_LAST to the last session moved to B.
+#     With SCENARIO_CHART set to a path, also draws recovery time and bytes sent per mode there
+#     (deploy/chart_modes.py) and keeps the rows beside it (.jsonl).
 
 _scenario_field() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 
@@ -27,6 +29,8 @@ import json,sys; h=$history; t=json.load(sys.stdin)['tokenIds']; print(json.dump
   ref_nll=$(ctl_a score --session "$ref" --tokens "$continuation" | _scenario_field "['meanNll']")
   printf '\n%-17s %14s %10s %11s %11s %10s %10s\n' mode "KV bytes sent" "Mbit/s" "transfer s" \
     "recovery s" "rebuild s" "dNLL"
+  local rows=${SCENARIO_CHART:+${SCENARIO_CHART%.svg}.jsonl}
+  [ -n "$rows" ] && : >"$rows"
   for mode in full_kv token_replay reconstruct auto; do
     s=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
     reply=$(ctl_a migrate --session "$s" --to "$target" --mode $mode)
@@ -38,8 +42,17 @@ sent, t = int(r['kvBytesSent']), r['transferSeconds']
 rate = '%10.1f' % (sent * 8 / t / 1e6) if sent and t else '%10s' % '-'
 mode = '$mode' if '$mode' != 'auto' else 'auto:' + r['mode'].lower()
 print('%-17s %14d %s %11.4f %11.4f %10.4f %+10.5f' % (mode, sent, rate, t, r['recoverySeconds'],
-      r['rebuildSeconds'], $nll - $ref_nll))"
+      r['rebuildSeconds'], $nll - $ref_nll))
+if '$rows':
+    with open('$rows', 'a') as f:
+        f.write(json.dumps({'mode': mode, 'kv_bytes_sent': sent, 'recovery_seconds': r['recoverySeconds'],
+                            'rebuild_seconds': r['rebuildSeconds'], 'delta_nll': $nll - $ref_nll}) + '\\n')"
     SCENARIO_LAST=$moved
   done
+  if [ -n "$rows" ]; then
+    python3 "$(dirname "${BASH_SOURCE[0]}")/chart_modes.py" "$rows" "$SCENARIO_CHART" \
+      "${SCENARIO_TITLE:-migration by mode}"
+    echo "chart: $SCENARIO_CHART"
+  fi
   SCENARIO_CONTINUATION_TOKENS=$(echo "$continuation" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 }

@@ -7,12 +7,12 @@
 # rate achieved, recovery time, dNLL). Everything is torn down on exit, Ctrl-C included.
 # Needs root; only uses addresses inside the namespaces it creates (10.199.0.0/22).
 #   sudo deploy/netns/two_hosts.sh [--model GGUF] [--policy-dir DIR] [--rate 100mbit]
-#                                  [--bin DIR] [--tokens JSON]
+#                                  [--bin DIR] [--tokens JSON] [--chart OUT.svg]
 #   --policy-dir: riskkv-calibrate's output (policy.pb, bank.rkvbank); calibrated with --quick
 #   when it holds no policy. --tokens: the session's history as token ids instead of the
-#   Jargon File text the demo uses.
+#   Jargon File text the demo uses. --chart: draw recovery time and bytes sent per mode there.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 # Under sudo, the invoking user's cache (where deploy/setup.sh put the model), not root's.
 home=$HOME
 [ -n "${SUDO_USER:-}" ] && home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
@@ -20,19 +20,22 @@ RISKKV_HOME="${RISKKV_HOME:-$home/.cache/riskkv}"
 MODEL="$RISKKV_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 POLICY_DIR="$RISKKV_HOME/policies/smollm2-135m-instruct"
 RATE=100mbit
-BIN=build/release/services
+BIN=$REPO/build/release/services
 TOKENS=""
+CHART=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --model) MODEL=$2; shift 2 ;;
-    --policy-dir) POLICY_DIR=$2; shift 2 ;;
+    --model) MODEL=$(realpath -m "$2"); shift 2 ;;
+    --policy-dir) POLICY_DIR=$(realpath -m "$2"); shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
-    --bin) BIN=$2; shift 2 ;;
+    --bin) BIN=$(realpath -m "$2"); shift 2 ;;
     --tokens) TOKENS=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --chart) CHART=$(realpath -m "$2"); shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "two_hosts.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+cd "$REPO"
 if [ "$(id -u)" -ne 0 ]; then
   echo "two_hosts.sh: skipped: creating network namespaces needs root (run it with sudo)" >&2
   exit 77
@@ -121,6 +124,8 @@ done
 ctl_a() { in_ns $NA "$BIN/riskkvctl" --node 127.0.0.1:7070 "$@"; }
 ctl_b() { in_ns $NB "$BIN/riskkvctl" --node 127.0.0.1:7070 "$@"; }
 source deploy/scenario.sh
+SCENARIO_CHART=$CHART
+SCENARIO_TITLE="two namespaces, A -> B over tbf $RATE"
 if [ -n "$TOKENS" ]; then
   run_scenario 10.199.0.2:7070 --tokens "$TOKENS"
 else
