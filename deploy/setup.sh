@@ -31,18 +31,24 @@ APT_PACKAGES=(
   python3 python3-venv python3-pip
   jargon-text
 )
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
+# Installs those of the named Debian packages that are missing.
+install_debs() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then
+    log "Debian packages present ($# checked)"
+    return
+  fi
   log "installing Debian packages: ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-else
-  log "Debian packages present"
-fi
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+}
+install_debs "${APT_PACKAGES[@]}"
 
 if [ "$BUILD_ONLY" = 1 ]; then
   log "build dependencies ready"
@@ -52,17 +58,7 @@ fi
 # Test and deployment tooling: curl for /metrics, iproute2 for the two-namespace test, openssl
 # for the TLS test's certificates, docker-compose to validate the compose file (no container
 # engine is needed for that).
-TEST_PACKAGES=(curl iproute2 openssl docker-compose)
-missing=()
-for p in "${TEST_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  log "installing Debian packages: ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+install_debs curl iproute2 openssl docker-compose
 
 # --- Python environment for the reference implementations and test-data generators ----------
 VENV="$RISKKV_HOME/venv"

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace riskkv {
 
@@ -85,6 +86,16 @@ absl::Status WritePolicy(const v1::RetentionPolicy& policy, const std::string& p
   return absl::OkStatus();
 }
 
+absl::Status ValidatePolicyForModel(const v1::RetentionPolicy& policy, int32_t n_layers,
+                                    const std::string& expected_fingerprint) {
+  RETURN_IF_ERROR(ValidatePolicy(policy, n_layers));
+  if (!expected_fingerprint.empty() && policy.model_fingerprint() != expected_fingerprint) {
+    return absl::FailedPreconditionError("policy is for model " + policy.model_fingerprint() +
+                                         ", not " + expected_fingerprint);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidatePolicyId(const std::string& id) {
   static const std::regex re("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
   if (!std::regex_match(id, re)) {
@@ -105,13 +116,8 @@ absl::StatusOr<v1::RetentionPolicy> ReadPolicy(const std::string& path, int32_t 
   if (!policy.ParseFromString(bytes.str())) {
     return absl::InvalidArgumentError(path + ": not a riskkv.v1.RetentionPolicy");
   }
-  if (auto s = ValidatePolicy(policy, n_layers); !s.ok()) {
-    return absl::InvalidArgumentError(path + ": " + std::string(s.message()));
-  }
-  if (!expected_fingerprint.empty() && policy.model_fingerprint() != expected_fingerprint) {
-    return absl::FailedPreconditionError(path + ": policy is for model " +
-                                         policy.model_fingerprint() + ", not " +
-                                         expected_fingerprint);
+  if (auto s = ValidatePolicyForModel(policy, n_layers, expected_fingerprint); !s.ok()) {
+    return absl::Status(s.code(), path + ": " + std::string(s.message()));
   }
   return policy;
 }

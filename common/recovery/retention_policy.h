@@ -17,6 +17,11 @@ namespace riskkv {
 // targets, anchors kept), saved bytes <= total bytes.
 absl::Status ValidatePolicy(const v1::RetentionPolicy& policy, int32_t n_layers);
 
+// ValidatePolicy (InvalidArgument), then, when expected_fingerprint is non-empty, a policy for
+// other weights is FailedPrecondition naming both fingerprints.
+absl::Status ValidatePolicyForModel(const v1::RetentionPolicy& policy, int32_t n_layers,
+                                    const std::string& expected_fingerprint);
+
 // A policy id names files and directories: 1-128 characters of [A-Za-z0-9._-], not starting
 // with '.', '_' or '-'.
 absl::Status ValidatePolicyId(const std::string& id);

@@ -21,36 +21,33 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
 ABSL_FLAG(std::string, port_file, "",
           "write 'GRPC_PORT METRICS_PORT' here once listening (for scripts using port 0)");
 
+namespace {
+
+int Fail(const std::string& m) {
+  spdlog::error("riskkv-control: {}", m);
+  return 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   const sigset_t signals = riskkv::BlockTerminationSignals();
   absl::SetProgramUsageMessage("riskkv-control --store DIR [--listen HOST:PORT]");
   std::vector<std::string> args_store;
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &args_store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  if (absl::GetFlag(FLAGS_store).empty()) {
-    spdlog::error("riskkv-control: --store is required");
-    return 1;
-  }
+  if (absl::GetFlag(FLAGS_store).empty()) return Fail("--store is required");
   auto store = riskkv::PolicyStore::Open(absl::GetFlag(FLAGS_store));
-  if (!store.ok()) {
-    spdlog::error("riskkv-control: {}", store.status().ToString());
-    return 1;
-  }
+  if (!store.ok()) return Fail(store.status().ToString());
   // Metrics first: civetweb's threads start before anything else takes thread-local storage.
   auto registry = std::make_shared<prometheus::Registry>();
   int metrics_port = 0;
   auto exposer = riskkv::ServeMetrics(absl::GetFlag(FLAGS_metrics_listen), registry, &metrics_port);
-  if (!exposer.ok()) {
-    spdlog::error("riskkv-control: {}", exposer.status().ToString());
-    return 1;
-  }
+  if (!exposer.ok()) return Fail(exposer.status().ToString());
   riskkv::ControlMetrics metrics(*registry);
   riskkv::ControlService service(**store, &metrics);
   auto credentials = riskkv::ServerCredentialsFor(riskkv::TlsFilesFromFlags());
-  if (!credentials.ok()) {
-    spdlog::error("riskkv-control: {}", credentials.status().ToString());
-    return 1;
-  }
+  if (!credentials.ok()) return Fail(credentials.status().ToString());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -62,10 +59,7 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.RegisterService(&service);
   auto server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    spdlog::error("riskkv-control: cannot listen on {}", absl::GetFlag(FLAGS_listen));
-    return 1;
-  }
+  if (!server || port == 0) return Fail("cannot listen on " + absl::GetFlag(FLAGS_listen));
   riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file),
                         std::to_string(port) + " " + std::to_string(metrics_port));
   spdlog::info("riskkv-control: store {} ({} policies), listening on port {}, metrics on port {}",

@@ -220,6 +220,6 @@ int main(int argc, char** argv) {
     return Print(stub->ListSessions(Deadline(&ctx, 60), {}, &reply), reply);
   }
   return Fail("unknown command '" + cmd +
-              "': start, generate, migrate, score, show, list, policy-put, policy-get or "
-              "policy-list");
+              "': start, generate, migrate, score, show, list, health, policy-put, policy-get, "
+              "policy-list or control-health");
 }

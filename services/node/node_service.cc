@@ -560,8 +560,9 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
   return absl::OkStatus();
 }
 
-// Cancels a server call at its deadline, or when nothing arrived for `idle`, unless disarmed or
-// destroyed first.
+// Cancels a server call at its deadline, or when it waited `idle` on its source, unless disarmed
+// or destroyed first. Touch() and Busy() only take the lock: the thread wakes at most once per
+// idle period to look, so the per-chunk path never wakes it.
 class NodeService::Watchdog {
  public:
   using TimePoint = std::chrono::system_clock::time_point;
@@ -570,11 +571,12 @@ class NodeService::Watchdog {
     thread_ = std::thread([this, ctx] {
       std::unique_lock lock(mu_);
       while (!done_) {
-        const TimePoint wake = busy_ ? deadline_ : std::min(deadline_, last_ + idle_);
-        changed_ = false;
-        if (cv_.wait_until(lock, wake, [this] { return done_ || changed_; })) continue;
+        if (cv_.wait_until(lock, std::min(deadline_, last_ + idle_), [this] { return done_; })) {
+          break;
+        }
         const TimePoint now = std::chrono::system_clock::now();
-        if (now >= deadline_ || (!busy_ && now >= last_ + idle_)) {
+        if (busy_) last_ = now;  // this node's own work is not the source idling
+        if (now >= deadline_ || now >= last_ + idle_) {
           fired_ = now >= deadline_ ? "deadline" : "idle";
           ctx->TryCancel();
           break;
@@ -592,22 +594,14 @@ class NodeService::Watchdog {
   }
   // Waiting for the source from now: the idle clock starts again.
   void Touch() {
-    {
-      std::lock_guard lock(mu_);
-      last_ = std::chrono::system_clock::now();
-      busy_ = false;
-      changed_ = true;
-    }
-    cv_.notify_all();
+    std::lock_guard lock(mu_);
+    last_ = std::chrono::system_clock::now();
+    busy_ = false;
   }
   // This node is working (rebuilding, prefilling): the idle clock stops until Touch().
   void Busy() {
-    {
-      std::lock_guard lock(mu_);
-      busy_ = true;
-      changed_ = true;
-    }
-    cv_.notify_all();
+    std::lock_guard lock(mu_);
+    busy_ = true;
   }
   // Why it cancelled the call ("deadline" or "idle"), or empty.
   std::string fired() {
@@ -632,7 +626,6 @@ class NodeService::Watchdog {
   const std::chrono::system_clock::duration idle_;
   TimePoint last_;
   bool busy_ = false;
-  bool changed_ = false;  // Touch() or Busy() since the thread last looked
   bool done_ = false;
   std::string fired_;
   std::thread thread_;

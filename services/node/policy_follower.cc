@@ -246,12 +246,11 @@ void PolicyFollower::WarnIfStoreWasReset(v1::Control::Stub& stub) {
 absl::StatusOr<std::shared_ptr<const PredictorBank>> PolicyFollower::Bank(
     v1::Control::Stub& stub, const std::string& sha256) {
   const std::string path = BankPath(sha256);
-  std::error_code ec;
-  if (fs::exists(path, ec)) {
-    auto cached = PredictorBank::Open(path, options_.model_fingerprint);
-    if (cached.ok() && (*cached)->content_hash() == sha256) {
-      return std::shared_ptr<const PredictorBank>(std::move(*cached));
-    }
+  auto cached = PredictorBank::Open(path, options_.model_fingerprint);
+  if (cached.ok() && (*cached)->content_hash() == sha256) {
+    return std::shared_ptr<const PredictorBank>(std::move(*cached));
+  }
+  if (cached.status().code() != absl::StatusCode::kNotFound) {
     spdlog::warn(
         "riskkv-node: cached bank {} does not load ({}); fetching it again", path,
         cached.ok() ? "content hash " + (*cached)->content_hash() : cached.status().ToString());
@@ -306,6 +305,7 @@ absl::StatusOr<std::shared_ptr<const PredictorBank>> PolicyFollower::Bank(
     return fail(absl::DataLossError("the control plane sent bank bytes with SHA-256 " +
                                     (*bank)->content_hash() + " for " + sha256));
   }
+  std::error_code ec;
   fs::rename(tmp, path, ec);  // the mapping stays valid under the new name
   if (ec)
     return fail(absl::InternalError("cannot cache the bank as " + path + ": " + ec.message()));
@@ -318,12 +318,10 @@ absl::Status PolicyFollower::Accept(v1::Control::Stub& stub, const v1::Retention
     return absl::InvalidArgumentError(name + " is not the policy this node follows (" +
                                       options_.policy_id + ")");
   }
-  if (auto s = ValidatePolicy(policy, options_.n_layers); !s.ok()) {
-    return absl::InvalidArgumentError(name + ": " + std::string(s.message()));
-  }
-  if (policy.model_fingerprint() != options_.model_fingerprint) {
-    return absl::FailedPreconditionError(name + " is for model " + policy.model_fingerprint() +
-                                         ", not this node's " + options_.model_fingerprint);
+  // Checked before the bank is fetched: a policy for other weights costs no download.
+  if (auto s = ValidatePolicyForModel(policy, options_.n_layers, options_.model_fingerprint);
+      !s.ok()) {
+    return absl::Status(s.code(), name + ": " + std::string(s.message()));
   }
   std::shared_ptr<const PredictorBank> bank;  // none for a policy that rebuilds nothing
   if (policy.rebuilt_groups_size() > 0) {

@@ -10,12 +10,8 @@ absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
     v1::RetentionPolicy policy, std::shared_ptr<const PredictorBank> bank, int32_t n_layers,
     const std::string& fingerprint) {
   const std::string name = "policy " + policy.policy_id() + " v" + std::to_string(policy.version());
-  if (auto s = ValidatePolicy(policy, n_layers); !s.ok()) {
-    return absl::InvalidArgumentError(name + ": " + std::string(s.message()));
-  }
-  if (policy.model_fingerprint() != fingerprint) {
-    return absl::FailedPreconditionError(name + " is for model " + policy.model_fingerprint() +
-                                         ", not this node's " + fingerprint);
+  if (auto s = ValidatePolicyForModel(policy, n_layers, fingerprint); !s.ok()) {
+    return absl::Status(s.code(), name + ": " + std::string(s.message()));
   }
   if (bank == nullptr) {
     if (policy.rebuilt_groups_size() > 0) {
