@@ -11,12 +11,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "services/atomic_file.h"
 #include "spdlog/spdlog.h"
 
 namespace riskkv {
@@ -36,8 +36,9 @@ inline sigset_t BlockTerminationSignals() {
 // of it. Nothing when `path` is empty.
 inline void WritePortFile(const std::string& path, const std::string& line) {
   if (path.empty()) return;
-  std::ofstream(path + ".tmp") << line << "\n";
-  std::rename((path + ".tmp").c_str(), path.c_str());
+  if (auto s = WriteFileAtomically(path, line + "\n"); !s.ok()) {
+    spdlog::warn("cannot write the port file: {}", s.ToString());
+  }
 }
 
 // Serves `registry` on http://ADDRESS/metrics and sets *port to the port it got; an empty address

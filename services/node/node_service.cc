@@ -427,9 +427,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   if (!req->allow_fallback()) attempts.resize(1);
   const double timeout =
       req->timeout_seconds() > 0 ? req->timeout_seconds() : options_.default_timeout_seconds;
-  const auto deadline = std::chrono::system_clock::now() +
-                        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                            std::chrono::duration<double>(timeout));
+  const auto deadline = std::chrono::system_clock::now() + Seconds(timeout);
   absl::Status status;
   for (MigrationMode m : attempts) {
     bool refused = false;
@@ -642,14 +640,11 @@ grpc::Status NodeService::Receive(
                                      options_.max_concurrent_receives, " migrations"));
   }
   // The caller's deadline, but never longer than this node's own bound.
-  const auto bound = std::chrono::system_clock::now() +
-                     std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                         std::chrono::duration<double>(options_.default_timeout_seconds));
+  const auto bound = std::chrono::system_clock::now() + Seconds(options_.default_timeout_seconds);
   grpc::Status st;
   {
     Watchdog watchdog(ctx, std::min(bound, ctx->deadline()),
-                      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                          std::chrono::duration<double>(options_.receive_idle_seconds)));
+                      Seconds(options_.receive_idle_seconds));
     st = ReceiveAdmitted(ctx, stream, watchdog);
     const std::string fired = watchdog.fired();
     if (fired == "deadline") {

@@ -18,12 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::chrono::system_clock::time_point After(double seconds) {
-  return std::chrono::system_clock::now() +
-         std::chrono::duration_cast<std::chrono::system_clock::duration>(
-             std::chrono::duration<double>(seconds));
-}
-
 bool Transient(const absl::Status& s) {
   return s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kDeadlineExceeded ||
@@ -228,7 +222,7 @@ void PolicyFollower::WarnIfStoreWasReset(v1::Control::Stub& stub) {
   const uint64_t mine = version();
   if (mine == 0) return;
   grpc::ClientContext ctx;
-  ctx.set_deadline(After(10));
+  ctx.set_deadline(std::chrono::system_clock::now() + Seconds(10));
   v1::GetPolicyRequest req;
   req.set_policy_id(options_.policy_id);
   v1::PolicyRecord latest;
@@ -256,7 +250,7 @@ absl::StatusOr<std::shared_ptr<const PredictorBank>> PolicyFollower::Bank(
         cached.ok() ? "content hash " + (*cached)->content_hash() : cached.status().ToString());
   }
   grpc::ClientContext ctx;
-  ctx.set_deadline(After(options_.bank_timeout_seconds));
+  ctx.set_deadline(std::chrono::system_clock::now() + Seconds(options_.bank_timeout_seconds));
   if (!SetActive(&fetch_, &ctx)) return absl::CancelledError("the node is stopping");
   const std::string tmp = TemporaryPathFor(path);
   absl::Status status;
