@@ -40,6 +40,7 @@ AcceleratorProbe ProbeCudaModule(const std::string& path) {
   }
   probe.module_loaded = true;
   probe.module_path = path;
+  probe.handle = handle;
   RiskkvCudaDevice devices[16] = {};
   char error[512] = {};
   const int count = query(devices, 16, error, sizeof(error));
@@ -51,7 +52,7 @@ AcceleratorProbe ProbeCudaModule(const std::string& path) {
   for (int i = 0; i < count && i < 16; ++i) {
     probe.devices.push_back({devices[i].name, devices[i].total_memory_bytes,
                              devices[i].compute_major, devices[i].compute_minor,
-                             devices[i].multiprocessors});
+                             devices[i].multiprocessors, devices[i].clock_khz});
   }
   return probe;
 }

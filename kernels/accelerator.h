@@ -12,6 +12,7 @@ struct GpuDevice {
   std::string name;
   uint64_t total_memory_bytes = 0;
   int compute_major = 0, compute_minor = 0, multiprocessors = 0;
+  int clock_khz = 0;  // peak SM clock
 };
 
 struct AcceleratorProbe {
@@ -19,6 +20,7 @@ struct AcceleratorProbe {
   std::string module_path;         // where it was loaded from (when loaded)
   std::vector<GpuDevice> devices;  // empty when no usable GPU
   std::string reason;              // why there is no GPU, for logs ("" when devices exist)
+  void* handle = nullptr;          // the dlopen handle (when loaded); never closed
 };
 
 // Looks for libriskkv_cuda.so in $RISKKV_CUDA_MODULE (a file), then beside the running

@@ -28,6 +28,8 @@ extern "C" int riskkv_cuda_query_devices(RiskkvCudaDevice* out, int max_devices,
     out[i].compute_major = prop.major;
     out[i].compute_minor = prop.minor;
     out[i].multiprocessors = prop.multiProcessorCount;
+    out[i].clock_khz = 0;
+    cudaDeviceGetAttribute(&out[i].clock_khz, cudaDevAttrClockRate, i);
   }
   return count;
 }

@@ -1,11 +1,12 @@
 /* The C interface between host code and the dlopen'ed CUDA module (libriskkv_cuda.so). Plain C
-   types only, so the module and the process never share C++ ABI or CUDA headers. */
+   types only at this boundary: the device query runs before anything else, and the engine
+   factories hand out objects whose interface (engine_api.h) uses plain types too. */
 #ifndef RISKKV_KERNELS_CUDA_MODULE_ABI_H_
 #define RISKKV_KERNELS_CUDA_MODULE_ABI_H_
 
 #include <stdint.h>
 
-#define RISKKV_CUDA_ABI_VERSION 1
+#define RISKKV_CUDA_ABI_VERSION 2
 
 typedef struct RiskkvCudaDevice {
   char name[256];
@@ -13,17 +14,27 @@ typedef struct RiskkvCudaDevice {
   int compute_major;
   int compute_minor;
   int multiprocessors;
+  int clock_khz; /* peak SM clock */
 } RiskkvCudaDevice;
 
 #ifdef __cplusplus
+namespace riskkv::cuda {
+struct ModelDims;
+class Engine;
+class Ops;
+}  // namespace riskkv::cuda
 extern "C" {
-#endif
 /* Returns RISKKV_CUDA_ABI_VERSION of the module. */
 typedef int (*RiskkvCudaAbiVersionFn)(void);
 /* Fills up to max_devices entries and returns the device count, or -1 with a message in error. */
 typedef int (*RiskkvCudaQueryDevicesFn)(RiskkvCudaDevice* out, int max_devices, char* error,
                                         int error_len);
-#ifdef __cplusplus
+/* An engine for one model on `device`, or null with a message in error. */
+typedef riskkv::cuda::Engine* (*RiskkvCudaNewEngineFn)(int device,
+                                                       const riskkv::cuda::ModelDims* dims,
+                                                       char* error, int error_len);
+/* Single-op entry points on `device`, or null with a message in error. */
+typedef riskkv::cuda::Ops* (*RiskkvCudaNewOpsFn)(int device, char* error, int error_len);
 }
 #endif
 

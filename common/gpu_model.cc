@@ -1,0 +1,273 @@
+// Uploading a Model to the GPU and running it there.
+#include "common/gpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace riskkv {
+namespace {
+
+constexpr float kF16Max = 65504.0f;
+
+struct SlotShape {
+  int slot = -1;
+  int64_t rows = 0, cols = 0;  // cols == 0: a vector of `rows`
+};
+
+// The engine slot and shape of one of Model::ForEachWeight's names.
+absl::StatusOr<std::pair<int32_t, SlotShape>> SlotFor(std::string_view name,
+                                                      const ModelConfig& c) {
+  const int64_t q = c.n_heads * c.head_dim, kv = c.kv_width();
+  if (name == "token_embd") return std::pair{-1, SlotShape{cuda::kTokenEmbedding, c.vocab, c.hidden}};
+  if (name == "lm_head") return std::pair{-1, SlotShape{cuda::kLmHead, c.vocab, c.hidden}};
+  if (name == "output_norm") return std::pair{-1, SlotShape{cuda::kOutputNorm, c.hidden, 0}};
+  const size_t dot = name.find('.', 4);
+  int32_t layer = -1;
+  if (name.substr(0, 4) != "blk." || dot == std::string_view::npos ||
+      !absl::SimpleAtoi(std::string(name.substr(4, dot - 4)), &layer)) {
+    return absl::InternalError(absl::StrCat("unknown weight ", std::string(name)));
+  }
+  const std::string_view s = name.substr(dot + 1);
+  SlotShape shape;
+  if (s == "wq") shape = {cuda::kWq, q, c.hidden};
+  else if (s == "wk") shape = {cuda::kWk, kv, c.hidden};
+  else if (s == "wv") shape = {cuda::kWv, kv, c.hidden};
+  else if (s == "wo") shape = {cuda::kWo, c.hidden, q};
+  else if (s == "w_gate") shape = {cuda::kWGate, c.ffn, c.hidden};
+  else if (s == "w_up") shape = {cuda::kWUp, c.ffn, c.hidden};
+  else if (s == "w_down") shape = {cuda::kWDown, c.hidden, c.ffn};
+  else if (s == "attn_norm") shape = {cuda::kAttnNorm, c.hidden, 0};
+  else if (s == "ffn_norm") shape = {cuda::kFfnNorm, c.hidden, 0};
+  else if (s == "bq") shape = {cuda::kBq, q, 0};
+  else if (s == "bk") shape = {cuda::kBk, kv, 0};
+  else if (s == "bv") shape = {cuda::kBv, kv, 0};
+  else return absl::InternalError(absl::StrCat("unknown weight ", std::string(name)));
+  return std::pair{layer, shape};
+}
+
+// Dequantizes a stored matrix to f16, refusing values f16 cannot hold.
+absl::StatusOr<std::vector<uint16_t>> ToF16(std::string_view name, DType dtype, const void* data,
+                                            int64_t rows, int64_t cols) {
+  std::vector<uint16_t> out(rows * cols);
+  std::vector<float> row(cols);
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  for (int64_t r = 0; r < rows; ++r) {
+    DequantizeRow(dtype, bytes + r * RowBytes(dtype, cols), row.data(), cols);
+    for (float v : row) {
+      if (!(std::fabs(v) <= kF16Max)) {
+        return absl::InvalidArgumentError(absl::StrCat("weight ", std::string(name), " row ", r,
+                                                       " holds ", v, ", outside f16's range"));
+      }
+    }
+    F32ToF16Row(row.data(), out.data() + r * cols, cols);
+  }
+  return out;
+}
+
+}  // namespace
+
+cuda::ModelDims GpuDims(const ModelConfig& c) {
+  cuda::ModelDims d;
+  d.n_layers = c.n_layers;
+  d.hidden = c.hidden;
+  d.n_heads = c.n_heads;
+  d.n_kv_heads = c.n_kv_heads;
+  d.head_dim = c.head_dim;
+  d.ffn = c.ffn;
+  d.vocab = c.vocab;
+  d.rope_dim = c.rope_dim;
+  d.rope_base = c.rope_base;
+  d.rope_interleaved = c.rope_layout == RopeLayout::kInterleaved ? 1 : 0;
+  d.rms_eps = static_cast<float>(c.rms_eps);
+  d.qkv_bias = c.qkv_bias ? 1 : 0;
+  d.tied = c.tied_embeddings ? 1 : 0;
+  return d;
+}
+
+absl::Status GpuSession::SetTokens(int64_t n) {
+  return FromGpu(session_->SetTokens(n), session_->error());
+}
+
+absl::Status GpuSession::UploadRows(int32_t layer, bool values, int64_t first, int64_t count,
+                                    const uint8_t* f16_rows) {
+  return FromGpu(session_->UploadRows(layer, values ? 1 : 0, first, count,
+                                      reinterpret_cast<const uint16_t*>(f16_rows)),
+                 session_->error());
+}
+
+absl::Status GpuSession::MarkLayerUploaded(int32_t layer) {
+  return FromGpu(session_->MarkLayerUploaded(layer), session_->error());
+}
+
+absl::Status GpuSession::UploadFrom(const KvCache& cache, std::span<const int32_t> layers) {
+  if (cache.dtype() != DType::kF16) {
+    return absl::InvalidArgumentError("the GPU KV cache takes f16 rows");
+  }
+  const int64_t n = cache.n_tokens();
+  if (n > capacity()) {
+    return absl::OutOfRangeError(
+        absl::StrCat(n, " rows do not fit the GPU session's ", capacity()));
+  }
+  for (int32_t l : layers) {
+    if (l < 0 || l >= cache.n_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, " outside the cache"));
+    }
+    RETURN_IF_ERROR(UploadRows(l, false, 0, n, cache.KeyRows(l, 0)));
+    RETURN_IF_ERROR(UploadRows(l, true, 0, n, cache.ValueRows(l, 0)));
+    RETURN_IF_ERROR(MarkLayerUploaded(l));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuSession::DownloadTo(KvCache& cache) {
+  if (cache.dtype() != DType::kF16) {
+    return absl::InvalidArgumentError("the GPU KV cache gives f16 rows");
+  }
+  const int64_t n = n_tokens();
+  if (n > cache.capacity()) {
+    return absl::OutOfRangeError(absl::StrCat(n, " rows do not fit the host cache's ",
+                                              cache.capacity()));
+  }
+  for (int64_t l = 0; l < cache.n_layers(); ++l) {
+    const auto layer = static_cast<int32_t>(l);
+    RETURN_IF_ERROR(FromGpu(session_->DownloadRows(layer, 0, 0, n,
+                                                   reinterpret_cast<uint16_t*>(cache.KeyRows(l, 0))),
+                            session_->error()));
+    RETURN_IF_ERROR(FromGpu(session_->DownloadRows(
+                                layer, 1, 0, n, reinterpret_cast<uint16_t*>(cache.ValueRows(l, 0))),
+                            session_->error()));
+  }
+  return cache.SetTokens(n);
+}
+
+absl::Status GpuSession::Synchronize() {
+  return FromGpu(session_->Synchronize(), session_->error());
+}
+
+absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const Model& model, int device) {
+  auto gpu = std::unique_ptr<GpuModel>(new GpuModel);
+  gpu->config_ = model.config();
+  ASSIGN_OR_RETURN(gpu->engine_, NewGpuEngine(GpuDims(gpu->config_), device));
+  cuda::Engine& e = *gpu->engine_;
+  absl::Status status;
+  model.ForEachWeight([&](std::string_view name, DType dtype, const void* data, size_t bytes) {
+    if (!status.ok()) return;
+    auto slot = SlotFor(name, gpu->config_);
+    if (!slot.ok()) {
+      status = slot.status();
+      return;
+    }
+    const auto [layer, shape] = *slot;
+    if (shape.cols == 0) {
+      if (dtype != DType::kF32 || bytes != shape.rows * sizeof(float)) {
+        status = absl::InternalError(absl::StrCat("vector ", std::string(name), " has ", bytes,
+                                                  " bytes"));
+        return;
+      }
+      status = FromGpu(e.SetVector(layer, shape.slot, static_cast<const float*>(data), shape.rows),
+                       e.error());
+      return;
+    }
+    if (static_cast<int64_t>(bytes) != shape.rows * RowBytes(dtype, shape.cols)) {
+      status = absl::InternalError(absl::StrCat("matrix ", std::string(name), " has ", bytes,
+                                                " bytes, not [", shape.rows, ", ", shape.cols,
+                                                "] of ", DTypeName(dtype)));
+      return;
+    }
+    auto f16 = ToF16(name, dtype, data, shape.rows, shape.cols);
+    if (!f16.ok()) {
+      status = f16.status();
+      return;
+    }
+    status = FromGpu(e.SetMatrix(layer, shape.slot, f16->data(), shape.rows, shape.cols),
+                     e.error());
+  });
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(FromGpu(e.Finalize(), e.error()));
+  return gpu;
+}
+
+absl::StatusOr<std::unique_ptr<GpuSession>> GpuModel::NewSession(int64_t capacity) {
+  if (capacity < 1) return absl::InvalidArgumentError("a session needs capacity >= 1");
+  cuda::Session* s = engine_->NewSession(std::min(capacity, config_.context_length));
+  if (s == nullptr) return absl::ResourceExhaustedError(std::string("GPU: ") + engine_->error());
+  return std::unique_ptr<GpuSession>(new GpuSession(std::unique_ptr<cuda::Session>(s)));
+}
+
+absl::Status GpuModel::CheckTokens(std::span<const int32_t> tokens,
+                                   const GpuSession& session) const {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " at index ", i,
+                                                     " is outside the vocabulary [0, ",
+                                                     config_.vocab, ")"));
+    }
+  }
+  const int64_t end = session.n_tokens() + static_cast<int64_t>(tokens.size());
+  if (end > session.capacity()) {
+    return absl::OutOfRangeError(
+        absl::StrCat(end, " tokens exceed the GPU session's capacity of ", session.capacity()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Forward(std::span<const int32_t> tokens, GpuSession& session,
+                               bool all_logits, std::vector<float>* logits) {
+  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run");
+  RETURN_IF_ERROR(CheckTokens(tokens, session));
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  float* out = nullptr;
+  if (logits != nullptr) {
+    logits->assign((all_logits ? n : 1) * config_.vocab, 0.0f);
+    out = logits->data();
+  }
+  cuda::Session& s = session.device_session();
+  return FromGpu(s.Forward(tokens.data(), n, all_logits ? 1 : 0, out), s.error());
+}
+
+absl::StatusOr<std::vector<float>> GpuModel::Prefill(std::span<const int32_t> tokens,
+                                                     GpuSession& session) {
+  std::vector<float> logits;
+  RETURN_IF_ERROR(Forward(tokens, session, false, &logits));
+  return logits;
+}
+
+absl::StatusOr<std::vector<float>> GpuModel::Decode(int32_t token, GpuSession& session) {
+  return Prefill(std::span<const int32_t>(&token, 1), session);
+}
+
+absl::StatusOr<NllResult> GpuModel::TeacherForcedNll(std::span<const int32_t> continuation,
+                                                     GpuSession& session,
+                                                     std::span<const float> first_logits) {
+  if (continuation.empty()) return absl::InvalidArgumentError("empty continuation");
+  if (!first_logits.empty() && static_cast<int64_t>(first_logits.size()) != config_.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("first_logits has ", first_logits.size(),
+                                                   " values, expected ", config_.vocab));
+  }
+  RETURN_IF_ERROR(CheckTokens(continuation, session));
+  NllResult result;
+  if (!first_logits.empty()) result.nll.push_back(TokenNll(first_logits, continuation[0]));
+  constexpr int64_t kBatch = 256;  // bounds host logits to kBatch x vocab
+  const int64_t n = static_cast<int64_t>(continuation.size());
+  std::vector<float> logits;
+  for (int64_t start = 0; start < n; start += kBatch) {
+    const int64_t m = std::min(kBatch, n - start);
+    RETURN_IF_ERROR(Forward(continuation.subspan(start, m), session, true, &logits));
+    for (int64_t i = 0; i < m && start + i + 1 < n; ++i) {
+      result.nll.push_back(
+          TokenNll(std::span<const float>(logits).subspan(i * config_.vocab, config_.vocab),
+                   continuation[start + i + 1]));
+    }
+  }
+  double sum = 0.0;
+  for (double v : result.nll) sum += v;
+  result.mean = result.nll.empty() ? 0.0 : sum / result.nll.size();
+  return result;
+}
+
+}  // namespace riskkv

@@ -1,0 +1,819 @@
+// The GPU engine: f16 weights, cuBLAS GEMMs with f32 accumulation, the forward pass in
+// micro-batches on one compute stream, per-session f16 KV caches, KV uploads through pinned
+// staging buffers on a transfer stream, and RISK-KV rebuilds as one GEMM per group.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/engine_api.h"
+#include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/module_abi.h"
+
+namespace riskkv::cuda {
+namespace {
+
+// Tokens per forward micro-batch (as the CPU path): bounds activations and logits.
+constexpr int64_t kMicroBatch = 256;
+// Pinned staging: slots of this many bytes, reused round-robin behind an event each.
+constexpr int kStagingSlots = 8;
+constexpr size_t kStagingSlotBytes = 1 << 20;
+constexpr int64_t kMaxInt = 0x7fffffff;
+
+// GEMMs and attention on one stream, shared by the engine and the single-op entry points.
+class Compute {
+ public:
+  explicit Compute(ErrorState& err) : err_(err) {}
+
+  int Init() {
+    RKV_CUDA(stream_.Create());
+    RKV_BLAS(blas_.Create());
+    RKV_BLAS(cublasSetStream(blas_.get(), stream_.get()));
+    return 0;
+  }
+  cudaStream_t stream() const { return stream_.get(); }
+  cublasHandle_t blas() const { return blas_.get(); }
+
+  // y[n, rows] (rows ldy apart) = beta * y + x[n, cols] (f16, ldx apart) * w[rows, cols]^T.
+  int Linear(const __half* x, int64_t ldx, int64_t n, const __half* w, int64_t rows,
+             int64_t cols, float* y, int64_t ldy, float beta) {
+    const float alpha = 1.0f;
+    RKV_BLAS(cublasGemmEx(blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                          static_cast<int>(n), static_cast<int>(cols), &alpha, w, CUDA_R_16F,
+                          static_cast<int>(cols), x, CUDA_R_16F, static_cast<int>(ldx), &beta, y,
+                          CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT));
+    return 0;
+  }
+
+  // Causal GQA attention of q[n, n_heads, head_dim] (f16, rows ldq apart) at positions
+  // [q_pos0, q_pos0 + n) over k/v [ctx = q_pos0 + n, n_kv_heads, head_dim] f16, into
+  // out[n, n_heads * head_dim] f32. Per KV head: one strided-batched GEMM for the scores of its
+  // query heads, a causal softmax, one for the weighted values.
+  int Attention(const __half* q, int64_t ldq, int64_t n, int64_t q_pos0, const __half* k,
+                const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                float* out) {
+    const int64_t ctx = q_pos0 + n;
+    const int64_t group = n_heads / n_kv_heads;
+    const int64_t kv_width = n_kv_heads * head_dim;
+    const int64_t per_head = n * ctx;
+    RKV_CUDA(scores_.Reserve(n_heads * per_head));
+    RKV_CUDA(probs_.Reserve(n_heads * per_head));
+    const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t g = 0; g < n_kv_heads; ++g) {
+      RKV_BLAS(cublasGemmStridedBatchedEx(
+          blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(ctx), static_cast<int>(n),
+          static_cast<int>(head_dim), &scale, k + g * head_dim, CUDA_R_16F,
+          static_cast<int>(kv_width), 0, q + g * group * head_dim, CUDA_R_16F,
+          static_cast<int>(ldq), head_dim, &zero, scores_.get() + g * group * per_head,
+          CUDA_R_32F, static_cast<int>(ctx), per_head, static_cast<int>(group),
+          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    RKV_CUDA(LaunchCausalSoftmax(scores_.get(), n_heads, n, ctx, q_pos0, probs_.get(),
+                                 stream_.get()));
+    for (int64_t g = 0; g < n_kv_heads; ++g) {
+      RKV_BLAS(cublasGemmStridedBatchedEx(
+          blas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(head_dim), static_cast<int>(n),
+          static_cast<int>(ctx), &one, v + g * head_dim, CUDA_R_16F, static_cast<int>(kv_width),
+          0, probs_.get() + g * group * per_head, CUDA_R_16F, static_cast<int>(ctx), per_head,
+          &zero, out + g * group * head_dim, CUDA_R_32F, static_cast<int>(n_heads * head_dim),
+          head_dim, static_cast<int>(group), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    return 0;
+  }
+
+ private:
+  ErrorState& err_;
+  Stream stream_;
+  BlasHandle blas_;
+  DeviceArray<float> scores_;
+  DeviceArray<__half> probs_;
+};
+
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) { cudaSetDevice(device); }
+};
+
+class EngineImpl;
+
+class PredictorsImpl final : public Predictors {
+ public:
+  struct Group {
+    std::vector<int32_t> anchors, targets;
+    int64_t features = 0;       // F
+    DeviceArray<float> a, c;    // [T * 2 * kv_width, F], [T * 2 * kv_width]
+  };
+  std::vector<Group> groups;
+};
+
+class SessionImpl final : public Session {
+ public:
+  SessionImpl(EngineImpl& engine, int64_t capacity) : engine_(engine), capacity_(capacity) {}
+  int Init();
+  const char* error() const override { return err_.message(); }
+  int64_t n_tokens() const override { return n_tokens_; }
+  int64_t capacity() const override { return capacity_; }
+  int SetTokens(int64_t n) override {
+    if (n < 0 || n > capacity_) {
+      return err_.Fail(__FILE__, __LINE__,
+                       "SetTokens(" + std::to_string(n) + ") outside [0, " +
+                           std::to_string(capacity_) + "]");
+    }
+    n_tokens_ = n;
+    return 0;
+  }
+  int Forward(const int32_t* tokens, int64_t n, int all_logits, float* logits) override;
+  int UploadRows(int32_t layer, int values, int64_t first, int64_t count,
+                 const uint16_t* src) override;
+  int MarkLayerUploaded(int32_t layer) override;
+  int Rebuild(const Predictors* p, int group, int64_t begin, int64_t count) override;
+  int DownloadRows(int32_t layer, int values, int64_t first, int64_t count,
+                   uint16_t* dst) override;
+  int Synchronize() override;
+
+  __half* rows(int32_t layer, int values) const;
+  int64_t& tokens_ref() { return n_tokens_; }
+  // Makes the compute stream wait for every upload enqueued so far.
+  int WaitTransfers(cudaStream_t compute);
+
+ private:
+  int CheckRows(int32_t layer, int values, int64_t first, int64_t count);
+
+  ErrorState err_;
+  EngineImpl& engine_;
+  const int64_t capacity_;
+  int64_t n_tokens_ = 0;
+  DeviceArray<__half> kv_;  // [n_layers][2][capacity][kv_width]
+  Stream transfer_;
+  Event transfers_done_;
+  std::vector<Event> layer_ready_;
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(int device, const ModelDims& dims) : device_(device), dims_(dims), compute_(err_) {}
+
+  int Init() {
+    DeviceScope scope(device_);
+    const ModelDims& d = dims_;
+    if (d.n_layers < 1 || d.hidden < 1 || d.n_heads < 1 || d.n_kv_heads < 1 ||
+        d.n_heads % d.n_kv_heads != 0 || d.head_dim < 2 || d.ffn < 1 || d.vocab < 1 ||
+        d.rope_dim < 2 || d.rope_dim > d.head_dim || d.rope_dim % 2 != 0 ||
+        d.vocab > kMaxInt || d.n_heads * d.head_dim * d.hidden > kMaxInt) {
+      return err_.Fail(__FILE__, __LINE__, "model dimensions are not a valid decoder");
+    }
+    q_width_ = d.n_heads * d.head_dim;
+    kv_width_ = d.n_kv_heads * d.head_dim;
+    qkv_width_ = q_width_ + 2 * kv_width_;
+    RKV_TRY(compute_.Init());
+    layers_.resize(d.n_layers);
+    for (Layer& l : layers_) {
+      RKV_CUDA(l.wqkv.Allocate(qkv_width_ * d.hidden));
+      RKV_CUDA(l.w_gate_up.Allocate(2 * d.ffn * d.hidden));
+      if (d.qkv_bias) {
+        RKV_CUDA(l.bqkv.Allocate(qkv_width_));
+        RKV_CUDA(cudaMemset(l.bqkv.get(), 0, l.bqkv.bytes()));
+      }
+    }
+    for (int i = 0; i < kStagingSlots; ++i) {
+      RKV_CUDA(staging_[i].Allocate(kStagingSlotBytes));
+      RKV_CUDA(staging_done_[i].Create());
+    }
+    RKV_CUDA(x_.Allocate(kMicroBatch * d.hidden));
+    RKV_CUDA(xn_.Allocate(kMicroBatch * d.hidden));
+    RKV_CUDA(xh_.Allocate(kMicroBatch * std::max({d.hidden, q_width_, d.ffn})));
+    RKV_CUDA(qkv_.Allocate(kMicroBatch * qkv_width_));
+    RKV_CUDA(qkvh_.Allocate(kMicroBatch * qkv_width_));
+    RKV_CUDA(attn_.Allocate(kMicroBatch * q_width_));
+    RKV_CUDA(gate_up_.Allocate(kMicroBatch * 2 * d.ffn));
+    RKV_CUDA(ids_.Allocate(kMicroBatch));
+    RKV_CUDA(logits_.Allocate(d.vocab));
+    return 0;
+  }
+
+  const char* error() const override { return err_.message(); }
+  const ModelDims& dims() const override { return dims_; }
+
+  int SetMatrix(int32_t layer, int slot, const uint16_t* data, int64_t rows,
+                int64_t cols) override {
+    DeviceScope scope(device_);
+    const ModelDims& d = dims_;
+    __half* dst = nullptr;
+    int64_t want_rows = 0, want_cols = d.hidden;
+    if (layer == -1 && (slot == kTokenEmbedding || slot == kLmHead)) {
+      DeviceArray<__half>& m = slot == kTokenEmbedding ? embedding_ : lm_head_;
+      if (rows != d.vocab || cols != d.hidden) return BadShape(layer, slot, rows, cols);
+      RKV_CUDA(m.Allocate(rows * cols));
+      dst = m.get();
+      want_rows = d.vocab;
+    } else if (layer >= 0 && layer < d.n_layers) {
+      Layer& l = layers_[layer];
+      switch (slot) {
+        case kWq: dst = l.wqkv.get(); want_rows = q_width_; break;
+        case kWk: dst = l.wqkv.get() + q_width_ * d.hidden; want_rows = kv_width_; break;
+        case kWv: dst = l.wqkv.get() + (q_width_ + kv_width_) * d.hidden; want_rows = kv_width_; break;
+        case kWo:
+          RKV_CUDA(l.wo.Allocate(d.hidden * q_width_));
+          dst = l.wo.get(); want_rows = d.hidden; want_cols = q_width_;
+          break;
+        case kWGate: dst = l.w_gate_up.get(); want_rows = d.ffn; break;
+        case kWUp: dst = l.w_gate_up.get() + d.ffn * d.hidden; want_rows = d.ffn; break;
+        case kWDown:
+          RKV_CUDA(l.w_down.Allocate(d.hidden * d.ffn));
+          dst = l.w_down.get(); want_rows = d.hidden; want_cols = d.ffn;
+          break;
+        default: return BadShape(layer, slot, rows, cols);
+      }
+      l.set |= 1u << slot;
+    }
+    if (dst == nullptr || rows != want_rows || cols != want_cols) {
+      return BadShape(layer, slot, rows, cols);
+    }
+    RKV_CUDA(cudaMemcpy(dst, data, rows * cols * sizeof(__half), cudaMemcpyHostToDevice));
+    return 0;
+  }
+
+  int SetVector(int32_t layer, int slot, const float* data, int64_t n) override {
+    DeviceScope scope(device_);
+    const ModelDims& d = dims_;
+    float* dst = nullptr;
+    int64_t want = d.hidden;
+    if (layer == -1 && slot == kOutputNorm) {
+      RKV_CUDA(output_norm_.Allocate(d.hidden));
+      dst = output_norm_.get();
+    } else if (layer >= 0 && layer < d.n_layers) {
+      Layer& l = layers_[layer];
+      switch (slot) {
+        case kAttnNorm:
+          RKV_CUDA(l.attn_norm.Allocate(d.hidden));
+          dst = l.attn_norm.get();
+          break;
+        case kFfnNorm:
+          RKV_CUDA(l.ffn_norm.Allocate(d.hidden));
+          dst = l.ffn_norm.get();
+          break;
+        case kBq: dst = l.bqkv.get(); want = q_width_; break;
+        case kBk: dst = l.bqkv.get() + q_width_; want = kv_width_; break;
+        case kBv: dst = l.bqkv.get() + q_width_ + kv_width_; want = kv_width_; break;
+        default: break;
+      }
+      if (dst != nullptr) l.set |= 1u << slot;
+    }
+    if (dst == nullptr || n != want) return BadShape(layer, slot, 1, n);
+    RKV_CUDA(cudaMemcpy(dst, data, n * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+  }
+
+  int Finalize() override {
+    const ModelDims& d = dims_;
+    uint32_t need = (1u << kWq) | (1u << kWk) | (1u << kWv) | (1u << kWo) | (1u << kWGate) |
+                    (1u << kWUp) | (1u << kWDown) | (1u << kAttnNorm) | (1u << kFfnNorm);
+    if (d.qkv_bias) need |= (1u << kBq) | (1u << kBk) | (1u << kBv);
+    for (int64_t l = 0; l < d.n_layers; ++l) {
+      if ((layers_[l].set & need) != need) {
+        return err_.Fail(__FILE__, __LINE__, "layer " + std::to_string(l) + " misses weights");
+      }
+    }
+    if (embedding_.get() == nullptr || output_norm_.get() == nullptr ||
+        (!d.tied && lm_head_.get() == nullptr)) {
+      return err_.Fail(__FILE__, __LINE__, "embedding, output norm or lm head missing");
+    }
+    return 0;
+  }
+
+  int64_t device_bytes() const override {
+    int64_t b = embedding_.bytes() + lm_head_.bytes() + output_norm_.bytes();
+    for (const Layer& l : layers_) {
+      b += l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes() +
+           l.attn_norm.bytes() + l.ffn_norm.bytes() + l.bqkv.bytes();
+    }
+    return b;
+  }
+
+  Session* NewSession(int64_t capacity) override {
+    DeviceScope scope(device_);
+    if (capacity < 1) {
+      err_.Fail(__FILE__, __LINE__, "session capacity must be >= 1");
+      return nullptr;
+    }
+    auto s = std::make_unique<SessionImpl>(*this, capacity);
+    if (s->Init() != 0) {
+      err_.Fail(__FILE__, __LINE__, std::string("session: ") + s->error());
+      return nullptr;
+    }
+    return s.release();
+  }
+
+  Predictors* NewPredictors(int n_groups, const int32_t* n_anchors, const int32_t* anchors,
+                            const int32_t* n_targets, const int32_t* targets,
+                            const float* const* a, const float* const* c) override {
+    DeviceScope scope(device_);
+    auto p = std::make_unique<PredictorsImpl>();
+    p->groups.resize(n_groups);
+    for (int g = 0; g < n_groups; ++g) {
+      PredictorsImpl::Group& grp = p->groups[g];
+      if (n_anchors[g] < 1 || n_anchors[g] > kMaxGroupLayers || n_targets[g] < 1 ||
+          n_targets[g] > kMaxGroupLayers) {
+        err_.Fail(__FILE__, __LINE__, "group " + std::to_string(g) + " has " +
+                                          std::to_string(n_anchors[g]) + " anchors and " +
+                                          std::to_string(n_targets[g]) + " targets (1.." +
+                                          std::to_string(kMaxGroupLayers) + " each)");
+        return nullptr;
+      }
+      grp.anchors.assign(anchors, anchors + n_anchors[g]);
+      grp.targets.assign(targets, targets + n_targets[g]);
+      anchors += n_anchors[g];
+      targets += n_targets[g];
+      for (int32_t l : grp.anchors) {
+        if (l < 0 || l >= dims_.n_layers) return BadLayer(l);
+      }
+      for (int32_t l : grp.targets) {
+        if (l < 0 || l >= dims_.n_layers) return BadLayer(l);
+      }
+      grp.features = 2 * n_anchors[g] * kv_width_;
+      const int64_t out = 2 * n_targets[g] * kv_width_;
+      if (Upload(grp.a, a[g], out * grp.features) != 0 || Upload(grp.c, c[g], out) != 0) {
+        return nullptr;
+      }
+    }
+    return p.release();
+  }
+
+  double TimeGemm(int64_t m, int64_t n, int64_t k, int repeats) override {
+    DeviceScope scope(device_);
+    std::lock_guard<std::mutex> lock(mu_);
+    DeviceArray<__half> a, b;
+    DeviceArray<float> c;
+    Event start, stop;
+    if (a.Allocate(m * k) != cudaSuccess || b.Allocate(k * n) != cudaSuccess ||
+        c.Allocate(m * n) != cudaSuccess || start.Create(true) != cudaSuccess ||
+        stop.Create(true) != cudaSuccess) {
+      err_.Fail(__FILE__, __LINE__, "GEMM timing buffers");
+      return -1.0;
+    }
+    const cudaStream_t s = compute_.stream();
+    LaunchFillPattern(a.get(), m * k, s);
+    LaunchFillPattern(b.get(), k * n, s);
+    // y[m, n] = x[m, k] * w[n, k]^T: the shape of a projection of m tokens.
+    if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f) != 0) return -1.0;
+    cudaEventRecord(start.get(), s);
+    for (int r = 0; r < repeats; ++r) {
+      if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f) != 0) return -1.0;
+    }
+    cudaEventRecord(stop.get(), s);
+    const cudaError_t e = cudaEventSynchronize(stop.get());
+    if (e != cudaSuccess) {
+      err_.Fail(__FILE__, __LINE__, CudaMessage("cudaEventSynchronize", e));
+      return -1.0;
+    }
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start.get(), stop.get());
+    return ms / 1000.0 / std::max(1, repeats);
+  }
+
+  // Used by sessions.
+  int device() const { return device_; }
+  int64_t kv_width() const { return kv_width_; }
+  RopeConfig rope() const {
+    return {dims_.head_dim, dims_.rope_dim, dims_.rope_base, dims_.rope_interleaved};
+  }
+  int ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits,
+                   float* logits, ErrorState& err);
+  int RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int64_t begin, int64_t count,
+                   ErrorState& err);
+  int Stage(SessionImpl& s, cudaStream_t transfer, void* dst, const void* src, size_t bytes,
+            ErrorState& err);
+  std::mutex& mutex() { return mu_; }
+  Compute& compute() { return compute_; }
+
+ private:
+  struct Layer {
+    DeviceArray<__half> wqkv, wo, w_gate_up, w_down;  // fused [Wq; Wk; Wv], [Wgate; Wup]
+    DeviceArray<float> attn_norm, ffn_norm, bqkv;
+    uint32_t set = 0;  // WeightSlot bits
+  };
+
+  int BadShape(int32_t layer, int slot, int64_t rows, int64_t cols) {
+    return err_.Fail(__FILE__, __LINE__,
+                     "weight slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
+                         " does not take a [" + std::to_string(rows) + ", " +
+                         std::to_string(cols) + "] tensor");
+  }
+  Predictors* BadLayer(int32_t layer) {
+    err_.Fail(__FILE__, __LINE__, "group layer " + std::to_string(layer) + " out of range");
+    return nullptr;
+  }
+  int Upload(DeviceArray<float>& dst, const float* src, int64_t n) {
+    RKV_CUDA(dst.Allocate(n));
+    RKV_CUDA(cudaMemcpy(dst.get(), src, n * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+  }
+
+  ErrorState err_;
+  const int device_;
+  const ModelDims dims_;
+  int64_t q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
+  std::mutex mu_;  // the compute stream and the scratch below
+  Compute compute_;
+  std::vector<Layer> layers_;
+  DeviceArray<__half> embedding_, lm_head_;
+  DeviceArray<float> output_norm_;
+  DeviceArray<float> x_, xn_, qkv_, attn_, gate_up_, logits_, features_, rebuilt_;
+  DeviceArray<__half> xh_, qkvh_;
+  DeviceArray<int32_t> ids_;
+  std::mutex staging_mu_;
+  PinnedBuffer staging_[kStagingSlots];
+  Event staging_done_[kStagingSlots];
+  int next_slot_ = 0;
+};
+
+int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits,
+                             float* logits, ErrorState& err_) {
+  const ModelDims& d = dims_;
+  const cudaStream_t st = compute_.stream();
+  const int64_t pos0 = s.n_tokens();
+  const RopeConfig r = rope();
+  Compute& c = compute_;
+  RKV_CUDA(cudaMemcpyAsync(ids_.get(), tokens, n * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  RKV_CUDA(LaunchEmbed(embedding_.get(), d.hidden, ids_.get(), n, x_.get(), st));
+  for (int64_t l = 0; l < d.n_layers; ++l) {
+    const Layer& w = layers_[l];
+    __half* kc = s.rows(static_cast<int32_t>(l), 0);
+    __half* vc = s.rows(static_cast<int32_t>(l), 1);
+    RKV_CUDA(LaunchRmsNorm(x_.get(), n, d.hidden, w.attn_norm.get(), d.rms_eps, xn_.get(), st));
+    RKV_CUDA(LaunchToHalf(xn_.get(), n * d.hidden, xh_.get(), st));
+    RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.wqkv.get(), qkv_width_, d.hidden, qkv_.get(),
+                     qkv_width_, 0.0f));
+    if (d.qkv_bias) RKV_CUDA(LaunchAddBias(qkv_.get(), w.bqkv.get(), n, qkv_width_, st));
+    RKV_CUDA(LaunchRope(qkv_.get(), n, qkv_width_, d.n_heads, nullptr, pos0, r, 0, st));
+    RKV_CUDA(LaunchRope(qkv_.get() + q_width_, n, qkv_width_, d.n_kv_heads, nullptr, pos0, r, 0, st));
+    RKV_CUDA(LaunchStoreRows(qkv_.get() + q_width_, n, kv_width_, qkv_width_,
+                             kc + pos0 * kv_width_, st));
+    RKV_CUDA(LaunchStoreRows(qkv_.get() + q_width_ + kv_width_, n, kv_width_, qkv_width_,
+                             vc + pos0 * kv_width_, st));
+    RKV_CUDA(LaunchToHalf(qkv_.get(), n * qkv_width_, qkvh_.get(), st));
+    RKV_TRY(c.Attention(qkvh_.get(), qkv_width_, n, pos0, kc, vc, d.n_heads, d.n_kv_heads,
+                        d.head_dim, attn_.get()));
+    RKV_CUDA(LaunchToHalf(attn_.get(), n * q_width_, xh_.get(), st));
+    RKV_TRY(c.Linear(xh_.get(), q_width_, n, w.wo.get(), d.hidden, q_width_, x_.get(), d.hidden,
+                     1.0f));
+    RKV_CUDA(LaunchRmsNorm(x_.get(), n, d.hidden, w.ffn_norm.get(), d.rms_eps, xn_.get(), st));
+    RKV_CUDA(LaunchToHalf(xn_.get(), n * d.hidden, xh_.get(), st));
+    RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.w_gate_up.get(), 2 * d.ffn, d.hidden,
+                     gate_up_.get(), 2 * d.ffn, 0.0f));
+    RKV_CUDA(LaunchSwiGluHalf(gate_up_.get(), n, d.ffn, 2 * d.ffn, d.ffn, xh_.get(), st));
+    RKV_TRY(c.Linear(xh_.get(), d.ffn, n, w.w_down.get(), d.hidden, d.ffn, x_.get(), d.hidden,
+                     1.0f));
+  }
+  s.tokens_ref() = pos0 + n;
+  if (logits == nullptr) return 0;
+  const __half* head = d.tied ? embedding_.get() : lm_head_.get();
+  const int64_t first = all_logits ? 0 : n - 1;
+  // One row at a time through the lm head keeps the logits buffer at [vocab].
+  for (int64_t i = first; i < n; ++i) {
+    RKV_CUDA(LaunchRmsNorm(x_.get() + i * d.hidden, 1, d.hidden, output_norm_.get(), d.rms_eps,
+                           xn_.get(), st));
+    RKV_CUDA(LaunchToHalf(xn_.get(), d.hidden, xh_.get(), st));
+    RKV_TRY(c.Linear(xh_.get(), d.hidden, 1, head, d.vocab, d.hidden, logits_.get(), d.vocab,
+                     0.0f));
+    RKV_CUDA(cudaMemcpyAsync(logits + (i - first) * d.vocab, logits_.get(),
+                             d.vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
+  }
+  RKV_CUDA(cudaStreamSynchronize(st));
+  return 0;
+}
+
+int EngineImpl::RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int64_t begin,
+                             int64_t count, ErrorState& err_) {
+  const cudaStream_t st = compute_.stream();
+  const int64_t out = 2 * static_cast<int64_t>(g.targets.size()) * kv_width_;
+  RKV_CUDA(features_.Reserve(count * g.features));
+  RKV_CUDA(rebuilt_.Reserve(count * out));
+  LayerPointers anchors{}, targets{};
+  for (size_t i = 0; i < g.anchors.size(); ++i) {
+    anchors.k[i] = s.rows(g.anchors[i], 0);
+    anchors.v[i] = s.rows(g.anchors[i], 1);
+  }
+  for (size_t i = 0; i < g.targets.size(); ++i) {
+    targets.k[i] = s.rows(g.targets[i], 0);
+    targets.v[i] = s.rows(g.targets[i], 1);
+  }
+  RKV_CUDA(LaunchGatherFeatures(anchors, static_cast<int>(g.anchors.size()), begin, count,
+                                kv_width_, rope(), features_.get(), st));
+  // rebuilt[count, out] = features[count, F] * a[out, F]^T, f32 throughout.
+  const float one = 1.0f, zero = 0.0f;
+  RKV_BLAS(cublasSgemm(compute_.blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
+                       static_cast<int>(count), static_cast<int>(g.features), &one, g.a.get(),
+                       static_cast<int>(g.features), features_.get(),
+                       static_cast<int>(g.features), &zero, rebuilt_.get(),
+                       static_cast<int>(out)));
+  RKV_CUDA(LaunchScatterRebuilt(rebuilt_.get(), g.c.get(), targets,
+                                static_cast<int>(g.targets.size()), begin, count, kv_width_,
+                                rope(), st));
+  return 0;
+}
+
+int EngineImpl::Stage(SessionImpl& s, cudaStream_t transfer, void* dst, const void* src,
+                      size_t bytes, ErrorState& err_) {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  auto* out = static_cast<uint8_t*>(dst);
+  const auto* in = static_cast<const uint8_t*>(src);
+  while (bytes > 0) {
+    const int slot = next_slot_;
+    next_slot_ = (next_slot_ + 1) % kStagingSlots;
+    // The slot's previous copy must have left the pinned buffer before it is overwritten.
+    RKV_CUDA(cudaEventSynchronize(staging_done_[slot].get()));
+    const size_t n = std::min(bytes, kStagingSlotBytes);
+    std::memcpy(staging_[slot].get(), in, n);
+    RKV_CUDA(cudaMemcpyAsync(out, staging_[slot].get(), n, cudaMemcpyHostToDevice, transfer));
+    RKV_CUDA(cudaEventRecord(staging_done_[slot].get(), transfer));
+    out += n;
+    in += n;
+    bytes -= n;
+  }
+  return 0;
+}
+
+int SessionImpl::Init() {
+  const ModelDims& d = engine_.dims();
+  RKV_CUDA(kv_.Allocate(static_cast<size_t>(d.n_layers) * 2 * capacity_ * engine_.kv_width()));
+  RKV_CUDA(transfer_.Create());
+  RKV_CUDA(transfers_done_.Create());
+  layer_ready_.resize(d.n_layers);
+  for (Event& e : layer_ready_) RKV_CUDA(e.Create());
+  return 0;
+}
+
+__half* SessionImpl::rows(int32_t layer, int values) const {
+  return kv_.get() + (static_cast<int64_t>(layer) * 2 + values) * capacity_ * engine_.kv_width();
+}
+
+int SessionImpl::CheckRows(int32_t layer, int values, int64_t first, int64_t count) {
+  if (layer < 0 || layer >= engine_.dims().n_layers || (values != 0 && values != 1) ||
+      first < 0 || count < 0 || first + count > capacity_) {
+    return err_.Fail(__FILE__, __LINE__,
+                     "rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                         ") of layer " + std::to_string(layer) + " outside the cache of " +
+                         std::to_string(capacity_) + " rows and " +
+                         std::to_string(engine_.dims().n_layers) + " layers");
+  }
+  return 0;
+}
+
+int SessionImpl::WaitTransfers(cudaStream_t compute) {
+  RKV_CUDA(cudaEventRecord(transfers_done_.get(), transfer_.get()));
+  RKV_CUDA(cudaStreamWaitEvent(compute, transfers_done_.get(), 0));
+  return 0;
+}
+
+int SessionImpl::Forward(const int32_t* tokens, int64_t n, int all_logits, float* logits) {
+  DeviceScope scope(engine_.device());
+  if (n < 1 || n_tokens_ + n > capacity_) {
+    return err_.Fail(__FILE__, __LINE__,
+                     std::to_string(n) + " tokens after " + std::to_string(n_tokens_) +
+                         " do not fit the cache of " + std::to_string(capacity_));
+  }
+  const int64_t vocab = engine_.dims().vocab;
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return err_.Fail(__FILE__, __LINE__, "token id " + std::to_string(tokens[i]) +
+                                               " outside the vocabulary");
+    }
+  }
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  RKV_TRY(WaitTransfers(engine_.compute().stream()));
+  for (int64_t start = 0; start < n; start += kMicroBatch) {
+    const int64_t m = std::min(kMicroBatch, n - start);
+    const bool last = start + m == n;
+    float* out = nullptr;
+    if (logits != nullptr && all_logits) out = logits + start * vocab;
+    if (logits != nullptr && !all_logits && last) out = logits;
+    RKV_TRY(engine_.ForwardBatch(*this, tokens + start, m, all_logits != 0, out, err_));
+  }
+  return 0;
+}
+
+int SessionImpl::UploadRows(int32_t layer, int values, int64_t first, int64_t count,
+                            const uint16_t* src) {
+  DeviceScope scope(engine_.device());
+  RKV_TRY(CheckRows(layer, values, first, count));
+  const int64_t w = engine_.kv_width();
+  return engine_.Stage(*this, transfer_.get(), rows(layer, values) + first * w, src,
+                       count * w * sizeof(__half), err_);
+}
+
+int SessionImpl::MarkLayerUploaded(int32_t layer) {
+  DeviceScope scope(engine_.device());
+  RKV_TRY(CheckRows(layer, 0, 0, 0));
+  RKV_CUDA(cudaEventRecord(layer_ready_[layer].get(), transfer_.get()));
+  return 0;
+}
+
+int SessionImpl::Rebuild(const Predictors* p, int group, int64_t begin, int64_t count) {
+  DeviceScope scope(engine_.device());
+  const auto* preds = dynamic_cast<const PredictorsImpl*>(p);
+  if (preds == nullptr || group < 0 || group >= static_cast<int>(preds->groups.size())) {
+    return err_.Fail(__FILE__, __LINE__, "no predictor group " + std::to_string(group));
+  }
+  RKV_TRY(CheckRows(0, 0, begin, count));
+  if (count == 0) return 0;
+  const PredictorsImpl::Group& g = preds->groups[group];
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  const cudaStream_t st = engine_.compute().stream();
+  for (int32_t a : g.anchors) RKV_CUDA(cudaStreamWaitEvent(st, layer_ready_[a].get(), 0));
+  return engine_.RebuildGroup(*this, g, begin, count, err_);
+}
+
+int SessionImpl::DownloadRows(int32_t layer, int values, int64_t first, int64_t count,
+                              uint16_t* dst) {
+  DeviceScope scope(engine_.device());
+  RKV_TRY(CheckRows(layer, values, first, count));
+  RKV_TRY(Synchronize());
+  const int64_t w = engine_.kv_width();
+  RKV_CUDA(cudaMemcpy(dst, rows(layer, values) + first * w, count * w * sizeof(__half),
+                      cudaMemcpyDeviceToHost));
+  return 0;
+}
+
+int SessionImpl::Synchronize() {
+  DeviceScope scope(engine_.device());
+  RKV_CUDA(cudaStreamSynchronize(transfer_.get()));
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  RKV_CUDA(cudaStreamSynchronize(engine_.compute().stream()));
+  return 0;
+}
+
+// Single ops over host buffers, through the same launchers and GEMM paths as the engine.
+class OpsImpl final : public Ops {
+ public:
+  explicit OpsImpl(int device) : device_(device), compute_(err_) {}
+  int Init() {
+    DeviceScope scope(device_);
+    return compute_.Init();
+  }
+  const char* error() const override { return err_.message(); }
+
+  int MatMul(const float* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols,
+             const float* bias, float* y) override {
+    DeviceScope scope(device_);
+    DeviceArray<float> dx, dy, db;
+    DeviceArray<__half> dxh, dw;
+    RKV_TRY(In(dx, x, n * cols));
+    RKV_CUDA(dxh.Allocate(n * cols));
+    RKV_TRY(In(dw, reinterpret_cast<const __half*>(w), rows * cols));
+    RKV_CUDA(dy.Allocate(n * rows));
+    RKV_CUDA(LaunchToHalf(dx.get(), n * cols, dxh.get(), s()));
+    RKV_TRY(compute_.Linear(dxh.get(), cols, n, dw.get(), rows, cols, dy.get(), rows, 0.0f));
+    if (bias != nullptr) {
+      RKV_TRY(In(db, bias, rows));
+      RKV_CUDA(LaunchAddBias(dy.get(), db.get(), n, rows, s()));
+    }
+    return Out(y, dy, n * rows);
+  }
+
+  int RmsNorm(const float* x, int64_t n, int64_t d, const float* weight, float eps,
+              float* y) override {
+    DeviceScope scope(device_);
+    DeviceArray<float> dx, dw;
+    RKV_TRY(In(dx, x, n * d));
+    RKV_TRY(In(dw, weight, d));
+    RKV_CUDA(LaunchRmsNorm(dx.get(), n, d, dw.get(), eps, dx.get(), s()));
+    return Out(y, dx, n * d);
+  }
+
+  int Rope(float* x, int64_t n, int64_t heads, const int32_t* positions, int64_t head_dim,
+           int64_t rope_dim, double base, int interleaved, int inverse) override {
+    DeviceScope scope(device_);
+    DeviceArray<float> dx;
+    DeviceArray<int32_t> dp;
+    RKV_TRY(In(dx, x, n * heads * head_dim));
+    RKV_TRY(In(dp, positions, n));
+    RKV_CUDA(LaunchRope(dx.get(), n, heads * head_dim, heads, dp.get(), 0,
+                        {head_dim, rope_dim, base, interleaved}, inverse, s()));
+    return Out(x, dx, n * heads * head_dim);
+  }
+
+  int Embed(const uint16_t* table, int64_t rows, int64_t cols, const int32_t* ids, int64_t n,
+            float* out) override {
+    DeviceScope scope(device_);
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= rows) return err_.Fail(__FILE__, __LINE__, "id out of range");
+    }
+    DeviceArray<__half> dt;
+    DeviceArray<int32_t> di;
+    DeviceArray<float> dout;
+    RKV_TRY(In(dt, reinterpret_cast<const __half*>(table), rows * cols));
+    RKV_TRY(In(di, ids, n));
+    RKV_CUDA(dout.Allocate(n * cols));
+    RKV_CUDA(LaunchEmbed(dt.get(), cols, di.get(), n, dout.get(), s()));
+    return Out(out, dout, n * cols);
+  }
+
+  int SwiGlu(const float* gate, const float* up, int64_t n, float* out) override {
+    DeviceScope scope(device_);
+    DeviceArray<float> din, dout;
+    RKV_CUDA(din.Allocate(2 * n));
+    RKV_CUDA(cudaMemcpy(din.get(), gate, n * sizeof(float), cudaMemcpyHostToDevice));
+    RKV_CUDA(cudaMemcpy(din.get() + n, up, n * sizeof(float), cudaMemcpyHostToDevice));
+    RKV_CUDA(dout.Allocate(n));
+    // As one row of width n whose up half starts n elements later.
+    RKV_CUDA(LaunchSwiGlu(din.get(), 1, n, 2 * n, n, dout.get(), s()));
+    return Out(out, dout, n);
+  }
+
+  int Attention(const float* q, int64_t n, int64_t q_pos0, const uint16_t* k, const uint16_t* v,
+                int64_t n_ctx, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                float* out) override {
+    DeviceScope scope(device_);
+    if (n_heads % n_kv_heads != 0 || n_ctx < q_pos0 + n) {
+      return err_.Fail(__FILE__, __LINE__, "attention shapes do not fit");
+    }
+    const int64_t qw = n_heads * head_dim, kvw = n_kv_heads * head_dim;
+    DeviceArray<float> dq, dout;
+    DeviceArray<__half> dqh, dk, dv;
+    RKV_TRY(In(dq, q, n * qw));
+    RKV_CUDA(dqh.Allocate(n * qw));
+    RKV_TRY(In(dk, reinterpret_cast<const __half*>(k), n_ctx * kvw));
+    RKV_TRY(In(dv, reinterpret_cast<const __half*>(v), n_ctx * kvw));
+    RKV_CUDA(dout.Allocate(n * qw));
+    RKV_CUDA(LaunchToHalf(dq.get(), n * qw, dqh.get(), s()));
+    RKV_TRY(compute_.Attention(dqh.get(), qw, n, q_pos0, dk.get(), dv.get(), n_heads, n_kv_heads,
+                               head_dim, dout.get()));
+    return Out(out, dout, n * qw);
+  }
+
+ private:
+  cudaStream_t s() const { return compute_.stream(); }
+  template <typename T>
+  int In(DeviceArray<T>& d, const T* host, int64_t n) {
+    RKV_CUDA(d.Allocate(n));
+    RKV_CUDA(cudaMemcpy(d.get(), host, n * sizeof(T), cudaMemcpyHostToDevice));
+    return 0;
+  }
+  int Out(float* host, const DeviceArray<float>& d, int64_t n) {
+    RKV_CUDA(cudaMemcpyAsync(host, d.get(), n * sizeof(float), cudaMemcpyDeviceToHost, s()));
+    RKV_CUDA(cudaStreamSynchronize(s()));
+    return 0;
+  }
+
+  ErrorState err_;
+  const int device_;
+  Compute compute_;
+};
+
+void CopyError(const char* what, char* error, int error_len) {
+  if (error != nullptr && error_len > 0) std::snprintf(error, error_len, "%s", what);
+}
+
+bool DeviceExists(int device, char* error, int error_len) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    CopyError(CudaMessage("cudaGetDeviceCount", e).c_str(), error, error_len);
+    return false;
+  }
+  if (device < 0 || device >= count) {
+    CopyError(("no CUDA device " + std::to_string(device) + " (" + std::to_string(count) +
+               " present)")
+                  .c_str(),
+              error, error_len);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+}  // namespace riskkv::cuda
+
+extern "C" riskkv::cuda::Engine* riskkv_cuda_new_engine(int device,
+                                                        const riskkv::cuda::ModelDims* dims,
+                                                        char* error, int error_len) {
+  using namespace riskkv::cuda;
+  if (!DeviceExists(device, error, error_len)) return nullptr;
+  auto engine = std::make_unique<EngineImpl>(device, *dims);
+  if (engine->Init() != 0) {
+    CopyError(engine->error(), error, error_len);
+    return nullptr;
+  }
+  return engine.release();
+}
+
+extern "C" riskkv::cuda::Ops* riskkv_cuda_new_ops(int device, char* error, int error_len) {
+  using namespace riskkv::cuda;
+  if (!DeviceExists(device, error, error_len)) return nullptr;
+  auto ops = std::make_unique<OpsImpl>(device);
+  if (ops->Init() != 0) {
+    CopyError(ops->error(), error, error_len);
+    return nullptr;
+  }
+  return ops.release();
+}

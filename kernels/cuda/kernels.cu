@@ -1,0 +1,310 @@
+// The engine's kernels other than GEMMs (those go through cuBLAS). Numerics follow the CPU
+// backend (kernels/cpu/cpu_backend.cc): RoPE angles in double, cos/sin rounded to f32.
+#include <cmath>
+
+#include "kernels/cuda/kernels.cuh"
+
+namespace riskkv::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+inline unsigned Blocks(int64_t total) {
+  const int64_t b = (total + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > (1 << 22) ? (1 << 22) : b));
+}
+
+#define RKV_GRID_STRIDE(i, total)                                                  \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (total); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+template <bool kMax>
+__device__ float BlockReduce(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // an earlier call may still be reading `shared`
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? shared[lane] : (kMax ? -INFINITY : 0.0f);
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  return v;
+}
+
+// cos and sin of position * base^(-2i / rope_dim), as the CPU backend computes them.
+__device__ inline void RopeAngle(double position, int64_t i, const RopeConfig& r, int inverse,
+                                 float* c, float* s) {
+  const double angle = position * pow(r.base, -2.0 * static_cast<double>(i) /
+                                                   static_cast<double>(r.rope_dim));
+  *c = static_cast<float>(cos(angle));
+  const float sn = static_cast<float>(sin(angle));
+  *s = inverse ? -sn : sn;
+}
+
+// For dimension d < rope_dim of a head: its pair index, its partner and whether it is the
+// pair's first member.
+__device__ inline void RopePair(int64_t d, const RopeConfig& r, int64_t* pair, int64_t* partner,
+                                bool* first) {
+  const int64_t half = r.rope_dim / 2;
+  if (r.interleaved) {
+    *pair = d / 2;
+    *first = (d % 2) == 0;
+    *partner = *first ? d + 1 : d - 1;
+  } else {
+    *first = d < half;
+    *pair = *first ? d : d - half;
+    *partner = *first ? d + half : d - half;
+  }
+}
+
+// One rotated element given itself and its partner.
+__device__ inline float RotateElement(float self, float partner, bool first, float c, float s) {
+  return first ? self * c - partner * s : partner * s + self * c;
+}
+
+__global__ void EmbedKernel(const __half* table, int64_t cols, const int32_t* ids, int64_t n,
+                            float* out) {
+  RKV_GRID_STRIDE(idx, n * cols) {
+    const int64_t i = idx / cols, j = idx % cols;
+    out[idx] = __half2float(table[static_cast<int64_t>(ids[i]) * cols + j]);
+  }
+}
+
+__global__ void RmsNormKernel(const float* x, int64_t d, const float* w, float eps, float* y) {
+  __shared__ float shared[32];
+  const float* xr = x + blockIdx.x * d;
+  float* yr = y + blockIdx.x * d;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
+  ss = BlockReduce<false>(ss, shared);
+  const float scale = rsqrtf(ss / static_cast<float>(d) + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = xr[j] * scale * w[j];
+}
+
+__global__ void RopeKernel(float* x, int64_t n, int64_t stride, int64_t heads,
+                           const int32_t* positions, int64_t pos0, RopeConfig r, int inverse) {
+  const int64_t half = r.rope_dim / 2;
+  RKV_GRID_STRIDE(idx, n * heads * half) {
+    const int64_t i = idx % half;
+    const int64_t h = (idx / half) % heads;
+    const int64_t t = idx / half / heads;
+    const double position = positions != nullptr ? positions[t] : static_cast<double>(pos0 + t);
+    float c, s;
+    RopeAngle(position, i, r, inverse, &c, &s);
+    float* v = x + t * stride + h * r.head_dim;
+    const int64_t a = r.interleaved ? 2 * i : i;
+    const int64_t b = r.interleaved ? 2 * i + 1 : i + half;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = x0 * c - x1 * s;
+    v[b] = x0 * s + x1 * c;
+  }
+}
+
+template <typename Out>
+__global__ void SwiGluKernel(const float* in, int64_t n, int64_t width, int64_t stride,
+                             int64_t up_offset, Out* out) {
+  RKV_GRID_STRIDE(idx, n * width) {
+    const int64_t i = idx / width, j = idx % width;
+    const float g = in[i * stride + j];
+    const float u = in[i * stride + up_offset + j];
+    const float r = g / (1.0f + expf(-g)) * u;
+    if constexpr (sizeof(Out) == 2) {
+      out[idx] = __float2half(r);
+    } else {
+      out[idx] = r;
+    }
+  }
+}
+
+__global__ void ToHalfKernel(const float* in, int64_t n, __half* out) {
+  RKV_GRID_STRIDE(i, n) { out[i] = __float2half(in[i]); }
+}
+
+__global__ void AddBiasKernel(float* y, const float* b, int64_t n, int64_t cols) {
+  RKV_GRID_STRIDE(i, n * cols) { y[i] += b[i % cols]; }
+}
+
+__global__ void StoreRowsKernel(const float* src, int64_t n, int64_t width, int64_t stride,
+                                __half* dst) {
+  RKV_GRID_STRIDE(idx, n * width) {
+    const int64_t i = idx / width, j = idx % width;
+    dst[idx] = __float2half(src[i * stride + j]);
+  }
+}
+
+__global__ void CausalSoftmaxKernel(const float* scores, int64_t n, int64_t ctx, int64_t q_pos0,
+                                    __half* probs) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const int64_t visible = q_pos0 + row % n + 1;
+  const float* s = scores + row * ctx;
+  __half* p = probs + row * ctx;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) mx = fmaxf(mx, s[j]);
+  mx = BlockReduce<true>(mx, shared);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) sum += expf(s[j] - mx);
+  sum = BlockReduce<false>(sum, shared);
+  const float inv = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < ctx; j += blockDim.x) {
+    p[j] = __float2half(j < visible ? expf(s[j] - mx) * inv : 0.0f);
+  }
+}
+
+__global__ void GatherFeaturesKernel(LayerPointers anchors, int n_anchors, int64_t begin,
+                                     int64_t count, int64_t width, RopeConfig r,
+                                     float* features) {
+  RKV_GRID_STRIDE(idx, count * n_anchors * 2 * width) {
+    const int64_t j = idx % width;
+    const int64_t rest = idx / width;
+    const int part = static_cast<int>(rest % 2);
+    const int a = static_cast<int>((rest / 2) % n_anchors);
+    const int64_t t = rest / 2 / n_anchors;
+    const int64_t row = (begin + t) * width;
+    if (part == 1) {
+      features[idx] = __half2float(anchors.v[a][row + j]);
+      continue;
+    }
+    const __half* k = anchors.k[a] + row;
+    const int64_t d = j % r.head_dim, head = j - d;
+    if (d >= r.rope_dim) {
+      features[idx] = __half2float(k[j]);
+      continue;
+    }
+    int64_t pair, partner;
+    bool first;
+    RopePair(d, r, &pair, &partner, &first);
+    float c, s;
+    RopeAngle(static_cast<double>(begin + t), pair, r, /*inverse=*/1, &c, &s);
+    features[idx] = RotateElement(__half2float(k[j]), __half2float(k[head + partner]), first, c, s);
+  }
+}
+
+__global__ void ScatterRebuiltKernel(const float* y, const float* c, LayerPointers targets,
+                                     int n_targets, int64_t begin, int64_t count, int64_t width,
+                                     RopeConfig r) {
+  RKV_GRID_STRIDE(idx, count * n_targets * 2 * width) {
+    const int64_t j = idx % width;
+    const int64_t rest = idx / width;
+    const int part = static_cast<int>(rest % 2);
+    const int tgt = static_cast<int>((rest / 2) % n_targets);
+    const int64_t t = rest / 2 / n_targets;
+    const int64_t block = (static_cast<int64_t>(tgt) * 2 + part) * width;  // into c
+    const int64_t out = (begin + t) * width + j;
+    const float self = y[idx] + c[block + j];
+    if (part == 1) {
+      targets.v[tgt][out] = __float2half(self);
+      continue;
+    }
+    const int64_t d = j % r.head_dim, head = j - d;
+    if (d >= r.rope_dim) {
+      targets.k[tgt][out] = __float2half(self);
+      continue;
+    }
+    int64_t pair, partner;
+    bool first;
+    RopePair(d, r, &pair, &partner, &first);
+    const float other = y[idx - j + head + partner] + c[block + head + partner];
+    float cs, sn;
+    RopeAngle(static_cast<double>(begin + t), pair, r, /*inverse=*/0, &cs, &sn);
+    targets.k[tgt][out] = __float2half(RotateElement(self, other, first, cs, sn));
+  }
+}
+
+__global__ void FillPatternKernel(__half* x, int64_t n) {
+  RKV_GRID_STRIDE(i, n) {
+    const uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+    x[i] = __float2half(static_cast<float>(h >> 21) / 1024.0f - 1.0f);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchEmbed(const __half* table, int64_t cols, const int32_t* ids, int64_t n,
+                        float* out, cudaStream_t stream) {
+  EmbedKernel<<<Blocks(n * cols), kThreads, 0, stream>>>(table, cols, ids, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps,
+                          float* y, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  RmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, w, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRope(float* x, int64_t n, int64_t stride, int64_t heads,
+                       const int32_t* positions, int64_t pos0, const RopeConfig& rope,
+                       int inverse, cudaStream_t stream) {
+  RopeKernel<<<Blocks(n * heads * (rope.rope_dim / 2)), kThreads, 0, stream>>>(
+      x, n, stride, heads, positions, pos0, rope, inverse);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSwiGlu(const float* in, int64_t n, int64_t width, int64_t stride,
+                         int64_t up_offset, float* out, cudaStream_t stream) {
+  SwiGluKernel<float><<<Blocks(n * width), kThreads, 0, stream>>>(in, n, width, stride,
+                                                                  up_offset, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSwiGluHalf(const float* in, int64_t n, int64_t width, int64_t stride,
+                             int64_t up_offset, __half* out, cudaStream_t stream) {
+  SwiGluKernel<__half><<<Blocks(n * width), kThreads, 0, stream>>>(in, n, width, stride,
+                                                                   up_offset, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchToHalf(const float* in, int64_t n, __half* out, cudaStream_t stream) {
+  ToHalfKernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddBias(float* y, const float* b, int64_t n, int64_t cols,
+                          cudaStream_t stream) {
+  AddBiasKernel<<<Blocks(n * cols), kThreads, 0, stream>>>(y, b, n, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchStoreRows(const float* src, int64_t n, int64_t width, int64_t stride,
+                            __half* dst, cudaStream_t stream) {
+  StoreRowsKernel<<<Blocks(n * width), kThreads, 0, stream>>>(src, n, width, stride, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCausalSoftmax(const float* scores, int64_t heads, int64_t n, int64_t ctx,
+                                int64_t q_pos0, __half* probs, cudaStream_t stream) {
+  if (heads * n == 0) return cudaSuccess;
+  CausalSoftmaxKernel<<<static_cast<unsigned>(heads * n), kThreads, 0, stream>>>(
+      scores, n, ctx, q_pos0, probs);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGatherFeatures(const LayerPointers& anchors, int n_anchors, int64_t begin,
+                                 int64_t count, int64_t width, const RopeConfig& rope,
+                                 float* features, cudaStream_t stream) {
+  GatherFeaturesKernel<<<Blocks(count * n_anchors * 2 * width), kThreads, 0, stream>>>(
+      anchors, n_anchors, begin, count, width, rope, features);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScatterRebuilt(const float* y, const float* c, const LayerPointers& targets,
+                                 int n_targets, int64_t begin, int64_t count, int64_t width,
+                                 const RopeConfig& rope, cudaStream_t stream) {
+  ScatterRebuiltKernel<<<Blocks(count * n_targets * 2 * width), kThreads, 0, stream>>>(
+      y, c, targets, n_targets, begin, count, width, rope);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFillPattern(__half* x, int64_t n, cudaStream_t stream) {
+  FillPatternKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n);
+  return cudaGetLastError();
+}
+
+}  // namespace riskkv::cuda

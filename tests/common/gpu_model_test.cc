@@ -1,0 +1,214 @@
+// The GPU engine against the CPU model (the oracle, f32 activations): logits, teacher-forced NLL
+// and KV after prefill and decode on the tiny models (Llama with interleaved RoPE, Qwen2 with
+// biases and half RoPE, a Q4_1 file) and on SmolLM2; RISK-KV rebuilds on the GPU against
+// RebuildGroup on the CPU, and a migration-shaped recovery (retained layers uploaded, groups
+// rebuilt as their anchors land, the last token decoded). Label gpu: skips, naming the reason,
+// where no GPU is usable.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/gpu_model.h"
+#include "common/model.h"
+#include "common/model_fingerprint.h"
+#include "common/recovery/gpu_rebuild.h"
+#include "common/recovery/rebuild.h"
+#include "tests/kernels/op_reference.h"
+#include "tests/services/tiny_policy.h"
+#include "tests/test_paths.h"
+
+namespace riskkv {
+namespace {
+
+using testing::Nmse;
+
+// Tolerances, GPU against the f32 CPU oracle. Weights and activations meet as f16 on the GPU, so
+// logits drift by about 1e-3 relative; the NLL by a few thousandths of a nat.
+constexpr double kLogitsNmse = 2e-4;
+constexpr double kNllAbs = 0.01;
+constexpr double kKvNmse = 2e-4;
+// A rebuild reads exact f16 KV and writes f16 on both sides; only f32 summation order differs.
+constexpr double kRebuildNmse = 1e-6;
+
+std::unique_ptr<Model> LoadCpu(const std::filesystem::path& path) {
+  auto m = Model::Load(path.string(), {.threads = 0, .activations = ActivationPrecision::kF32});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+std::vector<int32_t> Tokens(int64_t n, int64_t vocab, int32_t salt) {
+  std::vector<int32_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 131 + salt * 17 + 5) % vocab);
+  return t;
+}
+
+// Keys or values of `layer`, rows [0, n), as f32.
+std::vector<float> Rows(const KvCache& c, int64_t layer, bool values, int64_t n) {
+  std::vector<float> out(n * c.width());
+  auto s = values ? c.ReadValues(layer, 0, n, out.data()) : c.ReadKeys(layer, 0, n, out.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+TEST(GpuModelAvailability, AbsentGpuIsUnavailableWithAReason) {
+  auto cpu = LoadCpu(testing::TestdataDir() / "tiny_llama.gguf");
+  ASSERT_NE(cpu, nullptr);
+  auto gpu = GpuModel::Create(*cpu);
+  if (gpu.ok()) {
+    EXPECT_GT((*gpu)->device_bytes(), 0);
+  } else {
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnavailable) << gpu.status();
+    EXPECT_FALSE(gpu.status().message().empty());
+  }
+}
+
+class GpuModelMatchesCpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuModelMatchesCpu, LogitsNllAndKv) {
+  std::filesystem::path path = GetParam() == "smollm2" ? testing::DefaultModelPath()
+                                                        : testing::TestdataDir() / GetParam();
+  auto cpu = LoadCpu(path);
+  ASSERT_NE(cpu, nullptr);
+  auto gpu = GpuModel::Create(*cpu);
+  if (!gpu.ok() && gpu.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << gpu.status().message();
+  }
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const int64_t vocab = cpu->config().vocab;
+  // 300 history tokens cross the 256-token micro-batch; then three decode steps.
+  const auto history = Tokens(300, vocab, 1);
+  const auto more = Tokens(3, vocab, 2);
+  auto cache = cpu->NewKvCache(512, DType::kF16);
+  ASSERT_TRUE(cache.ok());
+  auto session = (*gpu)->NewSession(512);
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto ref = cpu->Prefill(history, **cache);
+  auto got = (*gpu)->Prefill(history, **session);
+  ASSERT_TRUE(ref.ok() && got.ok()) << got.status();
+  EXPECT_LT(Nmse(got->data(), ref->data(), vocab), kLogitsNmse) << "prefill";
+  for (int32_t t : more) {
+    ref = cpu->Decode(t, **cache);
+    got = (*gpu)->Decode(t, **session);
+    ASSERT_TRUE(ref.ok() && got.ok()) << got.status();
+    EXPECT_LT(Nmse(got->data(), ref->data(), vocab), kLogitsNmse) << "decode";
+  }
+  EXPECT_EQ((*session)->n_tokens(), (*cache)->n_tokens());
+  auto downloaded = cpu->NewKvCache(512, DType::kF16);
+  ASSERT_TRUE((*session)->DownloadTo(**downloaded).ok());
+  const int64_t n = (*cache)->n_tokens();
+  for (int64_t l = 0; l < cpu->config().n_layers; ++l) {
+    for (bool values : {false, true}) {
+      const auto a = Rows(**downloaded, l, values, n), b = Rows(**cache, l, values, n);
+      EXPECT_LT(Nmse(a.data(), b.data(), static_cast<int64_t>(a.size())), kKvNmse)
+          << "layer " << l << (values ? " V" : " K");
+    }
+  }
+  const auto continuation = Tokens(40, vocab, 3);
+  auto nll_ref = cpu->TeacherForcedNll(continuation, **cache, *ref);
+  auto nll_got = (*gpu)->TeacherForcedNll(continuation, **session, *got);
+  ASSERT_TRUE(nll_ref.ok() && nll_got.ok()) << nll_got.status();
+  ASSERT_EQ(nll_got->nll.size(), nll_ref->nll.size());
+  EXPECT_NEAR(nll_got->mean, nll_ref->mean, kNllAbs);
+  // Bad input is refused with the same words as on the CPU, and the session survives it.
+  const int32_t bad = static_cast<int32_t>(vocab);
+  EXPECT_EQ((*gpu)->Decode(bad, **session).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*gpu)->Decode(1, **session).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuModelMatchesCpu,
+                         ::testing::Values("tiny_llama.gguf", "tiny_llama_q4_1.gguf",
+                                           "tiny_qwen2.gguf", "smollm2"));
+
+class GpuRebuild : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cpu_ = LoadCpu(testing::TestdataDir() / "tiny_llama_deep.gguf");
+    ASSERT_NE(cpu_, nullptr);
+    auto gpu = GpuModel::Create(*cpu_);
+    if (!gpu.ok() && gpu.status().code() == absl::StatusCode::kUnavailable) {
+      GTEST_SKIP() << gpu.status().message();
+    }
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = std::move(*gpu);
+    auto fp = ModelFingerprint(*cpu_);
+    ASSERT_TRUE(fp.ok());
+    tiny_ = testing::MakeTinyPolicy(*cpu_, *fp, 3, DType::kF16);
+    auto preds = GpuPredictors::Create(*gpu_, *tiny_.bank);
+    ASSERT_TRUE(preds.ok()) << preds.status();
+    preds_ = std::move(*preds);
+  }
+  std::unique_ptr<Model> cpu_;
+  std::unique_ptr<GpuModel> gpu_;
+  testing::TinyPolicy tiny_;
+  std::unique_ptr<GpuPredictors> preds_;
+};
+
+TEST_F(GpuRebuild, GroupsMatchTheCpuRebuild) {
+  const int64_t n = 200;
+  auto exact = cpu_->NewKvCache(256, DType::kF16);
+  ASSERT_TRUE(cpu_->Prefill(Tokens(n, cpu_->config().vocab, 4), **exact).ok());
+  auto rebuilt = (*exact)->Clone();
+  ASSERT_TRUE(rebuilt.ok());
+  for (const FoldedGroup& g : tiny_.bank->groups()) {
+    ASSERT_TRUE(RebuildGroup(**rebuilt, g, cpu_->config(), cpu_->backend(), 0, n).ok());
+  }
+  auto session = gpu_->NewSession(256);
+  ASSERT_TRUE(session.ok());
+  std::vector<int32_t> all(cpu_->config().n_layers);
+  for (size_t l = 0; l < all.size(); ++l) all[l] = static_cast<int32_t>(l);
+  ASSERT_TRUE((*session)->UploadFrom(**exact, all).ok());
+  ASSERT_TRUE((*session)->SetTokens(n).ok());
+  for (const FoldedGroup& g : tiny_.bank->groups()) {
+    ASSERT_TRUE(preds_->Rebuild(**session, g, 0, n).ok());
+  }
+  auto back = cpu_->NewKvCache(256, DType::kF16);
+  ASSERT_TRUE((*session)->DownloadTo(**back).ok());
+  for (int64_t l = 0; l < cpu_->config().n_layers; ++l) {
+    const bool target = tiny_.bank->FindGroupForLayer(static_cast<int32_t>(l)) != nullptr;
+    for (bool values : {false, true}) {
+      const auto a = Rows(**back, l, values, n), b = Rows(**rebuilt, l, values, n);
+      const double e = Nmse(a.data(), b.data(), static_cast<int64_t>(a.size()));
+      if (target) {
+        EXPECT_LT(e, kRebuildNmse) << "rebuilt layer " << l << (values ? " V" : " K");
+      } else {
+        EXPECT_EQ(e, 0.0) << "exact layer " << l << " changed";
+      }
+    }
+  }
+  // A group of another bank is refused by name.
+  FoldedGroup stranger = tiny_.bank->groups().front();
+  EXPECT_EQ(preds_->Rebuild(**session, stranger, 0, n).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(GpuRebuild, RecoveryFromRetainedLayersMatchesTheCpuPath) {
+  const auto tokens = Tokens(129, cpu_->config().vocab, 5);
+  const int64_t history = 128;
+  auto source = cpu_->NewKvCache(256, DType::kF16);
+  ASSERT_TRUE(cpu_->Prefill(std::span(tokens).first(history), **source).ok());
+  // The CPU target: retained layers copied, groups rebuilt, the last token decoded.
+  auto cpu_target = (*source)->Clone();
+  ASSERT_TRUE(cpu_target.ok());
+  for (const FoldedGroup& g : tiny_.bank->groups()) {
+    ASSERT_TRUE(RebuildGroup(**cpu_target, g, cpu_->config(), cpu_->backend(), 0, history).ok());
+  }
+  auto ref = cpu_->Decode(tokens.back(), **cpu_target);
+  ASSERT_TRUE(ref.ok());
+  // The GPU target: only kept layers cross (anchors first, as SendOrder does), each group rebuilt
+  // once its anchors are marked, then the decode step.
+  auto session = gpu_->NewSession(256);
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE((*session)->SetTokens(history).ok());
+  for (const FoldedGroup& g : tiny_.bank->groups()) {
+    ASSERT_TRUE((*session)->UploadFrom(**source, g.group.anchors).ok());
+    ASSERT_TRUE(preds_->Rebuild(**session, g, 0, history).ok());
+  }
+  std::vector<int32_t> rest;
+  for (int32_t l : tiny_.policy.kept_layers()) rest.push_back(l);
+  ASSERT_TRUE((*session)->UploadFrom(**source, rest).ok());
+  auto got = gpu_->Decode(tokens.back(), **session);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LT(Nmse(got->data(), ref->data(), cpu_->config().vocab), kLogitsNmse);
+}
+
+}  // namespace
+}  // namespace riskkv
