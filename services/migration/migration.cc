@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -256,13 +257,24 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
                                absl::StrJoin(expected_sorted, ","), "], the handshake lists [",
                                absl::StrJoin(got_sorted, ","), "]"));
   }
-  ASSIGN_OR_RETURN(session_.cache,
-                   KvCache::Create(c.n_layers, c.n_kv_heads, c.head_dim, capacity, dtype));
+  wire_dtype_ = dtype;
+  row_bytes_ = c.kv_width() * (dtype == DType::kF16 ? 2 : 4);
+  if (ctx_.gpu != nullptr) {
+    if (!pending_.empty() &&
+        (ctx_.gpu_predictors == nullptr || &ctx_.gpu_predictors->bank() != ctx_.bank)) {
+      return refuse("this node's predictor bank is not loaded on its GPU");
+    }
+    ASSIGN_OR_RETURN(session_.gpu, ctx_.gpu->NewSession(capacity));
+  } else {
+    ASSIGN_OR_RETURN(session_.cache,
+                     KvCache::Create(c.n_layers, c.n_kv_heads, c.head_dim, capacity, dtype));
+  }
   // Rows arrive into [0, history); a replay prefills them instead.
   if (session_.mode != MigrationMode::kTokenReplay) {
-    RETURN_IF_ERROR(session_.cache->SetTokens(history_));
+    RETURN_IF_ERROR(session_.gpu ? session_.gpu->SetTokens(history_)
+                                 : session_.cache->SetTokens(history_));
   }
-  const int64_t row = session_.cache->token_bytes();
+  const int64_t row = row_bytes_;
   const int64_t expect_bytes = 2 * history_ * row * static_cast<int64_t>(got.size());
   if (h.kv_bytes() != expect_bytes || h.chunk_count() < 0 ||
       (history_ > 0 && !got.empty() && h.chunk_count() < 2 * static_cast<int64_t>(got.size())) ||
@@ -308,7 +320,7 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
                                                    " rows from row ", first,
                                                    ", outside the history of ", history_));
   }
-  const int64_t row = session_.cache->token_bytes();
+  const int64_t row = row_bytes_;
   if (static_cast<int64_t>(chunk.data().size()) != n * row) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " carries ",
                                                    chunk.data().size(), " bytes for ", n,
@@ -328,16 +340,34 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
     }
     done[t] = true;
   }
-  uint8_t* dst = chunk.values() ? session_.cache->ValueRows(layer, first)
-                                : session_.cache->KeyRows(layer, first);
-  std::copy(bytes, bytes + n * row, dst);
+  RETURN_IF_ERROR(StoreRows(layer, chunk.values(), first, n, bytes));
   rows_left_[layer] -= n;
   crc_of_crcs_ = ExtendWithCrc(crc_of_crcs_, crc);
   session_.kv_bytes_received += n * row;
   ++next_sequence_;
   stage_ = Stage::kChunks;
-  if (rows_left_[layer] == 0) return RebuildReadyGroups();
-  return absl::OkStatus();
+  if (rows_left_[layer] != 0) return absl::OkStatus();
+  if (session_.gpu) RETURN_IF_ERROR(session_.gpu->MarkLayerUploaded(layer));
+  return RebuildReadyGroups();
+}
+
+absl::Status MigrationReceiver::StoreRows(int32_t layer, bool values, int64_t first, int64_t n,
+                                          const uint8_t* bytes) {
+  if (!session_.gpu) {
+    uint8_t* dst = values ? session_.cache->ValueRows(layer, first)
+                          : session_.cache->KeyRows(layer, first);
+    std::copy(bytes, bytes + n * row_bytes_, dst);
+    return absl::OkStatus();
+  }
+  if (wire_dtype_ == DType::kF32) {  // the GPU cache is f16
+    const int64_t values_count = n * row_bytes_ / 4;
+    std::vector<float> f32(values_count);
+    std::memcpy(f32.data(), bytes, n * row_bytes_);
+    f16_rows_.resize(values_count);
+    F32ToF16Row(f32.data(), f16_rows_.data(), values_count);
+    bytes = reinterpret_cast<const uint8_t*>(f16_rows_.data());
+  }
+  return session_.gpu->UploadRows(layer, values, first, n, bytes);
 }
 
 absl::Status MigrationReceiver::RebuildReadyGroups() {
@@ -351,8 +381,12 @@ absl::Status MigrationReceiver::RebuildReadyGroups() {
     if (history_ > 0) {
       auto lock = LockModel();
       const auto start = Clock::now();  // the rebuild itself, not the wait for the model
-      RETURN_IF_ERROR(RebuildGroup(*session_.cache, **it, ctx_.model->config(),
-                                   ctx_.model->backend(), 0, history_));
+      if (session_.gpu) {
+        RETURN_IF_ERROR(ctx_.gpu_predictors->Rebuild(*session_.gpu, **it, 0, history_));
+      } else {
+        RETURN_IF_ERROR(RebuildGroup(*session_.cache, **it, ctx_.model->config(),
+                                     ctx_.model->backend(), 0, history_));
+      }
       session_.rebuild_seconds += Since(start);
     }
     it = pending_.erase(it);
@@ -383,9 +417,27 @@ absl::StatusOr<ResumedSession> MigrationReceiver::OnTrailer(const v1::MigrationT
   if (!pending_.empty()) {
     return absl::InternalError("groups left unrebuilt after every anchor arrived");
   }
-  Model& model = *ctx_.model;
   const auto tokens = std::span<const int32_t>(session_.tokens);
   auto lock = LockModel();
+  if (session_.gpu) {
+    GpuModel& gpu = *ctx_.gpu;
+    // Rebuilds were queued on the device; their remaining time counts as rebuild time.
+    const auto start = Clock::now();
+    RETURN_IF_ERROR(session_.gpu->Synchronize());
+    if (session_.mode == MigrationMode::kReconstruct) {
+      session_.rebuild_seconds += Since(start);
+    }
+    if (session_.mode == MigrationMode::kTokenReplay && history_ > 0) {
+      const auto replay = Clock::now();
+      ASSIGN_OR_RETURN(std::vector<float> ignored,
+                       gpu.Prefill(tokens.first(history_), *session_.gpu));
+      session_.prefill_seconds = Since(replay);
+    }
+    ASSIGN_OR_RETURN(session_.logits, gpu.Decode(tokens.back(), *session_.gpu));
+    stage_ = Stage::kDone;
+    return std::move(session_);
+  }
+  Model& model = *ctx_.model;
   if (session_.mode == MigrationMode::kTokenReplay && history_ > 0) {
     const auto start = Clock::now();
     ASSIGN_OR_RETURN(std::vector<float> ignored,

@@ -18,8 +18,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/gpu_model.h"
 #include "common/kv_cache.h"
 #include "common/model.h"
+#include "common/recovery/gpu_rebuild.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/sampler.h"
 #include "riskkv/v1/migration.pb.h"
@@ -76,11 +78,16 @@ struct TargetContext {
   // Held while the receiver runs the model (rebuild, prefill, first decode step), when the model
   // is shared with other work; receiving and checking chunks does not take it.
   std::mutex* model_mutex = nullptr;
+  // When set, the session resumes on the GPU: chunks are uploaded as they arrive (f16), groups
+  // are rebuilt there once their anchors land, and the prefill or first decode step runs there.
+  GpuModel* gpu = nullptr;
+  const GpuPredictors* gpu_predictors = nullptr;  // of `bank`, for RECONSTRUCT on the GPU
 };
 
 struct ResumedSession {
   MigrationMode mode = MigrationMode::kFullKv;
-  std::unique_ptr<KvCache> cache;  // rows [0, tokens.size())
+  std::unique_ptr<KvCache> cache;  // rows [0, tokens.size()); null when resumed on the GPU
+  std::unique_ptr<GpuSession> gpu;  // the KV when the target resumed on the GPU
   std::vector<int32_t> tokens;
   std::optional<Sampler> sampler;  // restored from the handshake (set once resumed)
   std::vector<float> logits;       // of the next token, after feeding the last one
@@ -113,6 +120,9 @@ class MigrationReceiver {
 
  private:
   absl::Status RebuildReadyGroups();
+  // Writes a verified chunk's rows into the host cache or queues them for the GPU.
+  absl::Status StoreRows(int32_t layer, bool values, int64_t first, int64_t n,
+                         const uint8_t* bytes);
   std::unique_lock<std::mutex> LockModel() const;  // an empty lock without a model_mutex
 
   enum class Stage { kHandshake, kChunks, kDone, kFailed };
@@ -121,6 +131,9 @@ class MigrationReceiver {
   v1::MigrationHandshake handshake_;
   ResumedSession session_;
   int64_t history_ = 0;
+  int64_t row_bytes_ = 0;  // one token's K (or V) of one layer on the wire
+  DType wire_dtype_ = DType::kF16;
+  std::vector<uint16_t> f16_rows_;  // f32 chunks converted for the GPU
   int64_t next_sequence_ = 0;
   uint32_t crc_of_crcs_ = 0;
   std::vector<std::vector<bool>> rows_done_;  // [layer * 2 + values][row]

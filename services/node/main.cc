@@ -15,6 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/gpu_model.h"
 #include "common/model_fingerprint.h"
 #include "common/recovery/retention_policy.h"
 #include "services/cli_args.h"
@@ -44,6 +45,10 @@ ABSL_FLAG(std::string, cache_dir, "",
           "where policies and banks from --control are cached (default: $RISKKV_HOME/node-cache, "
           "RISKKV_HOME defaulting to ~/.cache/riskkv)");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(std::string, backend, "auto",
+          "where sessions run: auto (the GPU when one is usable and --kv-dtype is f16, else the "
+          "CPU), cpu, or cuda (fail without a usable GPU)");
+ABSL_FLAG(int, gpu_device, 0, "CUDA device index for --backend auto|cuda");
 ABSL_FLAG(std::string, activations, "int8", "int8 (llama.cpp's arithmetic) or f32 (exact)");
 ABSL_FLAG(std::string, kv_dtype, "f16", "KV cache storage and wire dtype: f16 or f32");
 ABSL_FLAG(int64_t, capacity, 0, "KV rows per session (0: the model's context)");
@@ -104,6 +109,14 @@ int main(int argc, char** argv) {
   if (follow != !absl::GetFlag(FLAGS_policy_id).empty()) {
     return Fail("--control and --policy-id go together");
   }
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "auto" && backend != "cpu" && backend != "cuda") {
+    return Fail("--backend must be auto, cpu or cuda, not '" + backend + "'");
+  }
+  if (backend == "cuda" && *kv != riskkv::DType::kF16) {
+    return Fail("--backend cuda keeps KV in f16: drop --kv-dtype f32 or use --backend cpu");
+  }
+  if (absl::GetFlag(FLAGS_gpu_device) < 0) return Fail("--gpu-device must be >= 0");
   auto model_options =
       riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
   if (!model_options.ok()) return Fail(model_options.status().ToString());
@@ -143,6 +156,27 @@ int main(int argc, char** argv) {
   auto exposer = riskkv::ServeMetrics(absl::GetFlag(FLAGS_metrics_listen), registry, &metrics_port);
   if (!exposer.ok()) return Fail(exposer.status().ToString());
   riskkv::NodeMetrics metrics(*registry, (*model)->config().name);
+
+  // The GPU module is loaded only now, after civetweb's threads exist (see kernels/gpu.h).
+  std::unique_ptr<riskkv::GpuModel> gpu;
+  std::string backend_note = "cpu";
+  if (backend == "cuda" || (backend == "auto" && *kv == riskkv::DType::kF16)) {
+    auto g = riskkv::GpuModel::Create(**model, absl::GetFlag(FLAGS_gpu_device));
+    if (g.ok()) {
+      gpu = std::move(*g);
+      const auto* rt = *riskkv::LoadGpuRuntime();
+      const auto& dev = rt->probe.devices[absl::GetFlag(FLAGS_gpu_device)];
+      backend_note = "cuda (" + dev.name + ", " + std::to_string(gpu->device_bytes() >> 20) +
+                     " MiB of weights)";
+    } else if (backend == "cuda") {
+      return Fail("--backend cuda: " + g.status().ToString());
+    } else {
+      backend_note = "cpu (" + std::string(g.status().message()) + ")";
+    }
+  } else if (backend == "auto") {
+    backend_note = "cpu (--kv-dtype f32 keeps sessions on the CPU)";
+  }
+  options.gpu = gpu.get();
 
   // Following the control plane: start from the cached version, so the node serves RECONSTRUCT
   // even while the control plane is down, then watch for newer ones.
@@ -193,12 +227,12 @@ int main(int argc, char** argv) {
     const std::string listen = absl::GetFlag(FLAGS_listen);
     advertise = listen.substr(0, listen.rfind(':')) + ":" + std::to_string(port);
   }
-  metrics.SetInfo(advertise, "cpu");
+  metrics.SetInfo(advertise, gpu ? "cuda" : "cpu");
   const auto retention = service.retention();
   spdlog::info(
-      "riskkv-node: {} ({}), policy {}, listening on port {} (advertised as {}), metrics on "
-      "port {}",
-      (*model)->config().name, fingerprint->substr(0, 12),
+      "riskkv-node: {} ({}) on {}, policy {}, listening on port {} (advertised as {}), metrics "
+      "on port {}",
+      (*model)->config().name, fingerprint->substr(0, 12), backend_note,
       retention ? retention->policy.policy_id() + " v" + std::to_string(retention->policy.version())
                 : std::string("none"),
       port, advertise, metrics_port);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "services/session_codec.h"
+#include "spdlog/spdlog.h"
 
 namespace riskkv {
 namespace {
@@ -60,6 +61,19 @@ NodeService::NodeService(Model& model, NodeOptions options, NodeMetrics* metrics
 
 void NodeService::SetRetention(std::shared_ptr<const Retention> retention) {
   const double version = retention ? static_cast<double>(retention->policy.version()) : 0;
+  if (options_.gpu != nullptr && retention && retention->bank && !retention->gpu_predictors) {
+    // The bank's maps go to the GPU once per version; without them the node refuses RECONSTRUCT
+    // (the handshake names why) and AUTO moves on to another mode.
+    auto preds = GpuPredictors::Create(*options_.gpu, *retention->bank);
+    if (preds.ok()) {
+      auto with_gpu = std::make_shared<Retention>(*retention);
+      with_gpu->gpu_predictors = std::shared_ptr<const GpuPredictors>(std::move(*preds));
+      retention = std::move(with_gpu);
+    } else {
+      spdlog::error("predictor bank {} not loaded on the GPU: {}",
+                    retention->bank->content_hash(), preds.status().ToString());
+    }
+  }
   {
     std::lock_guard lock(retention_mu_);
     retention_ = std::move(retention);
@@ -132,6 +146,40 @@ void NodeService::CountSessions() {
   if (metrics_) metrics_->SetActiveSessions(static_cast<double>(sessions_.size()));
 }
 
+int64_t NodeService::Capacity(const Session& s) const {
+  return s.gpu ? s.gpu->capacity() : s.cache->capacity();
+}
+
+int64_t NodeService::RowBytes(const Session& s) const {
+  return s.gpu ? model_.config().kv_width() * 2 : s.cache->token_bytes();
+}
+
+absl::Status NodeService::NewKv(Session& s, int64_t capacity) {
+  if (options_.gpu != nullptr) {
+    ASSIGN_OR_RETURN(s.gpu, options_.gpu->NewSession(capacity));
+  } else {
+    ASSIGN_OR_RETURN(s.cache, model_.NewKvCache(capacity, options_.kv_dtype));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> NodeService::Prefill(Session& s,
+                                                        std::span<const int32_t> tokens) {
+  return s.gpu ? options_.gpu->Prefill(tokens, *s.gpu) : model_.Prefill(tokens, *s.cache);
+}
+
+absl::StatusOr<std::vector<float>> NodeService::DecodeLast(Session& s) {
+  return s.gpu ? options_.gpu->Decode(s.tokens.back(), *s.gpu)
+               : model_.Decode(s.tokens.back(), *s.cache);
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> NodeService::HostKv(Session& s) {
+  if (!s.gpu) return s.cache->Clone();
+  ASSIGN_OR_RETURN(auto host, model_.NewKvCache(s.gpu->capacity(), DType::kF16));
+  RETURN_IF_ERROR(s.gpu->DownloadTo(*host));
+  return host;
+}
+
 absl::StatusOr<std::shared_ptr<NodeService::Session>> NodeService::Acquire(const std::string& id) {
   std::shared_ptr<Session> s;
   {
@@ -202,13 +250,11 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
           absl::StrCat("this node serves its limit of ", options_.max_sessions, " sessions"));
     }
   }
-  auto cache = model_.NewKvCache(capacity, options_.kv_dtype);
-  if (!cache.ok()) return ToGrpc(cache.status());
-  s->cache = std::move(*cache);
+  if (auto made = NewKv(*s, capacity); !made.ok()) return ToGrpc(made);
   {
     std::lock_guard lock(model_mu_);
     const auto t0 = Clock::now();
-    auto l = model_.Prefill(s->tokens, *s->cache);
+    auto l = Prefill(*s, s->tokens);
     if (!l.ok()) return ToGrpc(l.status());
     MeasurePrefill(Since(t0), static_cast<int64_t>(s->tokens.size()));
     s->pending_logits = std::move(*l);
@@ -228,7 +274,7 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
   Session& sess = **s;
   grpc::Status status = grpc::Status::OK;
   for (int i = 0; i < req->max_tokens() && !ctx->IsCancelled(); ++i) {
-    if (static_cast<int64_t>(sess.tokens.size()) >= sess.cache->capacity()) {
+    if (static_cast<int64_t>(sess.tokens.size()) >= Capacity(sess)) {
       status = grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the session reached its length limit");
       break;
     }
@@ -236,7 +282,7 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
     sess.pending_logits.clear();
     if (logits.empty()) {
       std::lock_guard lock(model_mu_);
-      auto l = model_.Decode(sess.tokens.back(), *sess.cache);
+      auto l = DecodeLast(sess);
       if (!l.ok()) {
         status = ToGrpc(l.status());
         break;
@@ -317,8 +363,32 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
   if (!s.ok()) return ToGrpc(s.status());
   Session& sess = **s;
   absl::StatusOr<NllResult> nll = absl::UnknownError("");
-  if (static_cast<int64_t>(sess.tokens.size()) + req->token_ids_size() > sess.cache->capacity()) {
+  const std::vector<int32_t> ids(req->token_ids().begin(), req->token_ids().end());
+  if (static_cast<int64_t>(sess.tokens.size()) + req->token_ids_size() > Capacity(sess)) {
     nll = absl::OutOfRangeError("the continuation does not fit the session's length limit");
+  } else if (sess.gpu) {
+    // Scored on a copy: the session's own KV stays as it was.
+    std::lock_guard lock(model_mu_);
+    Session work;
+    work.tokens = sess.tokens;
+    absl::Status copied = NewKv(work, Capacity(sess));
+    auto host = copied.ok() ? HostKv(sess) : absl::StatusOr<std::unique_ptr<KvCache>>(copied);
+    if (host.ok()) {
+      std::vector<int32_t> layers(model_.config().n_layers);
+      for (size_t l = 0; l < layers.size(); ++l) layers[l] = static_cast<int32_t>(l);
+      copied = work.gpu->UploadFrom(**host, layers);
+      if (copied.ok()) copied = work.gpu->SetTokens((*host)->n_tokens());
+    } else {
+      copied = host.status();
+    }
+    std::vector<float> first = sess.pending_logits;
+    if (copied.ok() && first.empty()) {
+      auto l = DecodeLast(work);
+      if (l.ok()) first = std::move(*l);
+    }
+    nll = !copied.ok()     ? absl::StatusOr<NllResult>(copied)
+          : first.empty() ? absl::InternalError("no logits for the first token")
+                          : options_.gpu->TeacherForcedNll(ids, *work.gpu, first);
   } else {
     std::lock_guard lock(model_mu_);
     auto work = sess.cache->Clone();
@@ -330,7 +400,6 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
         auto l = model_.Decode(sess.tokens.back(), **work);
         if (l.ok()) first = std::move(*l);
       }
-      const std::vector<int32_t> ids(req->token_ids().begin(), req->token_ids().end());
       nll = first.empty() ? absl::InternalError("no logits for the first token")
                           : model_.TeacherForcedNll(ids, **work, first);
     }
@@ -347,7 +416,7 @@ std::vector<MigrationMode> NodeService::RankModes(const Session& s, const Retent
                                                   std::string* reason) const {
   const ModelConfig& c = model_.config();
   const auto history = static_cast<double>(s.tokens.size() - 1);
-  const double row = static_cast<double>(s.cache->token_bytes());
+  const double row = static_cast<double>(RowBytes(s));
   // Each input: measured toward this target, measured here, configured, or assumed.
   double rate = link_.bytes_per_second() > 0 ? link_.bytes_per_second() : 125e6;
   std::string rate_from = link_.bytes_per_second() > 0 ? "--link-mbps" : "assumed";
@@ -468,7 +537,12 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
   }
   const SendOptions so{mode, options_.model_fingerprint, retention ? &retention->policy : nullptr,
                        options_.max_chunk_bytes};
-  const SessionView view{s.cache.get(), s.tokens, &*s.sampler};
+  // A GPU session's KV is copied to host memory for the stream.
+  std::unique_ptr<KvCache> gpu_copy;
+  if (s.gpu) {
+    ASSIGN_OR_RETURN(gpu_copy, HostKv(s));
+  }
+  const SessionView view{gpu_copy ? gpu_copy.get() : s.cache.get(), s.tokens, &*s.sampler};
   ASSIGN_OR_RETURN(v1::MigrationHandshake h, MakeHandshake(view, so));
   auto channel = grpc::CreateChannel(
       req.target_address(),
@@ -517,7 +591,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, Session& s,
   reply->set_transfer_seconds(Since(t0));
   reply->set_kv_bytes_sent(h.kv_bytes());
   if (mode == MigrationMode::kReconstruct) {
-    const int64_t row = s.cache->token_bytes();
+    const int64_t row = RowBytes(s);
     const int64_t history = h.history_tokens();
     reply->set_kv_bytes_omitted(2 * history * row * (model_.config().n_layers - h.layers_size()));
   }
@@ -690,9 +764,10 @@ grpc::Status NodeService::ReceiveAdmitted(
     }
   }
   const std::shared_ptr<const Retention> retention = this->retention();
-  MigrationReceiver rx(
-      {&model_, options_.model_fingerprint, retention ? &retention->policy : nullptr,
-       retention ? retention->bank.get() : nullptr, options_.capacity, &model_mu_});
+  MigrationReceiver rx({&model_, options_.model_fingerprint,
+                        retention ? &retention->policy : nullptr,
+                        retention ? retention->bank.get() : nullptr, options_.capacity, &model_mu_,
+                        options_.gpu, retention ? retention->gpu_predictors.get() : nullptr});
   watchdog.Busy();
   const absl::Status checked = rx.OnFrame(f);
   watchdog.Touch();
@@ -754,6 +829,7 @@ grpc::Status NodeService::ReceiveAdmitted(
   }
   auto s = std::make_shared<Session>();
   s->cache = std::move(resumed->cache);
+  s->gpu = std::move(resumed->gpu);
   s->tokens = std::move(resumed->tokens);
   s->sampler = std::move(resumed->sampler);
   // The first decode step already ran: its logits give the next token.

@@ -46,6 +46,9 @@ class RateLimiter {
 
 struct NodeOptions {
   std::string model_fingerprint;
+  // Sessions live on this GPU model when set (prefill, decode, KV, rebuilds); the CPU Model
+  // then only tokenizes. Not owned.
+  GpuModel* gpu = nullptr;
   std::shared_ptr<const Retention> retention;  // RECONSTRUCT needs one (see SetRetention)
   DType kv_dtype = DType::kF32;
   int64_t capacity = 0;  // KV rows per session (0: the model's context)
@@ -101,7 +104,8 @@ class NodeService final : public v1::Node::Service {
     // Either every token but the last has its KV row (the last is fed by the next decode step),
     // or every token has, and pending_logits hold the next token's logits (after a prefill or a
     // migration, before the next Generate).
-    std::unique_ptr<KvCache> cache;
+    std::unique_ptr<KvCache> cache;  // on a CPU node
+    std::unique_ptr<GpuSession> gpu;  // on a GPU node
     std::vector<int32_t> tokens;
     std::vector<float> pending_logits;
     std::optional<Sampler> sampler;
@@ -109,6 +113,15 @@ class NodeService final : public v1::Node::Service {
     bool busy = false;  // generating or migrating
   };
 
+  // The compute backend's view of a session: its KV capacity, the bytes of one K (or V) row of a
+  // layer, a fresh KV cache with the session's prefix run through the model, a decode step.
+  int64_t Capacity(const Session& s) const;
+  int64_t RowBytes(const Session& s) const;
+  absl::Status NewKv(Session& s, int64_t capacity);
+  absl::StatusOr<std::vector<float>> Prefill(Session& s, std::span<const int32_t> tokens);
+  absl::StatusOr<std::vector<float>> DecodeLast(Session& s);
+  // The session's KV in host memory, for sending (a copy on a GPU node).
+  absl::StatusOr<std::unique_ptr<KvCache>> HostKv(Session& s);
   // The session and its lock, or NOT_FOUND / FAILED_PRECONDITION (busy).
   absl::StatusOr<std::shared_ptr<Session>> Acquire(const std::string& id);
   void Release(const std::shared_ptr<Session>& s);
