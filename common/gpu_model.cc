@@ -20,10 +20,10 @@ struct SlotShape {
 };
 
 // The engine slot and shape of one of Model::ForEachWeight's names.
-absl::StatusOr<std::pair<int32_t, SlotShape>> SlotFor(std::string_view name,
-                                                      const ModelConfig& c) {
+absl::StatusOr<std::pair<int32_t, SlotShape>> SlotFor(std::string_view name, const ModelConfig& c) {
   const int64_t q = c.n_heads * c.head_dim, kv = c.kv_width();
-  if (name == "token_embd") return std::pair{-1, SlotShape{cuda::kTokenEmbedding, c.vocab, c.hidden}};
+  if (name == "token_embd")
+    return std::pair{-1, SlotShape{cuda::kTokenEmbedding, c.vocab, c.hidden}};
   if (name == "lm_head") return std::pair{-1, SlotShape{cuda::kLmHead, c.vocab, c.hidden}};
   if (name == "output_norm") return std::pair{-1, SlotShape{cuda::kOutputNorm, c.hidden, 0}};
   const size_t dot = name.find('.', 4);
@@ -34,19 +34,32 @@ absl::StatusOr<std::pair<int32_t, SlotShape>> SlotFor(std::string_view name,
   }
   const std::string_view s = name.substr(dot + 1);
   SlotShape shape;
-  if (s == "wq") shape = {cuda::kWq, q, c.hidden};
-  else if (s == "wk") shape = {cuda::kWk, kv, c.hidden};
-  else if (s == "wv") shape = {cuda::kWv, kv, c.hidden};
-  else if (s == "wo") shape = {cuda::kWo, c.hidden, q};
-  else if (s == "w_gate") shape = {cuda::kWGate, c.ffn, c.hidden};
-  else if (s == "w_up") shape = {cuda::kWUp, c.ffn, c.hidden};
-  else if (s == "w_down") shape = {cuda::kWDown, c.hidden, c.ffn};
-  else if (s == "attn_norm") shape = {cuda::kAttnNorm, c.hidden, 0};
-  else if (s == "ffn_norm") shape = {cuda::kFfnNorm, c.hidden, 0};
-  else if (s == "bq") shape = {cuda::kBq, q, 0};
-  else if (s == "bk") shape = {cuda::kBk, kv, 0};
-  else if (s == "bv") shape = {cuda::kBv, kv, 0};
-  else return absl::InternalError(absl::StrCat("unknown weight ", std::string(name)));
+  if (s == "wq")
+    shape = {cuda::kWq, q, c.hidden};
+  else if (s == "wk")
+    shape = {cuda::kWk, kv, c.hidden};
+  else if (s == "wv")
+    shape = {cuda::kWv, kv, c.hidden};
+  else if (s == "wo")
+    shape = {cuda::kWo, c.hidden, q};
+  else if (s == "w_gate")
+    shape = {cuda::kWGate, c.ffn, c.hidden};
+  else if (s == "w_up")
+    shape = {cuda::kWUp, c.ffn, c.hidden};
+  else if (s == "w_down")
+    shape = {cuda::kWDown, c.hidden, c.ffn};
+  else if (s == "attn_norm")
+    shape = {cuda::kAttnNorm, c.hidden, 0};
+  else if (s == "ffn_norm")
+    shape = {cuda::kFfnNorm, c.hidden, 0};
+  else if (s == "bq")
+    shape = {cuda::kBq, q, 0};
+  else if (s == "bk")
+    shape = {cuda::kBk, kv, 0};
+  else if (s == "bv")
+    shape = {cuda::kBv, kv, 0};
+  else
+    return absl::InternalError(absl::StrCat("unknown weight ", std::string(name)));
   return std::pair{layer, shape};
 }
 
@@ -130,17 +143,17 @@ absl::Status GpuSession::DownloadTo(KvCache& cache) {
   }
   const int64_t n = n_tokens();
   if (n > cache.capacity()) {
-    return absl::OutOfRangeError(absl::StrCat(n, " rows do not fit the host cache's ",
-                                              cache.capacity()));
+    return absl::OutOfRangeError(
+        absl::StrCat(n, " rows do not fit the host cache's ", cache.capacity()));
   }
   for (int64_t l = 0; l < cache.n_layers(); ++l) {
     const auto layer = static_cast<int32_t>(l);
-    RETURN_IF_ERROR(FromGpu(session_->DownloadRows(layer, 0, 0, n,
-                                                   reinterpret_cast<uint16_t*>(cache.KeyRows(l, 0))),
-                            session_->error()));
-    RETURN_IF_ERROR(FromGpu(session_->DownloadRows(
-                                layer, 1, 0, n, reinterpret_cast<uint16_t*>(cache.ValueRows(l, 0))),
-                            session_->error()));
+    RETURN_IF_ERROR(FromGpu(
+        session_->DownloadRows(layer, 0, 0, n, reinterpret_cast<uint16_t*>(cache.KeyRows(l, 0))),
+        session_->error()));
+    RETURN_IF_ERROR(FromGpu(
+        session_->DownloadRows(layer, 1, 0, n, reinterpret_cast<uint16_t*>(cache.ValueRows(l, 0))),
+        session_->error()));
   }
   return cache.SetTokens(n);
 }
@@ -165,8 +178,8 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const Model& model, i
     const auto [layer, shape] = *slot;
     if (shape.cols == 0) {
       if (dtype != DType::kF32 || bytes != shape.rows * sizeof(float)) {
-        status = absl::InternalError(absl::StrCat("vector ", std::string(name), " has ", bytes,
-                                                  " bytes"));
+        status = absl::InternalError(
+            absl::StrCat("vector ", std::string(name), " has ", bytes, " bytes"));
         return;
       }
       status = FromGpu(e.SetVector(layer, shape.slot, static_cast<const float*>(data), shape.rows),
@@ -184,10 +197,58 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const Model& model, i
       status = f16.status();
       return;
     }
-    status = FromGpu(e.SetMatrix(layer, shape.slot, f16->data(), shape.rows, shape.cols),
-                     e.error());
+    status =
+        FromGpu(e.SetMatrix(layer, shape.slot, f16->data(), shape.rows, shape.cols), e.error());
   });
   RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(FromGpu(e.Finalize(), e.error()));
+  return gpu;
+}
+
+absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::CreateRandom(const ModelConfig& config,
+                                                                 int device) {
+  RETURN_IF_ERROR(config.Validate());
+  auto gpu = std::unique_ptr<GpuModel>(new GpuModel);
+  gpu->config_ = config;
+  ASSIGN_OR_RETURN(gpu->engine_, NewGpuEngine(GpuDims(config), device));
+  cuda::Engine& e = *gpu->engine_;
+  const ModelConfig& c = config;
+  const int64_t q = c.n_heads * c.head_dim, kv = c.kv_width();
+  // One buffer of random halfs, as large as the largest matrix, serves every matrix.
+  const int64_t largest = std::max({c.vocab * c.hidden, c.ffn * c.hidden, q * c.hidden});
+  std::vector<uint16_t> random(largest);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (auto& h : random) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    const float u = static_cast<float>(state >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
+    h = F32ToF16((u - 0.5f) * 0.07f);  // standard deviation 0.02
+  }
+  const std::vector<float> ones(std::max(c.hidden, q), 1.0f), zeros(std::max(q, kv), 0.0f);
+  auto matrix = [&](int32_t layer, int slot, int64_t rows, int64_t cols) {
+    return FromGpu(e.SetMatrix(layer, slot, random.data(), rows, cols), e.error());
+  };
+  auto vector = [&](int32_t layer, int slot, const std::vector<float>& v, int64_t n) {
+    return FromGpu(e.SetVector(layer, slot, v.data(), n), e.error());
+  };
+  RETURN_IF_ERROR(matrix(-1, cuda::kTokenEmbedding, c.vocab, c.hidden));
+  if (!c.tied_embeddings) RETURN_IF_ERROR(matrix(-1, cuda::kLmHead, c.vocab, c.hidden));
+  RETURN_IF_ERROR(vector(-1, cuda::kOutputNorm, ones, c.hidden));
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    RETURN_IF_ERROR(matrix(l, cuda::kWq, q, c.hidden));
+    RETURN_IF_ERROR(matrix(l, cuda::kWk, kv, c.hidden));
+    RETURN_IF_ERROR(matrix(l, cuda::kWv, kv, c.hidden));
+    RETURN_IF_ERROR(matrix(l, cuda::kWo, c.hidden, q));
+    RETURN_IF_ERROR(matrix(l, cuda::kWGate, c.ffn, c.hidden));
+    RETURN_IF_ERROR(matrix(l, cuda::kWUp, c.ffn, c.hidden));
+    RETURN_IF_ERROR(matrix(l, cuda::kWDown, c.hidden, c.ffn));
+    RETURN_IF_ERROR(vector(l, cuda::kAttnNorm, ones, c.hidden));
+    RETURN_IF_ERROR(vector(l, cuda::kFfnNorm, ones, c.hidden));
+    if (c.qkv_bias) {
+      RETURN_IF_ERROR(vector(l, cuda::kBq, zeros, q));
+      RETURN_IF_ERROR(vector(l, cuda::kBk, zeros, kv));
+      RETURN_IF_ERROR(vector(l, cuda::kBv, zeros, kv));
+    }
+  }
   RETURN_IF_ERROR(FromGpu(e.Finalize(), e.error()));
   return gpu;
 }

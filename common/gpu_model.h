@@ -50,6 +50,11 @@ class GpuModel {
   // used; InvalidArgument when a weight does not fit f16.
   static absl::StatusOr<std::unique_ptr<GpuModel>> Create(const Model& model, int device = 0);
 
+  // A model of `config`'s shape whose weights are random (N(0, 0.02)-like, norms 1), for timing
+  // shapes no model file here has. Its outputs mean nothing.
+  static absl::StatusOr<std::unique_ptr<GpuModel>> CreateRandom(const ModelConfig& config,
+                                                                int device = 0);
+
   const ModelConfig& config() const { return config_; }
   int64_t device_bytes() const { return engine_->device_bytes(); }
   cuda::Engine& engine() { return *engine_; }
@@ -60,8 +65,7 @@ class GpuModel {
   // As Model::Forward / Prefill / Decode / TeacherForcedNll, on the device.
   absl::Status Forward(std::span<const int32_t> tokens, GpuSession& session, bool all_logits,
                        std::vector<float>* logits);
-  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
-                                             GpuSession& session);
+  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens, GpuSession& session);
   absl::StatusOr<std::vector<float>> Decode(int32_t token, GpuSession& session);
   absl::StatusOr<NllResult> TeacherForcedNll(std::span<const int32_t> continuation,
                                              GpuSession& session,

@@ -14,7 +14,8 @@ absl::StatusOr<const GpuRuntime*> LoadGpuRuntime() {
     if (r->probe.handle != nullptr) {
       r->new_engine =
           reinterpret_cast<RiskkvCudaNewEngineFn>(dlsym(r->probe.handle, "riskkv_cuda_new_engine"));
-      r->new_ops = reinterpret_cast<RiskkvCudaNewOpsFn>(dlsym(r->probe.handle, "riskkv_cuda_new_ops"));
+      r->new_ops =
+          reinterpret_cast<RiskkvCudaNewOpsFn>(dlsym(r->probe.handle, "riskkv_cuda_new_ops"));
     }
     return r;
   }();
@@ -34,7 +35,7 @@ absl::Status FromGpu(int rc, const char* error) {
 }
 
 absl::StatusOr<std::unique_ptr<cuda::Engine>> NewGpuEngine(const cuda::ModelDims& dims,
-                                                            int device) {
+                                                           int device) {
   auto runtime = LoadGpuRuntime();
   if (!runtime.ok()) return runtime.status();
   char error[1024] = {};

@@ -27,7 +27,7 @@ absl::StatusOr<const GpuRuntime*> LoadGpuRuntime();
 absl::Status FromGpu(int rc, const char* error);
 
 absl::StatusOr<std::unique_ptr<cuda::Engine>> NewGpuEngine(const cuda::ModelDims& dims,
-                                                            int device = 0);
+                                                           int device = 0);
 absl::StatusOr<std::unique_ptr<cuda::Ops>> NewGpuOps(int device = 0);
 
 // Dense f16 tensor-core peak of a device in FLOP/s from its architecture, SM count and clock;

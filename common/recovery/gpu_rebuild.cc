@@ -53,8 +53,9 @@ absl::StatusOr<std::unique_ptr<GpuPredictors>> GpuPredictors::Create(GpuModel& m
 absl::Status GpuPredictors::Rebuild(GpuSession& session, const FoldedGroup& group, int64_t begin,
                                     int64_t count) const {
   const auto& groups = bank_.groups();
-  const auto index = &group - groups.data();
-  if (groups.empty() || index < 0 || index >= static_cast<int64_t>(groups.size())) {
+  size_t index = 0;
+  while (index < groups.size() && &groups[index] != &group) ++index;
+  if (index == groups.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("group ", group.group.ToString(), " is not one of this bank's"));
   }

@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <string>
@@ -41,18 +42,20 @@ inline std::string BlasMessage(const char* expr, cublasStatus_t s) {
 #define RKV_CUDA(expr)                                                                  \
   do {                                                                                  \
     const cudaError_t rkv_e_ = (expr);                                                  \
-    if (rkv_e_ != cudaSuccess) return err_.Fail(__FILE__, __LINE__, ::riskkv::cuda::CudaMessage(#expr, rkv_e_)); \
+    if (rkv_e_ != cudaSuccess)                                                          \
+      return err_.Fail(__FILE__, __LINE__, ::riskkv::cuda::CudaMessage(#expr, rkv_e_)); \
   } while (0)
 #define RKV_BLAS(expr)                                                                  \
   do {                                                                                  \
     const cublasStatus_t rkv_s_ = (expr);                                               \
-    if (rkv_s_ != CUBLAS_STATUS_SUCCESS) return err_.Fail(__FILE__, __LINE__, ::riskkv::cuda::BlasMessage(#expr, rkv_s_)); \
+    if (rkv_s_ != CUBLAS_STATUS_SUCCESS)                                                \
+      return err_.Fail(__FILE__, __LINE__, ::riskkv::cuda::BlasMessage(#expr, rkv_s_)); \
   } while (0)
 // A launch's configuration errors surface on cudaGetLastError right after it.
 #define RKV_LAUNCHED() RKV_CUDA(cudaGetLastError())
-#define RKV_TRY(expr)                 \
-  do {                                \
-    if ((expr) != 0) return 1;        \
+#define RKV_TRY(expr)          \
+  do {                         \
+    if ((expr) != 0) return 1; \
   } while (0)
 
 namespace riskkv::cuda {
@@ -62,7 +65,8 @@ class DeviceArray {
  public:
   DeviceArray() = default;
   ~DeviceArray() { Reset(); }
-  DeviceArray(DeviceArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceArray(DeviceArray&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   DeviceArray& operator=(DeviceArray&& o) noexcept {
     if (this != &o) {
       Reset();
@@ -85,8 +89,11 @@ class DeviceArray {
     }
     return e;
   }
-  // Grows to at least n elements (contents are not kept).
-  cudaError_t Reserve(size_t n) { return n <= n_ ? cudaSuccess : Allocate(n); }
+  // Grows to at least n elements, by half again at least, so buffers that grow a little per call
+  // (attention scores during decoding) reallocate rarely. Contents are not kept.
+  cudaError_t Reserve(size_t n) {
+    return n <= n_ ? cudaSuccess : Allocate(std::max(n, n_ + n_ / 2));
+  }
   void Reset() {
     if (p_ != nullptr) cudaFree(p_);
     p_ = nullptr;

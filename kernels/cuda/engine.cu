@@ -20,19 +20,25 @@
 namespace riskkv::cuda {
 namespace {
 
-// Tokens per forward micro-batch (as the CPU path): bounds activations and logits.
-constexpr int64_t kMicroBatch = 256;
+// Tokens per forward micro-batch: bounds activations and the attention scores
+// ([n_heads, kMicroBatch, context] f32) while keeping prefill GEMMs large.
+constexpr int64_t kMicroBatch = 1024;
+// Rows per lm-head GEMM when every position's logits are wanted: bounds the logits buffer.
+constexpr int64_t kLogitRows = 64;
 // Pinned staging: slots of this many bytes, reused round-robin behind an event each.
 constexpr int kStagingSlots = 8;
 constexpr size_t kStagingSlotBytes = 1 << 20;
 constexpr int64_t kMaxInt = 0x7fffffff;
 
-// GEMMs and attention on one stream, shared by the engine and the single-op entry points.
+// Attention scores ([heads, query rows, context] f32 plus f16 probabilities) are bounded by
+// processing the queries of one call in chunks of at most this many bytes of scratch.
+constexpr size_t kAttentionScratchBytes = size_t{512} << 20;
+
+// GEMMs and attention on one stream, shared by the engine and the single-op entry points. Each
+// method reports failures into the ErrorState its caller passes.
 class Compute {
  public:
-  explicit Compute(ErrorState& err) : err_(err) {}
-
-  int Init() {
+  int Init(ErrorState& err_) {
     RKV_CUDA(stream_.Create());
     RKV_BLAS(blas_.Create());
     RKV_BLAS(cublasSetStream(blas_.get(), stream_.get()));
@@ -42,8 +48,8 @@ class Compute {
   cublasHandle_t blas() const { return blas_.get(); }
 
   // y[n, rows] (rows ldy apart) = beta * y + x[n, cols] (f16, ldx apart) * w[rows, cols]^T.
-  int Linear(const __half* x, int64_t ldx, int64_t n, const __half* w, int64_t rows,
-             int64_t cols, float* y, int64_t ldy, float beta) {
+  int Linear(const __half* x, int64_t ldx, int64_t n, const __half* w, int64_t rows, int64_t cols,
+             float* y, int64_t ldy, float beta, ErrorState& err_) {
     const float alpha = 1.0f;
     RKV_BLAS(cublasGemmEx(blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
                           static_cast<int>(n), static_cast<int>(cols), &alpha, w, CUDA_R_16F,
@@ -55,11 +61,28 @@ class Compute {
 
   // Causal GQA attention of q[n, n_heads, head_dim] (f16, rows ldq apart) at positions
   // [q_pos0, q_pos0 + n) over k/v [ctx = q_pos0 + n, n_kv_heads, head_dim] f16, into
-  // out[n, n_heads * head_dim] f32. Per KV head: one strided-batched GEMM for the scores of its
-  // query heads, a causal softmax, one for the weighted values.
+  // out[n, n_heads * head_dim] f32, in chunks of queries that keep the scratch bounded.
   int Attention(const __half* q, int64_t ldq, int64_t n, int64_t q_pos0, const __half* k,
-                const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                float* out) {
+                const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float* out,
+                ErrorState& err_) {
+    const int64_t ctx = q_pos0 + n;
+    const int64_t per_row = n_heads * ctx * static_cast<int64_t>(sizeof(float) + sizeof(__half));
+    const int64_t rows = std::max<int64_t>(
+        1, std::min<int64_t>(n, static_cast<int64_t>(kAttentionScratchBytes) / per_row));
+    for (int64_t i0 = 0; i0 < n; i0 += rows) {
+      const int64_t m = std::min(rows, n - i0);
+      RKV_TRY(AttentionChunk(q + i0 * ldq, ldq, m, q_pos0 + i0, k, v, n_heads, n_kv_heads, head_dim,
+                             out + i0 * n_heads * head_dim, err_));
+    }
+    return 0;
+  }
+
+ private:
+  // One chunk: per KV head, one strided-batched GEMM for the scores of its query heads, a causal
+  // softmax, one strided-batched GEMM for the weighted values.
+  int AttentionChunk(const __half* q, int64_t ldq, int64_t n, int64_t q_pos0, const __half* k,
+                     const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                     float* out, ErrorState& err_) {
     const int64_t ctx = q_pos0 + n;
     const int64_t group = n_heads / n_kv_heads;
     const int64_t kv_width = n_kv_heads * head_dim;
@@ -73,44 +96,59 @@ class Compute {
           blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(ctx), static_cast<int>(n),
           static_cast<int>(head_dim), &scale, k + g * head_dim, CUDA_R_16F,
           static_cast<int>(kv_width), 0, q + g * group * head_dim, CUDA_R_16F,
-          static_cast<int>(ldq), head_dim, &zero, scores_.get() + g * group * per_head,
-          CUDA_R_32F, static_cast<int>(ctx), per_head, static_cast<int>(group),
-          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          static_cast<int>(ldq), head_dim, &zero, scores_.get() + g * group * per_head, CUDA_R_32F,
+          static_cast<int>(ctx), per_head, static_cast<int>(group), CUBLAS_COMPUTE_32F,
+          CUBLAS_GEMM_DEFAULT));
     }
-    RKV_CUDA(LaunchCausalSoftmax(scores_.get(), n_heads, n, ctx, q_pos0, probs_.get(),
-                                 stream_.get()));
+    RKV_CUDA(
+        LaunchCausalSoftmax(scores_.get(), n_heads, n, ctx, q_pos0, probs_.get(), stream_.get()));
     for (int64_t g = 0; g < n_kv_heads; ++g) {
       RKV_BLAS(cublasGemmStridedBatchedEx(
           blas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(head_dim), static_cast<int>(n),
-          static_cast<int>(ctx), &one, v + g * head_dim, CUDA_R_16F, static_cast<int>(kv_width),
-          0, probs_.get() + g * group * per_head, CUDA_R_16F, static_cast<int>(ctx), per_head,
-          &zero, out + g * group * head_dim, CUDA_R_32F, static_cast<int>(n_heads * head_dim),
-          head_dim, static_cast<int>(group), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          static_cast<int>(ctx), &one, v + g * head_dim, CUDA_R_16F, static_cast<int>(kv_width), 0,
+          probs_.get() + g * group * per_head, CUDA_R_16F, static_cast<int>(ctx), per_head, &zero,
+          out + g * group * head_dim, CUDA_R_32F, static_cast<int>(n_heads * head_dim), head_dim,
+          static_cast<int>(group), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     return 0;
   }
 
  private:
-  ErrorState& err_;
   Stream stream_;
   BlasHandle blas_;
   DeviceArray<float> scores_;
   DeviceArray<__half> probs_;
 };
 
+// Makes `device` current for the calling thread (CUDA's current device is per thread, and gRPC
+// calls arrive on any thread) and restores the previous one.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) { cudaSetDevice(device); }
+  explicit DeviceScope(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    cudaGetDevice(&now);
+    if (now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
 };
 
 class EngineImpl;
 
 class PredictorsImpl final : public Predictors {
  public:
+  const void* engine = nullptr;  // the engine whose sessions these fit
   struct Group {
     std::vector<int32_t> anchors, targets;
-    int64_t features = 0;       // F
-    DeviceArray<float> a, c;    // [T * 2 * kv_width, F], [T * 2 * kv_width]
+    int64_t features = 0;     // F
+    DeviceArray<float> a, c;  // [T * 2 * kv_width, F], [T * 2 * kv_width]
   };
   std::vector<Group> groups;
 };
@@ -118,15 +156,16 @@ class PredictorsImpl final : public Predictors {
 class SessionImpl final : public Session {
  public:
   SessionImpl(EngineImpl& engine, int64_t capacity) : engine_(engine), capacity_(capacity) {}
+  ~SessionImpl() override;
   int Init();
   const char* error() const override { return err_.message(); }
   int64_t n_tokens() const override { return n_tokens_; }
   int64_t capacity() const override { return capacity_; }
   int SetTokens(int64_t n) override {
     if (n < 0 || n > capacity_) {
-      return err_.Fail(__FILE__, __LINE__,
-                       "SetTokens(" + std::to_string(n) + ") outside [0, " +
-                           std::to_string(capacity_) + "]");
+      return err_.Fail(
+          __FILE__, __LINE__,
+          "SetTokens(" + std::to_string(n) + ") outside [0, " + std::to_string(capacity_) + "]");
     }
     n_tokens_ = n;
     return 0;
@@ -136,14 +175,16 @@ class SessionImpl final : public Session {
                  const uint16_t* src) override;
   int MarkLayerUploaded(int32_t layer) override;
   int Rebuild(const Predictors* p, int group, int64_t begin, int64_t count) override;
-  int DownloadRows(int32_t layer, int values, int64_t first, int64_t count,
-                   uint16_t* dst) override;
+  int DownloadRows(int32_t layer, int values, int64_t first, int64_t count, uint16_t* dst) override;
   int Synchronize() override;
 
   __half* rows(int32_t layer, int values) const;
   int64_t& tokens_ref() { return n_tokens_; }
   // Makes the compute stream wait for every upload enqueued so far.
   int WaitTransfers(cudaStream_t compute);
+  // Records on the compute stream that work reading or writing `layer` has been queued, so a
+  // later upload into that layer waits for it.
+  int MarkComputeUse(int32_t layer, cudaStream_t compute, ErrorState& err_);
 
  private:
   int CheckRows(int32_t layer, int values, int64_t first, int64_t count);
@@ -155,34 +196,32 @@ class SessionImpl final : public Session {
   DeviceArray<__half> kv_;  // [n_layers][2][capacity][kv_width]
   Stream transfer_;
   Event transfers_done_;
-  std::vector<Event> layer_ready_;
+  std::vector<Event> layer_ready_;  // on the transfer stream: uploads marked per layer
+  std::vector<Event> layer_used_;   // on the compute stream: the last work touching a layer
 };
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(int device, const ModelDims& dims) : device_(device), dims_(dims), compute_(err_) {}
+  EngineImpl(int device, const ModelDims& dims) : device_(device), dims_(dims) {}
 
   int Init() {
     DeviceScope scope(device_);
     const ModelDims& d = dims_;
     if (d.n_layers < 1 || d.hidden < 1 || d.n_heads < 1 || d.n_kv_heads < 1 ||
         d.n_heads % d.n_kv_heads != 0 || d.head_dim < 2 || d.ffn < 1 || d.vocab < 1 ||
-        d.rope_dim < 2 || d.rope_dim > d.head_dim || d.rope_dim % 2 != 0 ||
-        d.vocab > kMaxInt || d.n_heads * d.head_dim * d.hidden > kMaxInt) {
+        d.rope_dim < 2 || d.rope_dim > d.head_dim || d.rope_dim % 2 != 0 || d.vocab > kMaxInt ||
+        d.n_heads * d.head_dim * d.hidden > kMaxInt) {
       return err_.Fail(__FILE__, __LINE__, "model dimensions are not a valid decoder");
     }
     q_width_ = d.n_heads * d.head_dim;
     kv_width_ = d.n_kv_heads * d.head_dim;
     qkv_width_ = q_width_ + 2 * kv_width_;
-    RKV_TRY(compute_.Init());
+    RKV_TRY(compute_.Init(err_));
     layers_.resize(d.n_layers);
     for (Layer& l : layers_) {
       RKV_CUDA(l.wqkv.Allocate(qkv_width_ * d.hidden));
       RKV_CUDA(l.w_gate_up.Allocate(2 * d.ffn * d.hidden));
-      if (d.qkv_bias) {
-        RKV_CUDA(l.bqkv.Allocate(qkv_width_));
-        RKV_CUDA(cudaMemset(l.bqkv.get(), 0, l.bqkv.bytes()));
-      }
+      if (d.qkv_bias) RKV_CUDA(l.bqkv.Allocate(qkv_width_));
     }
     for (int i = 0; i < kStagingSlots; ++i) {
       RKV_CUDA(staging_[i].Allocate(kStagingSlotBytes));
@@ -196,7 +235,7 @@ class EngineImpl final : public Engine {
     RKV_CUDA(attn_.Allocate(kMicroBatch * q_width_));
     RKV_CUDA(gate_up_.Allocate(kMicroBatch * 2 * d.ffn));
     RKV_CUDA(ids_.Allocate(kMicroBatch));
-    RKV_CUDA(logits_.Allocate(d.vocab));
+    RKV_CUDA(logits_.Allocate(kLogitRows * d.vocab));
     return 0;
   }
 
@@ -206,6 +245,7 @@ class EngineImpl final : public Engine {
   int SetMatrix(int32_t layer, int slot, const uint16_t* data, int64_t rows,
                 int64_t cols) override {
     DeviceScope scope(device_);
+    std::lock_guard<std::mutex> lock(mu_);
     const ModelDims& d = dims_;
     __half* dst = nullptr;
     int64_t want_rows = 0, want_cols = d.hidden;
@@ -218,32 +258,56 @@ class EngineImpl final : public Engine {
     } else if (layer >= 0 && layer < d.n_layers) {
       Layer& l = layers_[layer];
       switch (slot) {
-        case kWq: dst = l.wqkv.get(); want_rows = q_width_; break;
-        case kWk: dst = l.wqkv.get() + q_width_ * d.hidden; want_rows = kv_width_; break;
-        case kWv: dst = l.wqkv.get() + (q_width_ + kv_width_) * d.hidden; want_rows = kv_width_; break;
+        case kWq:
+          dst = l.wqkv.get();
+          want_rows = q_width_;
+          break;
+        case kWk:
+          dst = l.wqkv.get() + q_width_ * d.hidden;
+          want_rows = kv_width_;
+          break;
+        case kWv:
+          dst = l.wqkv.get() + (q_width_ + kv_width_) * d.hidden;
+          want_rows = kv_width_;
+          break;
         case kWo:
           RKV_CUDA(l.wo.Allocate(d.hidden * q_width_));
-          dst = l.wo.get(); want_rows = d.hidden; want_cols = q_width_;
+          dst = l.wo.get();
+          want_rows = d.hidden;
+          want_cols = q_width_;
           break;
-        case kWGate: dst = l.w_gate_up.get(); want_rows = d.ffn; break;
-        case kWUp: dst = l.w_gate_up.get() + d.ffn * d.hidden; want_rows = d.ffn; break;
+        case kWGate:
+          dst = l.w_gate_up.get();
+          want_rows = d.ffn;
+          break;
+        case kWUp:
+          dst = l.w_gate_up.get() + d.ffn * d.hidden;
+          want_rows = d.ffn;
+          break;
         case kWDown:
           RKV_CUDA(l.w_down.Allocate(d.hidden * d.ffn));
-          dst = l.w_down.get(); want_rows = d.hidden; want_cols = d.ffn;
+          dst = l.w_down.get();
+          want_rows = d.hidden;
+          want_cols = d.ffn;
           break;
-        default: return BadShape(layer, slot, rows, cols);
+        default:
+          return BadShape(layer, slot, rows, cols);
       }
-      l.set |= 1u << slot;
     }
     if (dst == nullptr || rows != want_rows || cols != want_cols) {
       return BadShape(layer, slot, rows, cols);
     }
-    RKV_CUDA(cudaMemcpy(dst, data, rows * cols * sizeof(__half), cudaMemcpyHostToDevice));
+    // On the compute stream, so kernels queued later see the weights; a pageable source is
+    // staged by the driver before this returns.
+    RKV_CUDA(cudaMemcpyAsync(dst, data, rows * cols * sizeof(__half), cudaMemcpyHostToDevice,
+                             compute_.stream()));
+    if (layer >= 0) layers_[layer].set |= 1u << slot;
     return 0;
   }
 
   int SetVector(int32_t layer, int slot, const float* data, int64_t n) override {
     DeviceScope scope(device_);
+    std::lock_guard<std::mutex> lock(mu_);
     const ModelDims& d = dims_;
     float* dst = nullptr;
     int64_t want = d.hidden;
@@ -261,19 +325,30 @@ class EngineImpl final : public Engine {
           RKV_CUDA(l.ffn_norm.Allocate(d.hidden));
           dst = l.ffn_norm.get();
           break;
-        case kBq: dst = l.bqkv.get(); want = q_width_; break;
-        case kBk: dst = l.bqkv.get() + q_width_; want = kv_width_; break;
-        case kBv: dst = l.bqkv.get() + q_width_ + kv_width_; want = kv_width_; break;
-        default: break;
+        case kBq:
+          if (d.qkv_bias) dst = l.bqkv.get(), want = q_width_;
+          break;
+        case kBk:
+          if (d.qkv_bias) dst = l.bqkv.get() + q_width_, want = kv_width_;
+          break;
+        case kBv:
+          if (d.qkv_bias) dst = l.bqkv.get() + q_width_ + kv_width_, want = kv_width_;
+          break;
+        default:
+          break;
       }
-      if (dst != nullptr) l.set |= 1u << slot;
     }
     if (dst == nullptr || n != want) return BadShape(layer, slot, 1, n);
-    RKV_CUDA(cudaMemcpy(dst, data, n * sizeof(float), cudaMemcpyHostToDevice));
+    RKV_CUDA(
+        cudaMemcpyAsync(dst, data, n * sizeof(float), cudaMemcpyHostToDevice, compute_.stream()));
+    if (layer >= 0) layers_[layer].set |= 1u << slot;
     return 0;
   }
 
   int Finalize() override {
+    DeviceScope scope(device_);
+    std::lock_guard<std::mutex> lock(mu_);
+    RKV_CUDA(cudaStreamSynchronize(compute_.stream()));
     const ModelDims& d = dims_;
     uint32_t need = (1u << kWq) | (1u << kWk) | (1u << kWv) | (1u << kWo) | (1u << kWGate) |
                     (1u << kWUp) | (1u << kWDown) | (1u << kAttnNorm) | (1u << kFfnNorm);
@@ -301,8 +376,8 @@ class EngineImpl final : public Engine {
 
   Session* NewSession(int64_t capacity) override {
     DeviceScope scope(device_);
-    if (capacity < 1) {
-      err_.Fail(__FILE__, __LINE__, "session capacity must be >= 1");
+    if (capacity < 1 || capacity > kMaxInt) {
+      err_.Fail(__FILE__, __LINE__, "session capacity must be in [1, 2^31)");
       return nullptr;
     }
     auto s = std::make_unique<SessionImpl>(*this, capacity);
@@ -314,19 +389,21 @@ class EngineImpl final : public Engine {
   }
 
   Predictors* NewPredictors(int n_groups, const int32_t* n_anchors, const int32_t* anchors,
-                            const int32_t* n_targets, const int32_t* targets,
-                            const float* const* a, const float* const* c) override {
+                            const int32_t* n_targets, const int32_t* targets, const float* const* a,
+                            const float* const* c) override {
     DeviceScope scope(device_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto p = std::make_unique<PredictorsImpl>();
+    p->engine = this;
     p->groups.resize(n_groups);
     for (int g = 0; g < n_groups; ++g) {
       PredictorsImpl::Group& grp = p->groups[g];
       if (n_anchors[g] < 1 || n_anchors[g] > kMaxGroupLayers || n_targets[g] < 1 ||
           n_targets[g] > kMaxGroupLayers) {
-        err_.Fail(__FILE__, __LINE__, "group " + std::to_string(g) + " has " +
-                                          std::to_string(n_anchors[g]) + " anchors and " +
-                                          std::to_string(n_targets[g]) + " targets (1.." +
-                                          std::to_string(kMaxGroupLayers) + " each)");
+        err_.Fail(__FILE__, __LINE__,
+                  "group " + std::to_string(g) + " has " + std::to_string(n_anchors[g]) +
+                      " anchors and " + std::to_string(n_targets[g]) + " targets (1.." +
+                      std::to_string(kMaxGroupLayers) + " each)");
         return nullptr;
       }
       grp.anchors.assign(anchors, anchors + n_anchors[g]);
@@ -345,12 +422,21 @@ class EngineImpl final : public Engine {
         return nullptr;
       }
     }
+    // The host arrays may go once the copies are done.
+    if (const cudaError_t e = cudaStreamSynchronize(compute_.stream()); e != cudaSuccess) {
+      err_.Fail(__FILE__, __LINE__, CudaMessage("cudaStreamSynchronize", e));
+      return nullptr;
+    }
     return p.release();
   }
 
   double TimeGemm(int64_t m, int64_t n, int64_t k, int repeats) override {
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(mu_);
+    if (m < 1 || n < 1 || k < 1 || m > kMaxInt || n > kMaxInt || k > kMaxInt) {
+      err_.Fail(__FILE__, __LINE__, "GEMM dimensions out of range");
+      return -1.0;
+    }
     DeviceArray<__half> a, b;
     DeviceArray<float> c;
     Event start, stop;
@@ -364,10 +450,10 @@ class EngineImpl final : public Engine {
     LaunchFillPattern(a.get(), m * k, s);
     LaunchFillPattern(b.get(), k * n, s);
     // y[m, n] = x[m, k] * w[n, k]^T: the shape of a projection of m tokens.
-    if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f) != 0) return -1.0;
+    if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f, err_) != 0) return -1.0;
     cudaEventRecord(start.get(), s);
     for (int r = 0; r < repeats; ++r) {
-      if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f) != 0) return -1.0;
+      if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f, err_) != 0) return -1.0;
     }
     cudaEventRecord(stop.get(), s);
     const cudaError_t e = cudaEventSynchronize(stop.get());
@@ -386,8 +472,8 @@ class EngineImpl final : public Engine {
   RopeConfig rope() const {
     return {dims_.head_dim, dims_.rope_dim, dims_.rope_base, dims_.rope_interleaved};
   }
-  int ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits,
-                   float* logits, ErrorState& err);
+  int ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits, float* logits,
+                   ErrorState& err);
   int RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int64_t begin, int64_t count,
                    ErrorState& err);
   int Stage(SessionImpl& s, cudaStream_t transfer, void* dst, const void* src, size_t bytes,
@@ -405,16 +491,17 @@ class EngineImpl final : public Engine {
   int BadShape(int32_t layer, int slot, int64_t rows, int64_t cols) {
     return err_.Fail(__FILE__, __LINE__,
                      "weight slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
-                         " does not take a [" + std::to_string(rows) + ", " +
-                         std::to_string(cols) + "] tensor");
+                         " does not take a [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                         "] tensor");
   }
   Predictors* BadLayer(int32_t layer) {
     err_.Fail(__FILE__, __LINE__, "group layer " + std::to_string(layer) + " out of range");
     return nullptr;
   }
-  int Upload(DeviceArray<float>& dst, const float* src, int64_t n) {
+  int Upload(DeviceArray<float>& dst, const float* src, int64_t n) {  // mu_ held
     RKV_CUDA(dst.Allocate(n));
-    RKV_CUDA(cudaMemcpy(dst.get(), src, n * sizeof(float), cudaMemcpyHostToDevice));
+    RKV_CUDA(cudaMemcpyAsync(dst.get(), src, n * sizeof(float), cudaMemcpyHostToDevice,
+                             compute_.stream()));
     return 0;
   }
 
@@ -422,7 +509,7 @@ class EngineImpl final : public Engine {
   const int device_;
   const ModelDims dims_;
   int64_t q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
-  std::mutex mu_;  // the compute stream and the scratch below
+  std::mutex mu_;  // the compute stream, the weights' uploads and the scratch below
   Compute compute_;
   std::vector<Layer> layers_;
   DeviceArray<__half> embedding_, lm_head_;
@@ -452,41 +539,44 @@ int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, b
     RKV_CUDA(LaunchRmsNorm(x_.get(), n, d.hidden, w.attn_norm.get(), d.rms_eps, xn_.get(), st));
     RKV_CUDA(LaunchToHalf(xn_.get(), n * d.hidden, xh_.get(), st));
     RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.wqkv.get(), qkv_width_, d.hidden, qkv_.get(),
-                     qkv_width_, 0.0f));
+                     qkv_width_, 0.0f, err_));
     if (d.qkv_bias) RKV_CUDA(LaunchAddBias(qkv_.get(), w.bqkv.get(), n, qkv_width_, st));
     RKV_CUDA(LaunchRope(qkv_.get(), n, qkv_width_, d.n_heads, nullptr, pos0, r, 0, st));
-    RKV_CUDA(LaunchRope(qkv_.get() + q_width_, n, qkv_width_, d.n_kv_heads, nullptr, pos0, r, 0, st));
-    RKV_CUDA(LaunchStoreRows(qkv_.get() + q_width_, n, kv_width_, qkv_width_,
-                             kc + pos0 * kv_width_, st));
+    RKV_CUDA(
+        LaunchRope(qkv_.get() + q_width_, n, qkv_width_, d.n_kv_heads, nullptr, pos0, r, 0, st));
+    RKV_CUDA(LaunchStoreRows(qkv_.get() + q_width_, n, kv_width_, qkv_width_, kc + pos0 * kv_width_,
+                             st));
     RKV_CUDA(LaunchStoreRows(qkv_.get() + q_width_ + kv_width_, n, kv_width_, qkv_width_,
                              vc + pos0 * kv_width_, st));
     RKV_CUDA(LaunchToHalf(qkv_.get(), n * qkv_width_, qkvh_.get(), st));
     RKV_TRY(c.Attention(qkvh_.get(), qkv_width_, n, pos0, kc, vc, d.n_heads, d.n_kv_heads,
-                        d.head_dim, attn_.get()));
+                        d.head_dim, attn_.get(), err_));
     RKV_CUDA(LaunchToHalf(attn_.get(), n * q_width_, xh_.get(), st));
     RKV_TRY(c.Linear(xh_.get(), q_width_, n, w.wo.get(), d.hidden, q_width_, x_.get(), d.hidden,
-                     1.0f));
+                     1.0f, err_));
     RKV_CUDA(LaunchRmsNorm(x_.get(), n, d.hidden, w.ffn_norm.get(), d.rms_eps, xn_.get(), st));
     RKV_CUDA(LaunchToHalf(xn_.get(), n * d.hidden, xh_.get(), st));
-    RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.w_gate_up.get(), 2 * d.ffn, d.hidden,
-                     gate_up_.get(), 2 * d.ffn, 0.0f));
+    RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.w_gate_up.get(), 2 * d.ffn, d.hidden, gate_up_.get(),
+                     2 * d.ffn, 0.0f, err_));
     RKV_CUDA(LaunchSwiGluHalf(gate_up_.get(), n, d.ffn, 2 * d.ffn, d.ffn, xh_.get(), st));
-    RKV_TRY(c.Linear(xh_.get(), d.ffn, n, w.w_down.get(), d.hidden, d.ffn, x_.get(), d.hidden,
-                     1.0f));
+    RKV_TRY(c.Linear(xh_.get(), d.ffn, n, w.w_down.get(), d.hidden, d.ffn, x_.get(), d.hidden, 1.0f,
+                     err_));
+    RKV_TRY(s.MarkComputeUse(static_cast<int32_t>(l), st, err_));
   }
   s.tokens_ref() = pos0 + n;
   if (logits == nullptr) return 0;
   const __half* head = d.tied ? embedding_.get() : lm_head_.get();
   const int64_t first = all_logits ? 0 : n - 1;
-  // One row at a time through the lm head keeps the logits buffer at [vocab].
-  for (int64_t i = first; i < n; ++i) {
-    RKV_CUDA(LaunchRmsNorm(x_.get() + i * d.hidden, 1, d.hidden, output_norm_.get(), d.rms_eps,
+  for (int64_t i = first; i < n; i += kLogitRows) {
+    const int64_t rows = std::min(kLogitRows, n - i);
+    RKV_CUDA(LaunchRmsNorm(x_.get() + i * d.hidden, rows, d.hidden, output_norm_.get(), d.rms_eps,
                            xn_.get(), st));
-    RKV_CUDA(LaunchToHalf(xn_.get(), d.hidden, xh_.get(), st));
-    RKV_TRY(c.Linear(xh_.get(), d.hidden, 1, head, d.vocab, d.hidden, logits_.get(), d.vocab,
-                     0.0f));
+    RKV_CUDA(LaunchToHalf(xn_.get(), rows * d.hidden, xh_.get(), st));
+    RKV_TRY(c.Linear(xh_.get(), d.hidden, rows, head, d.vocab, d.hidden, logits_.get(), d.vocab,
+                     0.0f, err_));
     RKV_CUDA(cudaMemcpyAsync(logits + (i - first) * d.vocab, logits_.get(),
-                             d.vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
+                             rows * d.vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
+    // The next chunk overwrites the device buffer only after this copy (same stream).
   }
   RKV_CUDA(cudaStreamSynchronize(st));
   return 0;
@@ -513,12 +603,13 @@ int EngineImpl::RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int
   const float one = 1.0f, zero = 0.0f;
   RKV_BLAS(cublasSgemm(compute_.blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
                        static_cast<int>(count), static_cast<int>(g.features), &one, g.a.get(),
-                       static_cast<int>(g.features), features_.get(),
-                       static_cast<int>(g.features), &zero, rebuilt_.get(),
-                       static_cast<int>(out)));
+                       static_cast<int>(g.features), features_.get(), static_cast<int>(g.features),
+                       &zero, rebuilt_.get(), static_cast<int>(out)));
   RKV_CUDA(LaunchScatterRebuilt(rebuilt_.get(), g.c.get(), targets,
-                                static_cast<int>(g.targets.size()), begin, count, kv_width_,
-                                rope(), st));
+                                static_cast<int>(g.targets.size()), begin, count, kv_width_, rope(),
+                                st));
+  for (int32_t a : g.anchors) RKV_TRY(s.MarkComputeUse(a, st, err_));
+  for (int32_t t : g.targets) RKV_TRY(s.MarkComputeUse(t, st, err_));
   return 0;
 }
 
@@ -549,7 +640,25 @@ int SessionImpl::Init() {
   RKV_CUDA(transfer_.Create());
   RKV_CUDA(transfers_done_.Create());
   layer_ready_.resize(d.n_layers);
+  layer_used_.resize(d.n_layers);
   for (Event& e : layer_ready_) RKV_CUDA(e.Create());
+  for (Event& e : layer_used_) RKV_CUDA(e.Create());
+  // Rows marked valid but never written read as zeros, as in a host KvCache.
+  RKV_CUDA(cudaMemsetAsync(kv_.get(), 0, kv_.bytes(), transfer_.get()));
+  RKV_CUDA(cudaStreamSynchronize(transfer_.get()));
+  return 0;
+}
+
+SessionImpl::~SessionImpl() {
+  DeviceScope scope(engine_.device());
+  // Queued work may still use the cache; cudaFree waits for the device, these for the streams.
+  cudaStreamSynchronize(transfer_.get());
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  cudaStreamSynchronize(engine_.compute().stream());
+}
+
+int SessionImpl::MarkComputeUse(int32_t layer, cudaStream_t compute, ErrorState& err_) {
+  RKV_CUDA(cudaEventRecord(layer_used_[layer].get(), compute));
   return 0;
 }
 
@@ -558,8 +667,8 @@ __half* SessionImpl::rows(int32_t layer, int values) const {
 }
 
 int SessionImpl::CheckRows(int32_t layer, int values, int64_t first, int64_t count) {
-  if (layer < 0 || layer >= engine_.dims().n_layers || (values != 0 && values != 1) ||
-      first < 0 || count < 0 || first + count > capacity_) {
+  if (layer < 0 || layer >= engine_.dims().n_layers || (values != 0 && values != 1) || first < 0 ||
+      count < 0 || first + count > capacity_) {
     return err_.Fail(__FILE__, __LINE__,
                      "rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
                          ") of layer " + std::to_string(layer) + " outside the cache of " +
@@ -585,8 +694,8 @@ int SessionImpl::Forward(const int32_t* tokens, int64_t n, int all_logits, float
   const int64_t vocab = engine_.dims().vocab;
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return err_.Fail(__FILE__, __LINE__, "token id " + std::to_string(tokens[i]) +
-                                               " outside the vocabulary");
+      return err_.Fail(__FILE__, __LINE__,
+                       "token id " + std::to_string(tokens[i]) + " outside the vocabulary");
     }
   }
   std::lock_guard<std::mutex> lock(engine_.mutex());
@@ -607,6 +716,8 @@ int SessionImpl::UploadRows(int32_t layer, int values, int64_t first, int64_t co
   DeviceScope scope(engine_.device());
   RKV_TRY(CheckRows(layer, values, first, count));
   const int64_t w = engine_.kv_width();
+  // Not before queued work that reads or writes this layer (a rebuild, a forward pass).
+  RKV_CUDA(cudaStreamWaitEvent(transfer_.get(), layer_used_[layer].get(), 0));
   return engine_.Stage(*this, transfer_.get(), rows(layer, values) + first * w, src,
                        count * w * sizeof(__half), err_);
 }
@@ -621,7 +732,10 @@ int SessionImpl::MarkLayerUploaded(int32_t layer) {
 int SessionImpl::Rebuild(const Predictors* p, int group, int64_t begin, int64_t count) {
   DeviceScope scope(engine_.device());
   const auto* preds = dynamic_cast<const PredictorsImpl*>(p);
-  if (preds == nullptr || group < 0 || group >= static_cast<int>(preds->groups.size())) {
+  if (preds == nullptr || preds->engine != &engine_) {
+    return err_.Fail(__FILE__, __LINE__, "the predictors belong to another engine");
+  }
+  if (group < 0 || group >= static_cast<int>(preds->groups.size())) {
     return err_.Fail(__FILE__, __LINE__, "no predictor group " + std::to_string(group));
   }
   RKV_TRY(CheckRows(0, 0, begin, count));
@@ -629,7 +743,10 @@ int SessionImpl::Rebuild(const Predictors* p, int group, int64_t begin, int64_t 
   const PredictorsImpl::Group& g = preds->groups[group];
   std::lock_guard<std::mutex> lock(engine_.mutex());
   const cudaStream_t st = engine_.compute().stream();
+  // After the uploads marked into its anchors (which it reads) and its targets (which it
+  // overwrites); a layer never marked has nothing to wait for.
   for (int32_t a : g.anchors) RKV_CUDA(cudaStreamWaitEvent(st, layer_ready_[a].get(), 0));
+  for (int32_t t : g.targets) RKV_CUDA(cudaStreamWaitEvent(st, layer_ready_[t].get(), 0));
   return engine_.RebuildGroup(*this, g, begin, count, err_);
 }
 
@@ -655,10 +772,10 @@ int SessionImpl::Synchronize() {
 // Single ops over host buffers, through the same launchers and GEMM paths as the engine.
 class OpsImpl final : public Ops {
  public:
-  explicit OpsImpl(int device) : device_(device), compute_(err_) {}
+  explicit OpsImpl(int device) : device_(device) {}
   int Init() {
     DeviceScope scope(device_);
-    return compute_.Init();
+    return compute_.Init(err_);
   }
   const char* error() const override { return err_.message(); }
 
@@ -672,7 +789,7 @@ class OpsImpl final : public Ops {
     RKV_TRY(In(dw, reinterpret_cast<const __half*>(w), rows * cols));
     RKV_CUDA(dy.Allocate(n * rows));
     RKV_CUDA(LaunchToHalf(dx.get(), n * cols, dxh.get(), s()));
-    RKV_TRY(compute_.Linear(dxh.get(), cols, n, dw.get(), rows, cols, dy.get(), rows, 0.0f));
+    RKV_TRY(compute_.Linear(dxh.get(), cols, n, dw.get(), rows, cols, dy.get(), rows, 0.0f, err_));
     if (bias != nullptr) {
       RKV_TRY(In(db, bias, rows));
       RKV_CUDA(LaunchAddBias(dy.get(), db.get(), n, rows, s()));
@@ -722,8 +839,8 @@ class OpsImpl final : public Ops {
     DeviceScope scope(device_);
     DeviceArray<float> din, dout;
     RKV_CUDA(din.Allocate(2 * n));
-    RKV_CUDA(cudaMemcpy(din.get(), gate, n * sizeof(float), cudaMemcpyHostToDevice));
-    RKV_CUDA(cudaMemcpy(din.get() + n, up, n * sizeof(float), cudaMemcpyHostToDevice));
+    RKV_CUDA(cudaMemcpyAsync(din.get(), gate, n * sizeof(float), cudaMemcpyHostToDevice, s()));
+    RKV_CUDA(cudaMemcpyAsync(din.get() + n, up, n * sizeof(float), cudaMemcpyHostToDevice, s()));
     RKV_CUDA(dout.Allocate(n));
     // As one row of width n whose up half starts n elements later.
     RKV_CUDA(LaunchSwiGlu(din.get(), 1, n, 2 * n, n, dout.get(), s()));
@@ -747,7 +864,7 @@ class OpsImpl final : public Ops {
     RKV_CUDA(dout.Allocate(n * qw));
     RKV_CUDA(LaunchToHalf(dq.get(), n * qw, dqh.get(), s()));
     RKV_TRY(compute_.Attention(dqh.get(), qw, n, q_pos0, dk.get(), dv.get(), n_heads, n_kv_heads,
-                               head_dim, dout.get()));
+                               head_dim, dout.get(), err_));
     return Out(out, dout, n * qw);
   }
 
@@ -756,7 +873,7 @@ class OpsImpl final : public Ops {
   template <typename T>
   int In(DeviceArray<T>& d, const T* host, int64_t n) {
     RKV_CUDA(d.Allocate(n));
-    RKV_CUDA(cudaMemcpy(d.get(), host, n * sizeof(T), cudaMemcpyHostToDevice));
+    RKV_CUDA(cudaMemcpyAsync(d.get(), host, n * sizeof(T), cudaMemcpyHostToDevice, s()));
     return 0;
   }
   int Out(float* host, const DeviceArray<float>& d, int64_t n) {
@@ -782,10 +899,10 @@ bool DeviceExists(int device, char* error, int error_len) {
     return false;
   }
   if (device < 0 || device >= count) {
-    CopyError(("no CUDA device " + std::to_string(device) + " (" + std::to_string(count) +
-               " present)")
-                  .c_str(),
-              error, error_len);
+    CopyError(
+        ("no CUDA device " + std::to_string(device) + " (" + std::to_string(count) + " present)")
+            .c_str(),
+        error, error_len);
     return false;
   }
   return true;

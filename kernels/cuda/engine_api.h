@@ -13,8 +13,7 @@
 namespace riskkv::cuda {
 
 struct ModelDims {
-  int64_t n_layers = 0, hidden = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn = 0,
-          vocab = 0;
+  int64_t n_layers = 0, hidden = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
   int64_t rope_dim = 0;
   double rope_base = 10000.0;
   int rope_interleaved = 0;  // 1: pairs (2i, 2i+1); 0: pairs (i, i + rope_dim / 2)
@@ -25,9 +24,21 @@ struct ModelDims {
 
 // Weight slots of one layer (SetMatrix / SetVector with layer >= 0), and of the model (layer -1).
 enum WeightSlot : int {
-  kWq, kWk, kWv, kWo, kWGate, kWUp, kWDown,  // matrices [out, in], f16
-  kAttnNorm, kFfnNorm, kBq, kBk, kBv,          // vectors, f32
-  kTokenEmbedding, kLmHead, kOutputNorm,       // layer -1
+  kWq,
+  kWk,
+  kWv,
+  kWo,
+  kWGate,
+  kWUp,
+  kWDown,  // matrices [out, in], f16
+  kAttnNorm,
+  kFfnNorm,
+  kBq,
+  kBk,
+  kBv,  // vectors, f32
+  kTokenEmbedding,
+  kLmHead,
+  kOutputNorm,  // layer -1
 };
 
 // Host memory the engine fills or reads asynchronously must outlive the call that synchronises
@@ -81,9 +92,8 @@ class Ops {
                      const float* bias, float* y) = 0;
   virtual int RmsNorm(const float* x, int64_t n, int64_t d, const float* weight, float eps,
                       float* y) = 0;
-  virtual int Rope(float* x, int64_t n, int64_t heads, const int32_t* positions,
-                   int64_t head_dim, int64_t rope_dim, double base, int interleaved,
-                   int inverse) = 0;
+  virtual int Rope(float* x, int64_t n, int64_t heads, const int32_t* positions, int64_t head_dim,
+                   int64_t rope_dim, double base, int interleaved, int inverse) = 0;
   // out[n, cols] from the f16 table [rows, cols].
   virtual int Embed(const uint16_t* table, int64_t rows, int64_t cols, const int32_t* ids,
                     int64_t n, float* out) = 0;
@@ -110,10 +120,9 @@ class Engine {
   virtual Session* NewSession(int64_t capacity) = 0;
   // Groups: anchors[n_anchors] and targets[n_targets] per group (concatenated), a[g] is the
   // stacked [T*2*kv_width, F] f32 matrix and c[g] the stacked [T*2*kv_width] biases.
-  virtual Predictors* NewPredictors(int n_groups, const int32_t* n_anchors,
-                                    const int32_t* anchors, const int32_t* n_targets,
-                                    const int32_t* targets, const float* const* a,
-                                    const float* const* c) = 0;
+  virtual Predictors* NewPredictors(int n_groups, const int32_t* n_anchors, const int32_t* anchors,
+                                    const int32_t* n_targets, const int32_t* targets,
+                                    const float* const* a, const float* const* c) = 0;
   // Seconds of one dense f16 GEMM of [m, k] x [k, n] timed on the device (for throughput
   // reports), or a negative value with error().
   virtual double TimeGemm(int64_t m, int64_t n, int64_t k, int repeats) = 0;

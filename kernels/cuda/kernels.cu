@@ -14,7 +14,7 @@ inline unsigned Blocks(int64_t total) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > (1 << 22) ? (1 << 22) : b));
 }
 
-#define RKV_GRID_STRIDE(i, total)                                                  \
+#define RKV_GRID_STRIDE(i, total)                                                            \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (total); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -37,11 +37,17 @@ __device__ float BlockReduce(float v, float* shared) {
   return v;
 }
 
+// f32 to f16, saturating at f16's largest finite value instead of overflowing to infinity (NaN
+// stays NaN).
+__device__ inline __half ToHalfSat(float x) {
+  return __float2half(isnan(x) ? x : fminf(fmaxf(x, -65504.0f), 65504.0f));
+}
+
 // cos and sin of position * base^(-2i / rope_dim), as the CPU backend computes them.
 __device__ inline void RopeAngle(double position, int64_t i, const RopeConfig& r, int inverse,
                                  float* c, float* s) {
-  const double angle = position * pow(r.base, -2.0 * static_cast<double>(i) /
-                                                   static_cast<double>(r.rope_dim));
+  const double angle =
+      position * pow(r.base, -2.0 * static_cast<double>(i) / static_cast<double>(r.rope_dim));
   *c = static_cast<float>(cos(angle));
   const float sn = static_cast<float>(sin(angle));
   *s = inverse ? -sn : sn;
@@ -115,7 +121,7 @@ __global__ void SwiGluKernel(const float* in, int64_t n, int64_t width, int64_t 
     const float u = in[i * stride + up_offset + j];
     const float r = g / (1.0f + expf(-g)) * u;
     if constexpr (sizeof(Out) == 2) {
-      out[idx] = __float2half(r);
+      out[idx] = ToHalfSat(r);
     } else {
       out[idx] = r;
     }
@@ -123,7 +129,7 @@ __global__ void SwiGluKernel(const float* in, int64_t n, int64_t width, int64_t 
 }
 
 __global__ void ToHalfKernel(const float* in, int64_t n, __half* out) {
-  RKV_GRID_STRIDE(i, n) { out[i] = __float2half(in[i]); }
+  RKV_GRID_STRIDE(i, n) { out[i] = ToHalfSat(in[i]); }
 }
 
 __global__ void AddBiasKernel(float* y, const float* b, int64_t n, int64_t cols) {
@@ -134,7 +140,7 @@ __global__ void StoreRowsKernel(const float* src, int64_t n, int64_t width, int6
                                 __half* dst) {
   RKV_GRID_STRIDE(idx, n * width) {
     const int64_t i = idx / width, j = idx % width;
-    dst[idx] = __float2half(src[i * stride + j]);
+    dst[idx] = ToHalfSat(src[i * stride + j]);
   }
 }
 
@@ -158,8 +164,7 @@ __global__ void CausalSoftmaxKernel(const float* scores, int64_t n, int64_t ctx,
 }
 
 __global__ void GatherFeaturesKernel(LayerPointers anchors, int n_anchors, int64_t begin,
-                                     int64_t count, int64_t width, RopeConfig r,
-                                     float* features) {
+                                     int64_t count, int64_t width, RopeConfig r, float* features) {
   RKV_GRID_STRIDE(idx, count * n_anchors * 2 * width) {
     const int64_t j = idx % width;
     const int64_t rest = idx / width;
@@ -199,12 +204,12 @@ __global__ void ScatterRebuiltKernel(const float* y, const float* c, LayerPointe
     const int64_t out = (begin + t) * width + j;
     const float self = y[idx] + c[block + j];
     if (part == 1) {
-      targets.v[tgt][out] = __float2half(self);
+      targets.v[tgt][out] = ToHalfSat(self);
       continue;
     }
     const int64_t d = j % r.head_dim, head = j - d;
     if (d >= r.rope_dim) {
-      targets.k[tgt][out] = __float2half(self);
+      targets.k[tgt][out] = ToHalfSat(self);
       continue;
     }
     int64_t pair, partner;
@@ -213,7 +218,7 @@ __global__ void ScatterRebuiltKernel(const float* y, const float* c, LayerPointe
     const float other = y[idx - j + head + partner] + c[block + head + partner];
     float cs, sn;
     RopeAngle(static_cast<double>(begin + t), pair, r, /*inverse=*/0, &cs, &sn);
-    targets.k[tgt][out] = __float2half(RotateElement(self, other, first, cs, sn));
+    targets.k[tgt][out] = ToHalfSat(RotateElement(self, other, first, cs, sn));
   }
 }
 
@@ -232,16 +237,15 @@ cudaError_t LaunchEmbed(const __half* table, int64_t cols, const int32_t* ids, i
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps,
-                          float* y, cudaStream_t stream) {
+cudaError_t LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* y,
+                          cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   RmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, w, eps, y);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRope(float* x, int64_t n, int64_t stride, int64_t heads,
-                       const int32_t* positions, int64_t pos0, const RopeConfig& rope,
-                       int inverse, cudaStream_t stream) {
+cudaError_t LaunchRope(float* x, int64_t n, int64_t stride, int64_t heads, const int32_t* positions,
+                       int64_t pos0, const RopeConfig& rope, int inverse, cudaStream_t stream) {
   RopeKernel<<<Blocks(n * heads * (rope.rope_dim / 2)), kThreads, 0, stream>>>(
       x, n, stride, heads, positions, pos0, rope, inverse);
   return cudaGetLastError();
@@ -249,15 +253,15 @@ cudaError_t LaunchRope(float* x, int64_t n, int64_t stride, int64_t heads,
 
 cudaError_t LaunchSwiGlu(const float* in, int64_t n, int64_t width, int64_t stride,
                          int64_t up_offset, float* out, cudaStream_t stream) {
-  SwiGluKernel<float><<<Blocks(n * width), kThreads, 0, stream>>>(in, n, width, stride,
-                                                                  up_offset, out);
+  SwiGluKernel<float>
+      <<<Blocks(n * width), kThreads, 0, stream>>>(in, n, width, stride, up_offset, out);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSwiGluHalf(const float* in, int64_t n, int64_t width, int64_t stride,
                              int64_t up_offset, __half* out, cudaStream_t stream) {
-  SwiGluKernel<__half><<<Blocks(n * width), kThreads, 0, stream>>>(in, n, width, stride,
-                                                                   up_offset, out);
+  SwiGluKernel<__half>
+      <<<Blocks(n * width), kThreads, 0, stream>>>(in, n, width, stride, up_offset, out);
   return cudaGetLastError();
 }
 
@@ -266,14 +270,13 @@ cudaError_t LaunchToHalf(const float* in, int64_t n, __half* out, cudaStream_t s
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAddBias(float* y, const float* b, int64_t n, int64_t cols,
-                          cudaStream_t stream) {
+cudaError_t LaunchAddBias(float* y, const float* b, int64_t n, int64_t cols, cudaStream_t stream) {
   AddBiasKernel<<<Blocks(n * cols), kThreads, 0, stream>>>(y, b, n, cols);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchStoreRows(const float* src, int64_t n, int64_t width, int64_t stride,
-                            __half* dst, cudaStream_t stream) {
+cudaError_t LaunchStoreRows(const float* src, int64_t n, int64_t width, int64_t stride, __half* dst,
+                            cudaStream_t stream) {
   StoreRowsKernel<<<Blocks(n * width), kThreads, 0, stream>>>(src, n, width, stride, dst);
   return cudaGetLastError();
 }
@@ -281,8 +284,8 @@ cudaError_t LaunchStoreRows(const float* src, int64_t n, int64_t width, int64_t 
 cudaError_t LaunchCausalSoftmax(const float* scores, int64_t heads, int64_t n, int64_t ctx,
                                 int64_t q_pos0, __half* probs, cudaStream_t stream) {
   if (heads * n == 0) return cudaSuccess;
-  CausalSoftmaxKernel<<<static_cast<unsigned>(heads * n), kThreads, 0, stream>>>(
-      scores, n, ctx, q_pos0, probs);
+  CausalSoftmaxKernel<<<static_cast<unsigned>(heads * n), kThreads, 0, stream>>>(scores, n, ctx,
+                                                                                 q_pos0, probs);
   return cudaGetLastError();
 }
 

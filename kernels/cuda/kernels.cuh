@@ -28,13 +28,12 @@ struct LayerPointers {
 cudaError_t LaunchEmbed(const __half* table, int64_t cols, const int32_t* ids, int64_t n,
                         float* out, cudaStream_t stream);
 // y = x / sqrt(mean(x^2) + eps) * w per row of d; y may alias x.
-cudaError_t LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps,
-                          float* y, cudaStream_t stream);
+cudaError_t LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* y,
+                          cudaStream_t stream);
 // Rotates heads [n, heads, head_dim] (rows `stride` apart) by positions[i], or pos0 + i when
 // positions is null; inverse rotates by minus the position.
-cudaError_t LaunchRope(float* x, int64_t n, int64_t stride, int64_t heads,
-                       const int32_t* positions, int64_t pos0, const RopeConfig& rope,
-                       int inverse, cudaStream_t stream);
+cudaError_t LaunchRope(float* x, int64_t n, int64_t stride, int64_t heads, const int32_t* positions,
+                       int64_t pos0, const RopeConfig& rope, int inverse, cudaStream_t stream);
 // out[i, j] = silu(in[i, j]) * in[i, up_offset + j] for j < width, rows `stride` apart in `in`.
 cudaError_t LaunchSwiGlu(const float* in, int64_t n, int64_t width, int64_t stride,
                          int64_t up_offset, float* out, cudaStream_t stream);
@@ -44,8 +43,8 @@ cudaError_t LaunchToHalf(const float* in, int64_t n, __half* out, cudaStream_t s
 // y[i, j] += b[j] for rows of `cols`.
 cudaError_t LaunchAddBias(float* y, const float* b, int64_t n, int64_t cols, cudaStream_t stream);
 // Copies [n, width] f32 from src (rows `stride` apart) to dst f16 (dense rows).
-cudaError_t LaunchStoreRows(const float* src, int64_t n, int64_t width, int64_t stride,
-                            __half* dst, cudaStream_t stream);
+cudaError_t LaunchStoreRows(const float* src, int64_t n, int64_t width, int64_t stride, __half* dst,
+                            cudaStream_t stream);
 // Causal softmax over scores [rows = heads * n, ctx]: query i (row % n) sees keys
 // [0, q_pos0 + i]; probabilities in f16, zero past the visible keys.
 cudaError_t LaunchCausalSoftmax(const float* scores, int64_t heads, int64_t n, int64_t ctx,

@@ -354,8 +354,8 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
 absl::Status MigrationReceiver::StoreRows(int32_t layer, bool values, int64_t first, int64_t n,
                                           const uint8_t* bytes) {
   if (!session_.gpu) {
-    uint8_t* dst = values ? session_.cache->ValueRows(layer, first)
-                          : session_.cache->KeyRows(layer, first);
+    uint8_t* dst =
+        values ? session_.cache->ValueRows(layer, first) : session_.cache->KeyRows(layer, first);
     std::copy(bytes, bytes + n * row_bytes_, dst);
     return absl::OkStatus();
   }

@@ -86,7 +86,7 @@ struct TargetContext {
 
 struct ResumedSession {
   MigrationMode mode = MigrationMode::kFullKv;
-  std::unique_ptr<KvCache> cache;  // rows [0, tokens.size()); null when resumed on the GPU
+  std::unique_ptr<KvCache> cache;   // rows [0, tokens.size()); null when resumed on the GPU
   std::unique_ptr<GpuSession> gpu;  // the KV when the target resumed on the GPU
   std::vector<int32_t> tokens;
   std::optional<Sampler> sampler;  // restored from the handshake (set once resumed)

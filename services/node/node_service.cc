@@ -70,8 +70,8 @@ void NodeService::SetRetention(std::shared_ptr<const Retention> retention) {
       with_gpu->gpu_predictors = std::shared_ptr<const GpuPredictors>(std::move(*preds));
       retention = std::move(with_gpu);
     } else {
-      spdlog::error("predictor bank {} not loaded on the GPU: {}",
-                    retention->bank->content_hash(), preds.status().ToString());
+      spdlog::error("predictor bank {} not loaded on the GPU: {}", retention->bank->content_hash(),
+                    preds.status().ToString());
     }
   }
   {
@@ -386,7 +386,7 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
       auto l = DecodeLast(work);
       if (l.ok()) first = std::move(*l);
     }
-    nll = !copied.ok()     ? absl::StatusOr<NllResult>(copied)
+    nll = !copied.ok()    ? absl::StatusOr<NllResult>(copied)
           : first.empty() ? absl::InternalError("no logits for the first token")
                           : options_.gpu->TeacherForcedNll(ids, *work.gpu, first);
   } else {

@@ -104,7 +104,7 @@ class NodeService final : public v1::Node::Service {
     // Either every token but the last has its KV row (the last is fed by the next decode step),
     // or every token has, and pending_logits hold the next token's logits (after a prefill or a
     // migration, before the next Generate).
-    std::unique_ptr<KvCache> cache;  // on a CPU node
+    std::unique_ptr<KvCache> cache;   // on a CPU node
     std::unique_ptr<GpuSession> gpu;  // on a GPU node
     std::vector<int32_t> tokens;
     std::vector<float> pending_logits;

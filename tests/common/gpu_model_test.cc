@@ -4,11 +4,13 @@
 // RebuildGroup on the CPU, and a migration-shaped recovery (retained layers uploaded, groups
 // rebuilt as their anchors land, the last token decoded). Label gpu: skips, naming the reason,
 // where no GPU is usable.
+#include "common/gpu_model.h"
+
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 
-#include "common/gpu_model.h"
 #include "common/model.h"
 #include "common/model_fingerprint.h"
 #include "common/recovery/gpu_rebuild.h"
@@ -65,8 +67,8 @@ TEST(GpuModelAvailability, AbsentGpuIsUnavailableWithAReason) {
 class GpuModelMatchesCpu : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuModelMatchesCpu, LogitsNllAndKv) {
-  std::filesystem::path path = GetParam() == "smollm2" ? testing::DefaultModelPath()
-                                                        : testing::TestdataDir() / GetParam();
+  std::filesystem::path path =
+      GetParam() == "smollm2" ? testing::DefaultModelPath() : testing::TestdataDir() / GetParam();
   auto cpu = LoadCpu(path);
   ASSERT_NE(cpu, nullptr);
   auto gpu = GpuModel::Create(*cpu);
@@ -117,7 +119,14 @@ TEST_P(GpuModelMatchesCpu, LogitsNllAndKv) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuModelMatchesCpu,
                          ::testing::Values("tiny_llama.gguf", "tiny_llama_q4_1.gguf",
-                                           "tiny_qwen2.gguf", "smollm2"));
+                                           "tiny_qwen2.gguf", "smollm2"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return name;
+                         });
 
 class GpuRebuild : public ::testing::Test {
  protected:

@@ -53,9 +53,9 @@ TEST(CudaOpsAvailability, AbsentGpuIsUnavailableWithAReason) {
   EXPECT_FALSE(bad.ok());
 }
 
-class CudaMatMul : public CudaOps,
-                   public ::testing::WithParamInterface<std::tuple<DType, int64_t, int64_t, int64_t>> {
-};
+class CudaMatMul
+    : public CudaOps,
+      public ::testing::WithParamInterface<std::tuple<DType, int64_t, int64_t, int64_t>> {};
 
 TEST_P(CudaMatMul, MatchesCpu) {
   const auto [dtype, n, rows, cols] = GetParam();
@@ -73,7 +73,8 @@ TEST_P(CudaMatMul, MatchesCpu) {
   const auto bias = RandomVector(rows, 23);
   std::vector<float> ref(n * rows), got(n * rows);
   cpu_->MatMul(x.data(), n, w, bias.data(), ref.data());
-  ASSERT_TRUE(Check(ops_->MatMul(x.data(), n, w16.data(), rows, cols, bias.data(), got.data())).ok());
+  ASSERT_TRUE(
+      Check(ops_->MatMul(x.data(), n, w16.data(), rows, cols, bias.data(), got.data())).ok());
   EXPECT_LT(Nmse(got.data(), ref.data(), n * rows), kMatMulTol)
       << DTypeName(dtype) << " n=" << n << " " << rows << "x" << cols;
 }
@@ -98,7 +99,8 @@ TEST_F(CudaOps, RmsNormMatchesCpu) {
 TEST_F(CudaOps, RopeForwardAndInverseMatchCpu) {
   for (const RopeLayout layout : {RopeLayout::kInterleaved, RopeLayout::kHalf}) {
     for (const auto& [n, heads, head_dim, rope_dim] :
-         {std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 9, 64, 64}, {40, 2, 128, 128},
+         {std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 9, 64, 64},
+          {40, 2, 128, 128},
           {17, 4, 64, 32}}) {
       for (const bool inverse : {false, true}) {
         auto ref = RandomVector(n * heads * head_dim, 41);
@@ -111,8 +113,8 @@ TEST_F(CudaOps, RopeForwardAndInverseMatchCpu) {
                                      layout == RopeLayout::kInterleaved, inverse))
                         .ok());
         EXPECT_LT(Nmse(got.data(), ref.data(), n * heads * head_dim), kElementwiseTol)
-            << "layout " << static_cast<int>(layout) << " inverse " << inverse << " d "
-            << head_dim << "/" << rope_dim;
+            << "layout " << static_cast<int>(layout) << " inverse " << inverse << " d " << head_dim
+            << "/" << rope_dim;
       }
     }
   }
@@ -143,10 +145,9 @@ TEST_F(CudaOps, SwiGluMatchesCpu) {
   }
 }
 
-class CudaAttention
-    : public CudaOps,
-      public ::testing::WithParamInterface<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>> {
-};
+class CudaAttention : public CudaOps,
+                      public ::testing::WithParamInterface<
+                          std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>> {};
 
 TEST_P(CudaAttention, MatchesCpuOnAnF16Cache) {
   const auto [n, q_pos0, n_heads, n_kv_heads, head_dim] = GetParam();

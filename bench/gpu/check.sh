@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Every GPU check in one run, for a short window on a GPU machine: builds the CUDA module there
+# with nvcc, runs the gpu tests (each op, the engine and the rebuild against the CPU oracle; CPU
+# and GPU nodes migrating to each other), runs riskkv-gpu-bench on SmolLM2 and on a random-weight
+# model of Qwen2.5-1.5B's shape at 512 and 4,096 tokens, draws the recovery chart, and prints a
+# compact summary. About 3 minutes on an H200.
+#
+# The host binaries come prebuilt from bench/gpu/pack.sh (.gpu/; the GPU machine has no gRPC or
+# Abseil to build them), and SmolLM2 from its parts in .gpu-model/ when they travelled; without
+# them the SmolLM2 cases are skipped and the bench uses a random model of SmolLM2's shape.
+#   bench/gpu/check.sh            results in $OUT (or ./gpu-check) and on stdout
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-check}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+step() { echo "[check] $*" >&2; }
+failures=0
+
+[ -x .gpu/bin/cuda_ops_test ] || { echo "check.sh: .gpu/ is missing: run bench/gpu/pack.sh first" >&2; exit 2; }
+PY=$(command -v python3 || true)
+
+say "== riskkv GPU check, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+command -v nvidia-smi >/dev/null &&
+  say "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+
+# cuBLAS from the machine's CUDA toolkit or its Python wheels; the rest from the bundle.
+cublas=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
+  [ -e "$d/libcublas.so.13" ] && { cublas=$d; break; }
+done
+if [ -z "$cublas" ] && [ -n "$PY" ]; then
+  cublas=$("$PY" -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
+fi
+export LD_LIBRARY_PATH="$ROOT/.gpu/lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# 1. The CUDA module, built here for this GPU's architecture.
+step "building libriskkv_cuda.so with nvcc"
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+arch=${arch:-90}
+t0=$(date +%s)
+if "$NVCC" -O3 -std=c++17 --shared -Xcompiler -fPIC -gencode "arch=compute_$arch,code=sm_$arch" \
+  -I"$ROOT" kernels/cuda/device_query.cu kernels/cuda/engine.cu kernels/cuda/kernels.cu \
+  ${cublas:+-L"$cublas"} -lcublas -o "$W/libriskkv_cuda.so" >"$OUT/nvcc.log" 2>&1; then
+  export RISKKV_CUDA_MODULE=$W/libriskkv_cuda.so
+  say "module: built here for sm_$arch in $(($(date +%s) - t0)) s"
+else
+  say "module: nvcc FAILED (see nvcc.log); using the bundled sm_80/90 build"
+  failures=$((failures + 1))
+fi
+
+# 2. SmolLM2 from its parts, checked against its SHA-256.
+MODEL=""
+if ls .gpu-model/model.part-* >/dev/null 2>&1; then
+  cat .gpu-model/model.part-* >"$W/SmolLM2-135M-Instruct.Q4_1.gguf"
+  if (cd "$W" && sha256sum -c --quiet "$ROOT/.gpu-model/SHA256SUMS"); then
+    MODEL=$W/SmolLM2-135M-Instruct.Q4_1.gguf
+  else
+    say "model: the SmolLM2 parts do not add up to the file they were cut from"
+    failures=$((failures + 1))
+  fi
+fi
+[ -n "$MODEL" ] && say "model: SmolLM2-135M-Instruct Q4_1" ||
+  say "model: SmolLM2 absent (.gpu-model/ did not travel): its test cases are skipped"
+export RISKKV_TESTDATA_DIR=$ROOT/.gpu/testdata
+export RISKKV_MODEL=${MODEL:-/nonexistent}
+
+# 3. The gpu tests.
+run_gtest() {  # binary [gtest filter]
+  local name=$1 filter=${2:-*}
+  step "$name"
+  timeout 300 ".gpu/bin/$name" --gtest_brief=1 --gtest_filter="$filter" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  local passed skipped failed
+  passed=$(grep -oP '\[  PASSED  \] \K[0-9]+' "$OUT/$name.log" | tail -1)
+  skipped=$(grep -oP '\[  SKIPPED \] \K[0-9]+' "$OUT/$name.log" | tail -1)
+  failed=$(grep -oP '\[  FAILED  \] \K[0-9]+(?= test)' "$OUT/$name.log" | tail -1)
+  say "test $name: rc $rc, passed ${passed:-0}, skipped ${skipped:-0}, failed ${failed:-0}"
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/$name.log" | head -20 | sed 's/^/    /' | tee -a "$SUMMARY"
+  grep -h 'Skipped\|no GPU' "$OUT/$name.log" | sort -u | head -3 | sed 's/^/    /' | tee -a "$SUMMARY"
+  [ "$rc" = 0 ] || failures=$((failures + 1))
+}
+run_gtest cuda_ops_test
+if [ -n "$MODEL" ]; then run_gtest gpu_model_test; else run_gtest gpu_model_test '-*smollm2*'; fi
+
+if command -v curl >/dev/null && [ -n "$PY" ]; then
+  step "backend_test (CPU and GPU nodes)"
+  if timeout 300 bash tests/services/backend_test.sh "$ROOT/.gpu/bin" \
+    "$ROOT/.gpu/testdata/tiny_llama_deep.gguf" "$PY" >"$OUT/backend_test.log" 2>&1; then
+    say "test backend_test: passed"
+  else
+    say "test backend_test: FAILED (see backend_test.log)"
+    failures=$((failures + 1))
+  fi
+  grep '^backend_test:' "$OUT/backend_test.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+else
+  say "test backend_test: not run (needs curl and python3)"
+fi
+
+# 4. The benchmarks.
+bench() {  # label args...
+  local label=$1; shift
+  step "riskkv-gpu-bench $label"
+  if timeout 300 .gpu/bin/riskkv-gpu-bench "$@" --tokens 512,4096 --repetitions 5 \
+    --jsonl "$OUT/gpu-bench.jsonl" >"$OUT/bench-$label.txt" 2>"$OUT/bench-$label.err"; then
+    say ""
+    sed 's/^/  /' "$OUT/bench-$label.txt" | tee -a "$SUMMARY"
+  else
+    say "bench $label: FAILED: $(tail -2 "$OUT/bench-$label.err")"
+    failures=$((failures + 1))
+  fi
+}
+rm -f "$OUT/gpu-bench.jsonl"
+if [ -n "$MODEL" ]; then bench smollm2 --model "$MODEL"; else bench smollm2-shape --random-shape smollm2-135m; fi
+bench qwen2.5-1.5b-shape --random-shape qwen2.5-1.5b
+if [ -s "$OUT/gpu-bench.jsonl" ] && [ -n "$PY" ]; then
+  "$PY" bench/gpu/chart_gpu.py "$OUT/gpu-bench.jsonl" "$OUT/gpu-recovery-by-mode.svg" &&
+    say "chart: gpu-recovery-by-mode.svg"
+fi
+
+say ""
+say "== $failures failed step(s); logs in $OUT"
+[ "$failures" = 0 ]
