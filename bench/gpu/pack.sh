@@ -4,7 +4,7 @@
 #   .gpu/        the binaries and gpu tests of the portable image-cuda build, every shared library
 #                they load except glibc, libstdc++ and CUDA's own (the GPU machine has those), and
 #                the tiny test models;
-#   .gpu-model/  the default model (SmolLM2-135M-Instruct Q4_1) cut into 30 MB parts with their
+#   .gpu-model/  the default model (SmolLM2-135M-Instruct Q4_1) cut into 20 MiB parts with their
 #                SHA-256, so it can travel in several transfers of a bounded size.
 # Both folders are git-ignored.
 #   bench/gpu/pack.sh [--no-model]
@@ -42,9 +42,9 @@ note ".gpu: $(du -sh .gpu | cut -f1) ($(ls .gpu/lib | wc -l) libraries)"
 
 if [ "$with_model" = 1 ]; then
   rm -rf .gpu-model && mkdir -p .gpu-model
-  split -b 30M -d "$MODEL" .gpu-model/model.part-
+  split -b 20M -d "$MODEL" .gpu-model/model.part-
   (cd "$(dirname "$MODEL")" && sha256sum "$(basename "$MODEL")") >.gpu-model/SHA256SUMS
-  note ".gpu-model: $(ls .gpu-model | grep -c part) parts of at most 30 MB"
+  note ".gpu-model: $(ls .gpu-model | grep -c part) parts of at most 20 MiB"
 fi
 for d in .gpu .gpu-model; do
   grep -qx "/$d/" "$ROOT/.git/info/exclude" 2>/dev/null || grep -qx "/$d/" .gitignore ||
