@@ -162,45 +162,61 @@ absl::Status GpuSession::Synchronize() {
   return FromGpu(session_->Synchronize(), session_->error());
 }
 
-absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const Model& model, int device) {
-  auto gpu = std::unique_ptr<GpuModel>(new GpuModel);
-  gpu->config_ = model.config();
-  ASSIGN_OR_RETURN(gpu->engine_, NewGpuEngine(GpuDims(gpu->config_), device));
-  cuda::Engine& e = *gpu->engine_;
+absl::Status ForEachGpuWeight(const Model& model,
+                              const std::function<absl::Status(const GpuWeight&)>& fn) {
+  const ModelConfig& c = model.config();
   absl::Status status;
   model.ForEachWeight([&](std::string_view name, DType dtype, const void* data, size_t bytes) {
     if (!status.ok()) return;
-    auto slot = SlotFor(name, gpu->config_);
+    auto slot = SlotFor(name, c);
     if (!slot.ok()) {
       status = slot.status();
       return;
     }
     const auto [layer, shape] = *slot;
+    GpuWeight w;
+    w.name = std::string(name);
+    w.layer = layer;
+    w.slot = shape.slot;
+    w.rows = shape.rows;
+    w.cols = shape.cols;
     if (shape.cols == 0) {
       if (dtype != DType::kF32 || bytes != shape.rows * sizeof(float)) {
         status = absl::InternalError(
-            absl::StrCat("vector ", std::string(name), " has ", bytes, " bytes"));
+            absl::StrCat("vector ", w.name, " has ", bytes, " bytes, not ", shape.rows, " f32"));
         return;
       }
-      status = FromGpu(e.SetVector(layer, shape.slot, static_cast<const float*>(data), shape.rows),
-                       e.error());
-      return;
+      const auto* v = static_cast<const float*>(data);
+      w.f32.assign(v, v + shape.rows);
+    } else {
+      if (static_cast<int64_t>(bytes) != shape.rows * RowBytes(dtype, shape.cols)) {
+        status = absl::InternalError(absl::StrCat("matrix ", w.name, " has ", bytes,
+                                                  " bytes, not [", shape.rows, ", ", shape.cols,
+                                                  "] of ", DTypeName(dtype)));
+        return;
+      }
+      auto f16 = ToF16(name, dtype, data, shape.rows, shape.cols);
+      if (!f16.ok()) {
+        status = f16.status();
+        return;
+      }
+      w.f16 = std::move(*f16);
     }
-    if (static_cast<int64_t>(bytes) != shape.rows * RowBytes(dtype, shape.cols)) {
-      status = absl::InternalError(absl::StrCat("matrix ", std::string(name), " has ", bytes,
-                                                " bytes, not [", shape.rows, ", ", shape.cols,
-                                                "] of ", DTypeName(dtype)));
-      return;
-    }
-    auto f16 = ToF16(name, dtype, data, shape.rows, shape.cols);
-    if (!f16.ok()) {
-      status = f16.status();
-      return;
-    }
-    status =
-        FromGpu(e.SetMatrix(layer, shape.slot, f16->data(), shape.rows, shape.cols), e.error());
+    status = fn(w);
   });
-  RETURN_IF_ERROR(status);
+  return status;
+}
+
+absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const Model& model, int device) {
+  auto gpu = std::unique_ptr<GpuModel>(new GpuModel);
+  gpu->config_ = model.config();
+  ASSIGN_OR_RETURN(gpu->engine_, NewGpuEngine(GpuDims(gpu->config_), device));
+  cuda::Engine& e = *gpu->engine_;
+  RETURN_IF_ERROR(ForEachGpuWeight(model, [&e](const GpuWeight& w) {
+    return w.cols == 0
+               ? FromGpu(e.SetVector(w.layer, w.slot, w.f32.data(), w.rows), e.error())
+               : FromGpu(e.SetMatrix(w.layer, w.slot, w.f16.data(), w.rows, w.cols), e.error());
+  }));
   RETURN_IF_ERROR(FromGpu(e.Finalize(), e.error()));
   return gpu;
 }

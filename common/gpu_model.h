@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -81,5 +83,21 @@ class GpuModel {
 
 // The model's shape as the CUDA module takes it.
 cuda::ModelDims GpuDims(const ModelConfig& config);
+
+// One of a model's weights as the engine takes it: a matrix [rows, cols] dequantized to f16, or
+// a vector of `rows` f32 values (cols == 0), for engine slot `slot` of `layer` (-1: the model's).
+struct GpuWeight {
+  std::string name;  // Model::ForEachWeight's
+  int32_t layer = -1;
+  int slot = 0;
+  int64_t rows = 0, cols = 0;
+  std::vector<uint16_t> f16;
+  std::vector<float> f32;
+};
+
+// Converts every weight of `model` for the engine and hands it to `fn`, stopping at the first
+// error. InvalidArgument, naming the weight and row, for a value outside f16's range.
+absl::Status ForEachGpuWeight(const Model& model,
+                              const std::function<absl::Status(const GpuWeight&)>& fn);
 
 }  // namespace riskkv

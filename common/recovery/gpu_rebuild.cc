@@ -7,6 +7,33 @@
 
 namespace riskkv {
 
+absl::Status StackGroupMaps(const FoldedGroup& fg, int64_t w, std::vector<float>* a,
+                            std::vector<float>* c) {
+  const int64_t f = FeatureWidth(fg.group, w);
+  if (fg.maps.size() != fg.group.targets.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("group ", fg.group.ToString(), " has ",
+                                                   fg.maps.size(), " maps for ",
+                                                   fg.group.targets.size(), " targets"));
+  }
+  a->assign(2 * fg.maps.size() * w * f, 0.0f);
+  c->assign(2 * fg.maps.size() * w, 0.0f);
+  for (size_t t = 0; t < fg.maps.size(); ++t) {
+    const FoldedMap& m = fg.maps[t];
+    if (m.k.rows != w || m.k.cols != f || m.v.rows != w || m.v.cols != f ||
+        static_cast<int64_t>(m.c_k.size()) != w || static_cast<int64_t>(m.c_v.size()) != w) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "folded map of layer ", m.layer, " does not fit features of width ", f, " -> ", w));
+    }
+    for (int64_t r = 0; r < w; ++r) {
+      DequantizeRow(m.k.dtype, m.k.row(r), a->data() + ((2 * t) * w + r) * f, f);
+      DequantizeRow(m.v.dtype, m.v.row(r), a->data() + ((2 * t + 1) * w + r) * f, f);
+    }
+    std::copy(m.c_k.begin(), m.c_k.end(), c->begin() + (2 * t) * w);
+    std::copy(m.c_v.begin(), m.c_v.end(), c->begin() + (2 * t + 1) * w);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<GpuPredictors>> GpuPredictors::Create(GpuModel& model,
                                                                      const PredictorBank& bank) {
   const int64_t w = model.config().kv_width();
@@ -16,28 +43,11 @@ absl::StatusOr<std::unique_ptr<GpuPredictors>> GpuPredictors::Create(GpuModel& m
   std::vector<const float*> a_ptr, c_ptr;
   for (size_t g = 0; g < groups.size(); ++g) {
     const FoldedGroup& fg = groups[g];
-    const int64_t f = FeatureWidth(fg.group, w);
     n_anchors.push_back(static_cast<int32_t>(fg.group.anchors.size()));
     n_targets.push_back(static_cast<int32_t>(fg.group.targets.size()));
     anchors.insert(anchors.end(), fg.group.anchors.begin(), fg.group.anchors.end());
     targets.insert(targets.end(), fg.group.targets.begin(), fg.group.targets.end());
-    // Rows: for each target its A_k then its A_v, as the engine's scatter reads them.
-    a[g].resize(2 * fg.maps.size() * w * f);
-    c[g].resize(2 * fg.maps.size() * w);
-    for (size_t t = 0; t < fg.maps.size(); ++t) {
-      const FoldedMap& m = fg.maps[t];
-      if (m.k.rows != w || m.k.cols != f || m.v.rows != w || m.v.cols != f ||
-          static_cast<int64_t>(m.c_k.size()) != w || static_cast<int64_t>(m.c_v.size()) != w) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "folded map of layer ", m.layer, " does not fit features of width ", f, " -> ", w));
-      }
-      for (int64_t r = 0; r < w; ++r) {
-        DequantizeRow(m.k.dtype, m.k.row(r), a[g].data() + ((2 * t) * w + r) * f, f);
-        DequantizeRow(m.v.dtype, m.v.row(r), a[g].data() + ((2 * t + 1) * w + r) * f, f);
-      }
-      std::copy(m.c_k.begin(), m.c_k.end(), c[g].begin() + (2 * t) * w);
-      std::copy(m.c_v.begin(), m.c_v.end(), c[g].begin() + (2 * t + 1) * w);
-    }
+    RETURN_IF_ERROR(StackGroupMaps(fg, w, &a[g], &c[g]));
     a_ptr.push_back(a[g].data());
     c_ptr.push_back(c[g].data());
   }

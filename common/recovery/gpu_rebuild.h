@@ -13,6 +13,12 @@
 
 namespace riskkv {
 
+// A group's maps as the engine applies them: for each target its A_k then its A_v, stacked
+// row-wise into a [T * 2 * kv_width, F] f32 matrix, and its c_k then c_v into [T * 2 * kv_width].
+// InvalidArgument when a map does not fit features of the group's width.
+absl::Status StackGroupMaps(const FoldedGroup& group, int64_t kv_width, std::vector<float>* a,
+                            std::vector<float>* c);
+
 class GpuPredictors {
  public:
   static absl::StatusOr<std::unique_ptr<GpuPredictors>> Create(GpuModel& model,

@@ -10,6 +10,7 @@
 
 #include <cctype>
 #include <filesystem>
+#include <map>
 
 #include "common/model.h"
 #include "common/model_fingerprint.h"
@@ -61,6 +62,107 @@ TEST(GpuModelAvailability, AbsentGpuIsUnavailableWithAReason) {
   } else {
     EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnavailable) << gpu.status();
     EXPECT_FALSE(gpu.status().message().empty());
+  }
+}
+
+// The host half of the upload runs everywhere: every slot the engine needs, once, with the
+// engine's shape, and matrices equal to the stored weights up to f16 rounding.
+TEST(GpuWeights, EverySlotOnceWithTheEnginesShapes) {
+  for (const char* file : {"tiny_llama.gguf", "tiny_llama_q4_1.gguf", "tiny_qwen2.gguf"}) {
+    SCOPED_TRACE(file);
+    auto model = LoadCpu(testing::TestdataDir() / file);
+    ASSERT_NE(model, nullptr);
+    const ModelConfig& c = model->config();
+    const int64_t q = c.n_heads * c.head_dim, kv = c.kv_width();
+    std::map<std::pair<int32_t, int>, std::pair<int64_t, int64_t>> want = {
+        {{-1, cuda::kTokenEmbedding}, {c.vocab, c.hidden}},
+        {{-1, cuda::kOutputNorm}, {c.hidden, 0}}};
+    if (!c.tied_embeddings) want[{-1, cuda::kLmHead}] = {c.vocab, c.hidden};
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+      want[{l, cuda::kWq}] = {q, c.hidden};
+      want[{l, cuda::kWk}] = {kv, c.hidden};
+      want[{l, cuda::kWv}] = {kv, c.hidden};
+      want[{l, cuda::kWo}] = {c.hidden, q};
+      want[{l, cuda::kWGate}] = {c.ffn, c.hidden};
+      want[{l, cuda::kWUp}] = {c.ffn, c.hidden};
+      want[{l, cuda::kWDown}] = {c.hidden, c.ffn};
+      want[{l, cuda::kAttnNorm}] = {c.hidden, 0};
+      want[{l, cuda::kFfnNorm}] = {c.hidden, 0};
+      if (c.qkv_bias) {
+        want[{l, cuda::kBq}] = {q, 0};
+        want[{l, cuda::kBk}] = {kv, 0};
+        want[{l, cuda::kBv}] = {kv, 0};
+      }
+    }
+    std::map<std::pair<int32_t, int>, std::pair<int64_t, int64_t>> got;
+    double worst = 0.0;
+    auto status = ForEachGpuWeight(*model, [&](const GpuWeight& w) {
+      EXPECT_TRUE(got.emplace(std::pair{w.layer, w.slot}, std::pair{w.rows, w.cols}).second)
+          << w.name << " twice";
+      EXPECT_EQ(w.cols == 0 ? w.f32.size() : w.f16.size(),
+                static_cast<size_t>(w.rows * std::max<int64_t>(w.cols, 1)))
+          << w.name;
+      if (w.slot == cuda::kWk) {  // against the stored projection, dequantized here
+        const WeightMatrix m = model->kv_projection(w.layer).k;
+        std::vector<float> row(m.cols);
+        for (int64_t r = 0; r < m.rows; ++r) {
+          DequantizeRow(m.dtype, m.row(r), row.data(), m.cols);
+          for (int64_t j = 0; j < m.cols; ++j) {
+            const float h = F16ToF32(w.f16[r * m.cols + j]);
+            worst = std::max(worst, std::fabs(h - row[j]) / (std::fabs(row[j]) + 1e-4));
+          }
+        }
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(got, want);
+    EXPECT_LT(worst, 1e-3) << "f16 conversion of the K projections";
+  }
+}
+
+TEST(GpuWeights, TheFirstErrorStopsTheWalk) {
+  auto model = LoadCpu(testing::TestdataDir() / "tiny_llama.gguf");
+  ASSERT_NE(model, nullptr);
+  int calls = 0;
+  auto status = ForEachGpuWeight(*model, [&](const GpuWeight&) {
+    return ++calls == 3 ? absl::InternalError("stop") : absl::OkStatus();
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(calls, 3);
+}
+
+// The stacking the engine's single GEMM per group relies on, for f32 and f16 banks.
+TEST(GpuPredictorStacking, TargetsKThenVInGroupOrder) {
+  auto model = LoadCpu(testing::TestdataDir() / "tiny_llama_deep.gguf");
+  ASSERT_NE(model, nullptr);
+  auto fp = ModelFingerprint(*model);
+  ASSERT_TRUE(fp.ok());
+  const int64_t w = model->config().kv_width();
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    auto tiny = testing::MakeTinyPolicy(*model, *fp, 3, dtype);
+    for (const FoldedGroup& g : tiny.bank->groups()) {
+      std::vector<float> a, c;
+      ASSERT_TRUE(StackGroupMaps(g, w, &a, &c).ok());
+      const int64_t f = g.maps.front().k.cols;
+      ASSERT_EQ(a.size(), 2 * g.maps.size() * w * f);
+      std::vector<float> row(f);
+      for (size_t t = 0; t < g.maps.size(); ++t) {
+        for (int64_t r = 0; r < w; r += 7) {
+          DequantizeRow(g.maps[t].k.dtype, g.maps[t].k.row(r), row.data(), f);
+          EXPECT_TRUE(std::equal(row.begin(), row.end(), a.begin() + ((2 * t) * w + r) * f));
+          DequantizeRow(g.maps[t].v.dtype, g.maps[t].v.row(r), row.data(), f);
+          EXPECT_TRUE(std::equal(row.begin(), row.end(), a.begin() + ((2 * t + 1) * w + r) * f));
+        }
+        EXPECT_TRUE(std::equal(g.maps[t].c_k.begin(), g.maps[t].c_k.end(), c.begin() + 2 * t * w));
+        EXPECT_TRUE(
+            std::equal(g.maps[t].c_v.begin(), g.maps[t].c_v.end(), c.begin() + (2 * t + 1) * w));
+      }
+      FoldedGroup short_one = g;
+      short_one.maps.pop_back();
+      EXPECT_EQ(StackGroupMaps(short_one, w, &a, &c).code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(StackGroupMaps(g, w + 1, &a, &c).code(), absl::StatusCode::kInvalidArgument);
+    }
   }
 }
 
