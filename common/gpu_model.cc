@@ -158,6 +158,10 @@ absl::Status GpuSession::DownloadTo(KvCache& cache) {
   return cache.SetTokens(n);
 }
 
+absl::Status GpuSession::WaitRebuilds() {
+  return FromGpu(session_->WaitRebuilds(), session_->error());
+}
+
 absl::Status GpuSession::Synchronize() {
   return FromGpu(session_->Synchronize(), session_->error());
 }

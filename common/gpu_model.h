@@ -37,6 +37,8 @@ class GpuSession {
   // and sets its token count.
   absl::Status DownloadTo(KvCache& cache);
   absl::Status Synchronize();
+  // Waits for the rebuilds queued so far (GpuPredictors::Rebuild), not for uploads.
+  absl::Status WaitRebuilds();
 
   cuda::Session& device_session() { return *session_; }
 

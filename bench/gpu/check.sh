@@ -34,9 +34,19 @@ cublas=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
   [ -e "$d/libcublas.so.13" ] && { cublas=$d; break; }
 done
-if [ -z "$cublas" ] && [ -n "$PY" ]; then
-  cublas=$("$PY" -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
+if [ -z "$cublas" ] && [ -n "$PY" ]; then  # CUDA 13 wheels: nvidia/cu13/lib (older: nvidia/cublas/lib)
+  cublas=$("$PY" -c '
+import glob, os, site
+for d in site.getsitepackages():
+    for pattern in ("nvidia/cu13/lib/libcublas.so.13*", "nvidia/cublas/lib/libcublas.so.13*"):
+        hits = glob.glob(os.path.join(d, pattern))
+        if hits:
+            print(os.path.dirname(hits[0]))
+            raise SystemExit
+' 2>/dev/null || true)
 fi
+gpu_present=0
+[ -n "$(nvidia-smi -L 2>/dev/null)" ] && gpu_present=1
 export LD_LIBRARY_PATH="$ROOT/.gpu/lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # 1. The CUDA module, built here for this GPU's architecture.
@@ -47,7 +57,7 @@ arch=${arch:-90}
 t0=$(date +%s)
 if "$NVCC" -O3 -std=c++17 --shared -Xcompiler -fPIC -gencode "arch=compute_$arch,code=sm_$arch" \
   -I"$ROOT" kernels/cuda/device_query.cu kernels/cuda/engine.cu kernels/cuda/kernels.cu \
-  ${cublas:+-L"$cublas"} -lcublas -o "$W/libriskkv_cuda.so" >"$OUT/nvcc.log" 2>&1; then
+  ${cublas:+-L"$cublas"} -l:libcublas.so.13 -o "$W/libriskkv_cuda.so" >"$OUT/nvcc.log" 2>&1; then
   export RISKKV_CUDA_MODULE=$W/libriskkv_cuda.so
   say "module: built here for sm_$arch in $(($(date +%s) - t0)) s"
 else
@@ -69,6 +79,7 @@ fi
 [ -n "$MODEL" ] && say "model: SmolLM2-135M-Instruct Q4_1" ||
   say "model: SmolLM2 absent (.gpu-model/ did not travel): its test cases are skipped"
 export RISKKV_TESTDATA_DIR=$ROOT/.gpu/testdata
+export RISKKV_CORPUS=$ROOT/.gpu/testdata/jargon.txt.gz
 export RISKKV_MODEL=${MODEL:-/nonexistent}
 
 # 3. The gpu tests.
@@ -85,11 +96,16 @@ run_gtest() {  # binary [gtest filter]
   grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/$name.log" | head -20 | sed 's/^/    /' | tee -a "$SUMMARY"
   grep -h 'Skipped\|no GPU' "$OUT/$name.log" | sort -u | head -3 | sed 's/^/    /' | tee -a "$SUMMARY"
   [ "$rc" = 0 ] || failures=$((failures + 1))
+  # On a machine with a GPU nothing may skip: a skip means the module or the device was unusable.
+  if [ "$gpu_present" = 1 ] && [ "${skipped:-0}" != 0 ]; then
+    say "    FAILED: $skipped case(s) skipped although nvidia-smi lists a GPU"
+    failures=$((failures + 1))
+  fi
 }
 run_gtest cuda_ops_test
 if [ -n "$MODEL" ]; then run_gtest gpu_model_test; else run_gtest gpu_model_test '-*smollm2*'; fi
 
-if command -v curl >/dev/null && [ -n "$PY" ]; then
+if [ -n "$PY" ]; then
   step "backend_test (CPU and GPU nodes)"
   if timeout 300 bash tests/services/backend_test.sh "$ROOT/.gpu/bin" \
     "$ROOT/.gpu/testdata/tiny_llama_deep.gguf" "$PY" >"$OUT/backend_test.log" 2>&1; then
@@ -99,8 +115,13 @@ if command -v curl >/dev/null && [ -n "$PY" ]; then
     failures=$((failures + 1))
   fi
   grep '^backend_test:' "$OUT/backend_test.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  if [ "$gpu_present" = 1 ] && grep -q 'no usable GPU' "$OUT/backend_test.log"; then
+    say "    FAILED: the nodes stayed on the CPU although nvidia-smi lists a GPU"
+    failures=$((failures + 1))
+  fi
 else
-  say "test backend_test: not run (needs curl and python3)"
+  say "test backend_test: not run (needs python3)"
+  failures=$((failures + 1))
 fi
 
 # 4. The benchmarks.

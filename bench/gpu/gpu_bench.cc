@@ -336,8 +336,8 @@ int main(int argc, char** argv) {
               rows.back().full_bytes / 1e6, rows.back().retained_bytes / 1e6,
               static_cast<long long>(rows.back().history));
 
-  // Prefill GEMM work: the projections of every token, plus QK^T and PV over the causal
-  // rectangle each micro-batch computes.
+  // Prefill work: the projections of every token, plus QK^T and PV over the causal triangle
+  // (the useful work; the engine computes and masks the whole rectangle of each micro-batch).
   const int64_t q = c.n_heads * c.head_dim, kv = c.kv_width();
   const double per_token =
       2.0 * c.n_layers * (c.hidden * (q + 2 * kv) + q * c.hidden + 3.0 * c.hidden * c.ffn);

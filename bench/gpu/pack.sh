@@ -38,6 +38,8 @@ ldd .gpu/bin/* | awk '/=> \// {print $3}' | sort -u | { grep -v -E "$skip" || tr
 for m in tiny_llama.gguf tiny_llama_q4_1.gguf tiny_qwen2.gguf tiny_llama_deep.gguf; do
   cp "$testdata/$m" .gpu/testdata/
 done
+# backend_test calibrates a policy on the default corpus, which only Debian's jargon-text has.
+cp /usr/share/doc/jargon-text/jargon.txt.gz .gpu/testdata/
 note ".gpu: $(du -sh .gpu | cut -f1) ($(ls .gpu/lib | wc -l) libraries)"
 
 if [ "$with_model" = 1 ]; then

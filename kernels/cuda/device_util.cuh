@@ -13,20 +13,24 @@
 
 namespace riskkv::cuda {
 
-// Holds the message of the last failure; methods return Fail(...) (nonzero) on error.
+// The message of the calling thread's last failure (errno-like: objects shared between threads
+// never write one string concurrently); methods return Fail(...) (nonzero) on error.
 class ErrorState {
  public:
-  const char* message() const { return message_.c_str(); }
+  const char* message() const { return Last().c_str(); }
   int Fail(const char* file, int line, const std::string& what) {
     const char* base = file;
     for (const char* p = file; *p != '\0'; ++p)
       if (*p == '/') base = p + 1;
-    message_ = std::string(base) + ":" + std::to_string(line) + ": " + what;
+    Last() = std::string(base) + ":" + std::to_string(line) + ": " + what;
     return 1;
   }
 
  private:
-  std::string message_;
+  static std::string& Last() {
+    static thread_local std::string message;
+    return message;
+  }
 };
 
 inline std::string CudaMessage(const char* expr, cudaError_t e) {

@@ -176,6 +176,7 @@ class SessionImpl final : public Session {
   int MarkLayerUploaded(int32_t layer) override;
   int Rebuild(const Predictors* p, int group, int64_t begin, int64_t count) override;
   int DownloadRows(int32_t layer, int values, int64_t first, int64_t count, uint16_t* dst) override;
+  int WaitRebuilds() override;
   int Synchronize() override;
 
   __half* rows(int32_t layer, int values) const;
@@ -198,6 +199,7 @@ class SessionImpl final : public Session {
   Event transfers_done_;
   std::vector<Event> layer_ready_;  // on the transfer stream: uploads marked per layer
   std::vector<Event> layer_used_;   // on the compute stream: the last work touching a layer
+  Event rebuilt_;                   // on the compute stream, after the last queued rebuild
 };
 
 class EngineImpl final : public Engine {
@@ -639,6 +641,7 @@ int SessionImpl::Init() {
   RKV_CUDA(kv_.Allocate(static_cast<size_t>(d.n_layers) * 2 * capacity_ * engine_.kv_width()));
   RKV_CUDA(transfer_.Create());
   RKV_CUDA(transfers_done_.Create());
+  RKV_CUDA(rebuilt_.Create());
   layer_ready_.resize(d.n_layers);
   layer_used_.resize(d.n_layers);
   for (Event& e : layer_ready_) RKV_CUDA(e.Create());
@@ -747,7 +750,15 @@ int SessionImpl::Rebuild(const Predictors* p, int group, int64_t begin, int64_t 
   // overwrites); a layer never marked has nothing to wait for.
   for (int32_t a : g.anchors) RKV_CUDA(cudaStreamWaitEvent(st, layer_ready_[a].get(), 0));
   for (int32_t t : g.targets) RKV_CUDA(cudaStreamWaitEvent(st, layer_ready_[t].get(), 0));
-  return engine_.RebuildGroup(*this, g, begin, count, err_);
+  RKV_TRY(engine_.RebuildGroup(*this, g, begin, count, err_));
+  RKV_CUDA(cudaEventRecord(rebuilt_.get(), st));
+  return 0;
+}
+
+int SessionImpl::WaitRebuilds() {
+  DeviceScope scope(engine_.device());
+  RKV_CUDA(cudaEventSynchronize(rebuilt_.get()));
+  return 0;
 }
 
 int SessionImpl::DownloadRows(int32_t layer, int values, int64_t first, int64_t count,

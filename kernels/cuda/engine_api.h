@@ -3,7 +3,8 @@
 // never includes CUDA headers; kernels/gpu.h wraps these in absl::Status and RAII.
 //
 // Every method that can fail returns 0 on success and a nonzero code otherwise, with a message
-// naming the file, line and CUDA/cuBLAS error in error(). Weights are f16 on the device, GEMMs
+// naming the file, line and CUDA/cuBLAS error in error(): the calling thread's last failure, so
+// threads sharing an engine read their own. Weights are f16 on the device, GEMMs
 // run through cuBLAS with f32 accumulation, activations stay f32 between kernels, the KV cache
 // is f16 ([capacity, n_kv_heads, head_dim] per layer, keys after RoPE, as the host KvCache).
 #pragma once
@@ -74,6 +75,8 @@ class Session {
   // the anchors' uploads are complete: features from the anchors' K (inverse RoPE) and V, one
   // GEMM, biases, RoPE on the keys, f16 rows written into the targets' cache.
   virtual int Rebuild(const Predictors* p, int group, int64_t begin, int64_t count) = 0;
+  // Waits until the rebuilds this session queued so far are done (not its uploads).
+  virtual int WaitRebuilds() = 0;
   // Copies f16 rows back to host memory (synchronously).
   virtual int DownloadRows(int32_t layer, int values, int64_t first, int64_t count,
                            uint16_t* dst) = 0;

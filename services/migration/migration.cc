@@ -216,7 +216,8 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
           absl::StrCat("token id ", t, " outside the vocabulary of ", c.vocab));
     }
   }
-  const int64_t capacity = ctx_.capacity > 0 ? ctx_.capacity : c.context_length;
+  const int64_t capacity =
+      std::min(ctx_.capacity > 0 ? ctx_.capacity : c.context_length, c.context_length);
   if (history_ + 1 > capacity) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session of ", history_ + 1, " tokens does not fit this node's ", capacity, "-row cache"));
@@ -421,12 +422,14 @@ absl::StatusOr<ResumedSession> MigrationReceiver::OnTrailer(const v1::MigrationT
   auto lock = LockModel();
   if (session_.gpu) {
     GpuModel& gpu = *ctx_.gpu;
-    // Rebuilds were queued on the device; their remaining time counts as rebuild time.
+    // Rebuilds were queued on the device as their anchors landed; what of them is still running
+    // counts as rebuild time, the uploads still in flight do not.
     const auto start = Clock::now();
-    RETURN_IF_ERROR(session_.gpu->Synchronize());
+    RETURN_IF_ERROR(session_.gpu->WaitRebuilds());
     if (session_.mode == MigrationMode::kReconstruct) {
       session_.rebuild_seconds += Since(start);
     }
+    RETURN_IF_ERROR(session_.gpu->Synchronize());
     if (session_.mode == MigrationMode::kTokenReplay && history_ > 0) {
       const auto replay = Clock::now();
       ASSIGN_OR_RETURN(std::vector<float> ignored,

@@ -220,8 +220,6 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail("cannot listen on " + absl::GetFlag(FLAGS_listen));
-  riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file),
-                        std::to_string(port) + " " + std::to_string(metrics_port));
   std::string advertise = absl::GetFlag(FLAGS_advertise);
   if (advertise.empty()) {
     const std::string listen = absl::GetFlag(FLAGS_listen);
@@ -236,6 +234,9 @@ int main(int argc, char** argv) {
       retention ? retention->policy.policy_id() + " v" + std::to_string(retention->policy.version())
                 : std::string("none"),
       port, advertise, metrics_port);
+  // Last: scripts waiting for the port file find the log line and the info metric in place.
+  riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file),
+                        std::to_string(port) + " " + std::to_string(metrics_port));
   if (follower) follower->Start();
 
   riskkv::ServeUntilSignal(*server, signals, "riskkv-node", std::chrono::seconds(5));

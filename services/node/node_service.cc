@@ -175,7 +175,8 @@ absl::StatusOr<std::vector<float>> NodeService::DecodeLast(Session& s) {
 
 absl::StatusOr<std::unique_ptr<KvCache>> NodeService::HostKv(Session& s) {
   if (!s.gpu) return s.cache->Clone();
-  ASSIGN_OR_RETURN(auto host, model_.NewKvCache(s.gpu->capacity(), DType::kF16));
+  ASSIGN_OR_RETURN(auto host,
+                   model_.NewKvCache(std::max<int64_t>(1, s.gpu->n_tokens()), DType::kF16));
   RETURN_IF_ERROR(s.gpu->DownloadTo(*host));
   return host;
 }
