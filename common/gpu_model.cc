@@ -273,6 +273,24 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::CreateRandom(const ModelConf
   return gpu;
 }
 
+absl::Status GpuModel::PinKv(KvCache& cache) {
+  const int64_t bytes = cache.capacity() * cache.token_bytes();
+  for (int64_t l = 0; l < cache.n_layers(); ++l) {
+    RETURN_IF_ERROR(FromGpu(engine_->PinHostMemory(cache.KeyRows(l, 0), bytes), engine_->error()));
+    RETURN_IF_ERROR(
+        FromGpu(engine_->PinHostMemory(cache.ValueRows(l, 0), bytes), engine_->error()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::UnpinKv(KvCache& cache) {
+  for (int64_t l = 0; l < cache.n_layers(); ++l) {
+    RETURN_IF_ERROR(FromGpu(engine_->UnpinHostMemory(cache.KeyRows(l, 0)), engine_->error()));
+    RETURN_IF_ERROR(FromGpu(engine_->UnpinHostMemory(cache.ValueRows(l, 0)), engine_->error()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<GpuSession>> GpuModel::NewSession(int64_t capacity) {
   if (capacity < 1) return absl::InvalidArgumentError("a session needs capacity >= 1");
   cuda::Session* s = engine_->NewSession(std::min(capacity, config_.context_length));

@@ -63,6 +63,11 @@ class GpuModel {
   int64_t device_bytes() const { return engine_->device_bytes(); }
   cuda::Engine& engine() { return *engine_; }
 
+  // Page-locks every layer of a host cache so uploads from it (GpuSession::UploadFrom) run as
+  // direct DMA instead of through staging buffers; UnpinKv before the cache is freed.
+  absl::Status PinKv(KvCache& cache);
+  absl::Status UnpinKv(KvCache& cache);
+
   // A session with room for `capacity` tokens (clamped to the context length).
   absl::StatusOr<std::unique_ptr<GpuSession>> NewSession(int64_t capacity);
 

@@ -138,7 +138,9 @@ bench() {  # label args...
   fi
 }
 rm -f "$OUT/gpu-bench.jsonl"
-if [ -n "$MODEL" ]; then bench smollm2 --model "$MODEL"; else bench smollm2-shape --random-shape smollm2-135m; fi
+if [ -n "$MODEL" ]; then small=(--model "$MODEL"); else small=(--random-shape smollm2-135m); fi
+bench smollm2 "${small[@]}"
+bench smollm2-pageable "${small[@]}" --nopin  # KV through the staging buffers, as chunks arrive
 bench qwen2.5-1.5b-shape --random-shape qwen2.5-1.5b
 if [ -s "$OUT/gpu-bench.jsonl" ] && [ -n "$PY" ]; then
   "$PY" bench/gpu/chart_gpu.py "$OUT/gpu-bench.jsonl" "$OUT/gpu-recovery-by-mode.svg" &&

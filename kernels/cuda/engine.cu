@@ -59,6 +59,20 @@ class Compute {
     return 0;
   }
 
+  // As Attention, from f32 queries: a single query (decoding) runs the fused decode kernel on
+  // them directly; more are converted into q_half (n * ldq halfs) for the GEMM path.
+  int AttentionF32(const float* q, int64_t ldq, int64_t n, int64_t q_pos0, const __half* k,
+                   const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                   float* out, __half* q_half, ErrorState& err_) {
+    if (n == 1 && DecodeAttentionFits(q_pos0 + 1, head_dim)) {
+      RKV_CUDA(LaunchDecodeAttention(q, k, v, q_pos0 + 1, n_heads, n_kv_heads, head_dim, out,
+                                     stream_.get()));
+      return 0;
+    }
+    RKV_CUDA(LaunchToHalf(q, n * ldq, q_half, stream_.get()));
+    return Attention(q_half, ldq, n, q_pos0, k, v, n_heads, n_kv_heads, head_dim, out, err_);
+  }
+
   // Causal GQA attention of q[n, n_heads, head_dim] (f16, rows ldq apart) at positions
   // [q_pos0, q_pos0 + n) over k/v [ctx = q_pos0 + n, n_kv_heads, head_dim] f16, into
   // out[n, n_heads * head_dim] f32, in chunks of queries that keep the scratch bounded.
@@ -230,7 +244,6 @@ class EngineImpl final : public Engine {
       RKV_CUDA(staging_done_[i].Create());
     }
     RKV_CUDA(x_.Allocate(kMicroBatch * d.hidden));
-    RKV_CUDA(xn_.Allocate(kMicroBatch * d.hidden));
     RKV_CUDA(xh_.Allocate(kMicroBatch * std::max({d.hidden, q_width_, d.ffn})));
     RKV_CUDA(qkv_.Allocate(kMicroBatch * qkv_width_));
     RKV_CUDA(qkvh_.Allocate(kMicroBatch * qkv_width_));
@@ -432,6 +445,17 @@ class EngineImpl final : public Engine {
     return p.release();
   }
 
+  int PinHostMemory(void* p, int64_t bytes) override {
+    DeviceScope scope(device_);
+    RKV_CUDA(cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterDefault));
+    return 0;
+  }
+  int UnpinHostMemory(void* p) override {
+    DeviceScope scope(device_);
+    RKV_CUDA(cudaHostUnregister(p));
+    return 0;
+  }
+
   double TimeGemm(int64_t m, int64_t n, int64_t k, int repeats) override {
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(mu_);
@@ -516,7 +540,7 @@ class EngineImpl final : public Engine {
   std::vector<Layer> layers_;
   DeviceArray<__half> embedding_, lm_head_;
   DeviceArray<float> output_norm_;
-  DeviceArray<float> x_, xn_, qkv_, attn_, gate_up_, logits_, features_, rebuilt_;
+  DeviceArray<float> x_, qkv_, attn_, gate_up_, logits_, features_, rebuilt_;
   DeviceArray<__half> xh_, qkvh_;
   DeviceArray<int32_t> ids_;
   std::mutex staging_mu_;
@@ -538,26 +562,21 @@ int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, b
     const Layer& w = layers_[l];
     __half* kc = s.rows(static_cast<int32_t>(l), 0);
     __half* vc = s.rows(static_cast<int32_t>(l), 1);
-    RKV_CUDA(LaunchRmsNorm(x_.get(), n, d.hidden, w.attn_norm.get(), d.rms_eps, xn_.get(), st));
-    RKV_CUDA(LaunchToHalf(xn_.get(), n * d.hidden, xh_.get(), st));
+    RKV_CUDA(LaunchRmsNormHalf(x_.get(), n, d.hidden, w.attn_norm.get(), d.rms_eps, xh_.get(), st));
     RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.wqkv.get(), qkv_width_, d.hidden, qkv_.get(),
                      qkv_width_, 0.0f, err_));
     if (d.qkv_bias) RKV_CUDA(LaunchAddBias(qkv_.get(), w.bqkv.get(), n, qkv_width_, st));
-    RKV_CUDA(LaunchRope(qkv_.get(), n, qkv_width_, d.n_heads, nullptr, pos0, r, 0, st));
+    // Q's heads and K's heads lie side by side in each row: one rotation for both.
     RKV_CUDA(
-        LaunchRope(qkv_.get() + q_width_, n, qkv_width_, d.n_kv_heads, nullptr, pos0, r, 0, st));
-    RKV_CUDA(LaunchStoreRows(qkv_.get() + q_width_, n, kv_width_, qkv_width_, kc + pos0 * kv_width_,
-                             st));
-    RKV_CUDA(LaunchStoreRows(qkv_.get() + q_width_ + kv_width_, n, kv_width_, qkv_width_,
-                             vc + pos0 * kv_width_, st));
-    RKV_CUDA(LaunchToHalf(qkv_.get(), n * qkv_width_, qkvh_.get(), st));
-    RKV_TRY(c.Attention(qkvh_.get(), qkv_width_, n, pos0, kc, vc, d.n_heads, d.n_kv_heads,
-                        d.head_dim, attn_.get(), err_));
+        LaunchRope(qkv_.get(), n, qkv_width_, d.n_heads + d.n_kv_heads, nullptr, pos0, r, 0, st));
+    RKV_CUDA(LaunchStoreKv(qkv_.get() + q_width_, n, kv_width_, qkv_width_, kc + pos0 * kv_width_,
+                           vc + pos0 * kv_width_, st));
+    RKV_TRY(c.AttentionF32(qkv_.get(), qkv_width_, n, pos0, kc, vc, d.n_heads, d.n_kv_heads,
+                           d.head_dim, attn_.get(), qkvh_.get(), err_));
     RKV_CUDA(LaunchToHalf(attn_.get(), n * q_width_, xh_.get(), st));
     RKV_TRY(c.Linear(xh_.get(), q_width_, n, w.wo.get(), d.hidden, q_width_, x_.get(), d.hidden,
                      1.0f, err_));
-    RKV_CUDA(LaunchRmsNorm(x_.get(), n, d.hidden, w.ffn_norm.get(), d.rms_eps, xn_.get(), st));
-    RKV_CUDA(LaunchToHalf(xn_.get(), n * d.hidden, xh_.get(), st));
+    RKV_CUDA(LaunchRmsNormHalf(x_.get(), n, d.hidden, w.ffn_norm.get(), d.rms_eps, xh_.get(), st));
     RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.w_gate_up.get(), 2 * d.ffn, d.hidden, gate_up_.get(),
                      2 * d.ffn, 0.0f, err_));
     RKV_CUDA(LaunchSwiGluHalf(gate_up_.get(), n, d.ffn, 2 * d.ffn, d.ffn, xh_.get(), st));
@@ -571,9 +590,8 @@ int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, b
   const int64_t first = all_logits ? 0 : n - 1;
   for (int64_t i = first; i < n; i += kLogitRows) {
     const int64_t rows = std::min(kLogitRows, n - i);
-    RKV_CUDA(LaunchRmsNorm(x_.get() + i * d.hidden, rows, d.hidden, output_norm_.get(), d.rms_eps,
-                           xn_.get(), st));
-    RKV_CUDA(LaunchToHalf(xn_.get(), rows * d.hidden, xh_.get(), st));
+    RKV_CUDA(LaunchRmsNormHalf(x_.get() + i * d.hidden, rows, d.hidden, output_norm_.get(),
+                               d.rms_eps, xh_.get(), st));
     RKV_TRY(c.Linear(xh_.get(), d.hidden, rows, head, d.vocab, d.hidden, logits_.get(), d.vocab,
                      0.0f, err_));
     RKV_CUDA(cudaMemcpyAsync(logits + (i - first) * d.vocab, logits_.get(),
@@ -721,8 +739,16 @@ int SessionImpl::UploadRows(int32_t layer, int values, int64_t first, int64_t co
   const int64_t w = engine_.kv_width();
   // Not before queued work that reads or writes this layer (a rebuild, a forward pass).
   RKV_CUDA(cudaStreamWaitEvent(transfer_.get(), layer_used_[layer].get(), 0));
-  return engine_.Stage(*this, transfer_.get(), rows(layer, values) + first * w, src,
-                       count * w * sizeof(__half), err_);
+  __half* dst = rows(layer, values) + first * w;
+  const size_t bytes = count * w * sizeof(__half);
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, src) == cudaSuccess &&
+      attributes.type == cudaMemoryTypeHost) {  // page-locked: DMA straight from it
+    RKV_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, transfer_.get()));
+    return 0;
+  }
+  cudaGetLastError();  // a pageable pointer may leave an error behind on older runtimes
+  return engine_.Stage(*this, transfer_.get(), dst, src, bytes, err_);
 }
 
 int SessionImpl::MarkLayerUploaded(int32_t layer) {
@@ -873,9 +899,8 @@ class OpsImpl final : public Ops {
     RKV_TRY(In(dk, reinterpret_cast<const __half*>(k), n_ctx * kvw));
     RKV_TRY(In(dv, reinterpret_cast<const __half*>(v), n_ctx * kvw));
     RKV_CUDA(dout.Allocate(n * qw));
-    RKV_CUDA(LaunchToHalf(dq.get(), n * qw, dqh.get(), s()));
-    RKV_TRY(compute_.Attention(dqh.get(), qw, n, q_pos0, dk.get(), dv.get(), n_heads, n_kv_heads,
-                               head_dim, dout.get(), err_));
+    RKV_TRY(compute_.AttentionF32(dq.get(), qw, n, q_pos0, dk.get(), dv.get(), n_heads, n_kv_heads,
+                                  head_dim, dout.get(), dqh.get(), err_));
     return Out(out, dout, n * qw);
   }
 

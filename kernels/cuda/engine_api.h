@@ -64,8 +64,10 @@ class Session {
   // (host) receives [all_logits ? n : 1, vocab] f32, or nothing when null.
   virtual int Forward(const int32_t* tokens, int64_t n, int all_logits, float* logits) = 0;
   // Copies f16 rows [first, first + count) of layer K (values = 0) or V (values = 1) from host
-  // memory into the device cache. The bytes are staged through pinned buffers and the copy runs
-  // on the transfer stream, so this returns before the copy ends; `src` may be reused at once.
+  // memory into the device cache, on the transfer stream, returning before the copy ends.
+  // Pageable `src` is staged through pinned buffers and may be reused at once; pinned `src`
+  // (Engine::PinHostMemory) is copied directly and must stay unchanged until the copy is done
+  // (Synchronize, or a rebuild or forward pass that reads the layer).
   virtual int UploadRows(int32_t layer, int values, int64_t first, int64_t count,
                          const uint16_t* src) = 0;
   // Records that every row of `layer` uploaded so far is what later rebuilds may read; a
@@ -126,6 +128,9 @@ class Engine {
   virtual Predictors* NewPredictors(int n_groups, const int32_t* n_anchors, const int32_t* anchors,
                                     const int32_t* n_targets, const int32_t* targets,
                                     const float* const* a, const float* const* c) = 0;
+  // Page-locks host memory so uploads from it run as direct DMA; unpin before freeing it.
+  virtual int PinHostMemory(void* p, int64_t bytes) = 0;
+  virtual int UnpinHostMemory(void* p) = 0;
   // Seconds of one dense f16 GEMM of [m, k] x [k, n] timed on the device (for throughput
   // reports), or a negative value with error().
   virtual double TimeGemm(int64_t m, int64_t n, int64_t k, int repeats) = 0;

@@ -82,15 +82,76 @@ __global__ void EmbedKernel(const __half* table, int64_t cols, const int32_t* id
   }
 }
 
-__global__ void RmsNormKernel(const float* x, int64_t d, const float* w, float eps, float* y) {
+template <typename Out>
+__global__ void RmsNormKernel(const float* x, int64_t d, const float* w, float eps, Out* y) {
   __shared__ float shared[32];
   const float* xr = x + blockIdx.x * d;
-  float* yr = y + blockIdx.x * d;
+  Out* yr = y + blockIdx.x * d;
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
   ss = BlockReduce<false>(ss, shared);
   const float scale = rsqrtf(ss / static_cast<float>(d) + eps);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = xr[j] * scale * w[j];
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = xr[j] * scale * w[j];
+    if constexpr (sizeof(Out) == 2) {
+      yr[j] = ToHalfSat(v);
+    } else {
+      yr[j] = v;
+    }
+  }
+}
+
+// Single-query attention (decoding): one block per query head. The head's scores over the
+// `ctx` keys live in shared memory; q is f32, K and V f16, accumulation f32.
+__global__ void DecodeAttentionKernel(const float* q, const __half* k, const __half* v, int64_t ctx,
+                                      int64_t kv_width, int64_t head_dim, int64_t group,
+                                      float scale, float* out) {
+  extern __shared__ float smem[];  // [head_dim] query, then [ctx] scores
+  __shared__ float shared[32];
+  const int64_t h = blockIdx.x;
+  const int64_t kv_offset = (h / group) * head_dim;
+  float* qs = smem;
+  float* scores = smem + head_dim;
+  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = q[h * head_dim + d];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < ctx; j += blockDim.x) {
+    const __half* kr = k + j * kv_width + kv_offset;
+    float s = 0.0f;
+    for (int64_t d = 0; d < head_dim; ++d) s += qs[d] * __half2float(kr[d]);
+    s *= scale;
+    scores[j] = s;
+    mx = fmaxf(mx, s);
+  }
+  mx = BlockReduce<true>(mx, shared);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < ctx; j += blockDim.x) {
+    const float e = expf(scores[j] - mx);
+    scores[j] = e;
+    sum += e;
+  }
+  sum = BlockReduce<false>(sum, shared);  // its barriers also publish every thread's scores
+  const float inv = 1.0f / sum;
+  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < ctx; ++j)
+      acc += scores[j] * __half2float(v[j * kv_width + kv_offset + d]);
+    out[h * head_dim + d] = acc * inv;
+  }
+}
+
+// K and V rows [n, width] (V `width` after K in each source row) into two f16 caches.
+__global__ void StoreKvKernel(const float* src, int64_t n, int64_t width, int64_t stride, __half* k,
+                              __half* v) {
+  RKV_GRID_STRIDE(idx, n * 2 * width) {
+    const int64_t i = idx / (2 * width), j = idx % (2 * width);
+    const __half h = ToHalfSat(src[i * stride + j]);
+    if (j < width) {
+      k[i * width + j] = h;
+    } else {
+      v[i * width + j - width] = h;
+    }
+  }
 }
 
 __global__ void RopeKernel(float* x, int64_t n, int64_t stride, int64_t heads,
@@ -134,14 +195,6 @@ __global__ void ToHalfKernel(const float* in, int64_t n, __half* out) {
 
 __global__ void AddBiasKernel(float* y, const float* b, int64_t n, int64_t cols) {
   RKV_GRID_STRIDE(i, n * cols) { y[i] += b[i % cols]; }
-}
-
-__global__ void StoreRowsKernel(const float* src, int64_t n, int64_t width, int64_t stride,
-                                __half* dst) {
-  RKV_GRID_STRIDE(idx, n * width) {
-    const int64_t i = idx / width, j = idx % width;
-    dst[idx] = ToHalfSat(src[i * stride + j]);
-  }
 }
 
 __global__ void CausalSoftmaxKernel(const float* scores, int64_t n, int64_t ctx, int64_t q_pos0,
@@ -240,7 +293,35 @@ cudaError_t LaunchEmbed(const __half* table, int64_t cols, const int32_t* ids, i
 cudaError_t LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* y,
                           cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  RmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, w, eps, y);
+  RmsNormKernel<float><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, w, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNormHalf(const float* x, int64_t n, int64_t d, const float* w, float eps,
+                              __half* y, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  RmsNormKernel<__half><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, w, eps, y);
+  return cudaGetLastError();
+}
+
+bool DecodeAttentionFits(int64_t ctx, int64_t head_dim) {
+  return (ctx + head_dim) * static_cast<int64_t>(sizeof(float)) <= kDecodeAttentionSharedBytes;
+}
+
+cudaError_t LaunchDecodeAttention(const float* q, const __half* k, const __half* v, int64_t ctx,
+                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float* out,
+                                  cudaStream_t stream) {
+  if (!DecodeAttentionFits(ctx, head_dim)) return cudaErrorInvalidValue;
+  const size_t shared = static_cast<size_t>(ctx + head_dim) * sizeof(float);
+  DecodeAttentionKernel<<<static_cast<unsigned>(n_heads), kThreads, shared, stream>>>(
+      q, k, v, ctx, n_kv_heads * head_dim, head_dim, n_heads / n_kv_heads,
+      1.0f / sqrtf(static_cast<float>(head_dim)), out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchStoreKv(const float* src, int64_t n, int64_t width, int64_t stride, __half* k,
+                          __half* v, cudaStream_t stream) {
+  StoreKvKernel<<<Blocks(n * 2 * width), kThreads, 0, stream>>>(src, n, width, stride, k, v);
   return cudaGetLastError();
 }
 
@@ -272,12 +353,6 @@ cudaError_t LaunchToHalf(const float* in, int64_t n, __half* out, cudaStream_t s
 
 cudaError_t LaunchAddBias(float* y, const float* b, int64_t n, int64_t cols, cudaStream_t stream) {
   AddBiasKernel<<<Blocks(n * cols), kThreads, 0, stream>>>(y, b, n, cols);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchStoreRows(const float* src, int64_t n, int64_t width, int64_t stride, __half* dst,
-                            cudaStream_t stream) {
-  StoreRowsKernel<<<Blocks(n * width), kThreads, 0, stream>>>(src, n, width, stride, dst);
   return cudaGetLastError();
 }
 

@@ -30,6 +30,21 @@ cudaError_t LaunchEmbed(const __half* table, int64_t cols, const int32_t* ids, i
 // y = x / sqrt(mean(x^2) + eps) * w per row of d; y may alias x.
 cudaError_t LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* y,
                           cudaStream_t stream);
+// The same normalisation written as f16 (saturating), the input of the next GEMM.
+cudaError_t LaunchRmsNormHalf(const float* x, int64_t n, int64_t d, const float* w, float eps,
+                              __half* y, cudaStream_t stream);
+// Attention of one query per head (decoding) at the last of `ctx` positions: q [n_heads,
+// head_dim] f32 over k/v [ctx, n_kv_heads, head_dim] f16 into out [n_heads, head_dim] f32, when
+// DecodeAttentionFits (the scores fit the default shared memory of a block).
+inline constexpr int64_t kDecodeAttentionSharedBytes = 40 << 10;
+bool DecodeAttentionFits(int64_t ctx, int64_t head_dim);
+cudaError_t LaunchDecodeAttention(const float* q, const __half* k, const __half* v, int64_t ctx,
+                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float* out,
+                                  cudaStream_t stream);
+// K then V rows of width `width` (V right after K in each of the n source rows, `stride` apart)
+// into the f16 caches k and v (dense rows).
+cudaError_t LaunchStoreKv(const float* src, int64_t n, int64_t width, int64_t stride, __half* k,
+                          __half* v, cudaStream_t stream);
 // Rotates heads [n, heads, head_dim] (rows `stride` apart) by positions[i], or pos0 + i when
 // positions is null; inverse rotates by minus the position.
 cudaError_t LaunchRope(float* x, int64_t n, int64_t stride, int64_t heads, const int32_t* positions,
@@ -42,9 +57,6 @@ cudaError_t LaunchSwiGluHalf(const float* in, int64_t n, int64_t width, int64_t 
 cudaError_t LaunchToHalf(const float* in, int64_t n, __half* out, cudaStream_t stream);
 // y[i, j] += b[j] for rows of `cols`.
 cudaError_t LaunchAddBias(float* y, const float* b, int64_t n, int64_t cols, cudaStream_t stream);
-// Copies [n, width] f32 from src (rows `stride` apart) to dst f16 (dense rows).
-cudaError_t LaunchStoreRows(const float* src, int64_t n, int64_t width, int64_t stride, __half* dst,
-                            cudaStream_t stream);
 // Causal softmax over scores [rows = heads * n, ctx]: query i (row % n) sees keys
 // [0, q_pos0 + i]; probabilities in f16, zero past the visible keys.
 cudaError_t LaunchCausalSoftmax(const float* scores, int64_t heads, int64_t n, int64_t ctx,
