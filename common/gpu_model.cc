@@ -275,10 +275,17 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::CreateRandom(const ModelConf
 
 absl::Status GpuModel::PinKv(KvCache& cache) {
   const int64_t bytes = cache.capacity() * cache.token_bytes();
+  std::vector<void*> pinned;
   for (int64_t l = 0; l < cache.n_layers(); ++l) {
-    RETURN_IF_ERROR(FromGpu(engine_->PinHostMemory(cache.KeyRows(l, 0), bytes), engine_->error()));
-    RETURN_IF_ERROR(
-        FromGpu(engine_->PinHostMemory(cache.ValueRows(l, 0), bytes), engine_->error()));
+    for (void* p :
+         {static_cast<void*>(cache.KeyRows(l, 0)), static_cast<void*>(cache.ValueRows(l, 0))}) {
+      if (engine_->PinHostMemory(p, bytes) != 0) {
+        const std::string error = engine_->error();
+        for (void* q : pinned) engine_->UnpinHostMemory(q);  // all or nothing
+        return absl::InternalError("GPU: " + error);
+      }
+      pinned.push_back(p);
+    }
   }
   return absl::OkStatus();
 }

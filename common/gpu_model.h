@@ -26,7 +26,9 @@ class GpuSession {
   absl::Status SetTokens(int64_t n);
 
   // Queues f16 rows [first, first + count) of a layer's keys or values for upload on the
-  // session's transfer stream; returns once `f16_rows` may be reused.
+  // session's transfer stream. Pageable `f16_rows` may be reused when this returns; page-locked
+  // ones (GpuModel::PinKv) must stay unchanged until the upload is done (Synchronize, or a
+  // rebuild or forward pass that reads the layer).
   absl::Status UploadRows(int32_t layer, bool values, int64_t first, int64_t count,
                           const uint8_t* f16_rows);
   // Everything uploaded into `layer` so far is complete before a rebuild reading it runs.

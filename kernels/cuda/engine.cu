@@ -447,12 +447,21 @@ class EngineImpl final : public Engine {
 
   int PinHostMemory(void* p, int64_t bytes) override {
     DeviceScope scope(device_);
-    RKV_CUDA(cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterDefault));
+    if (bytes < 1) return err_.Fail(__FILE__, __LINE__, "nothing to page-lock");
+    const cudaError_t e = cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: the thread's next launch must not report it
+      return err_.Fail(__FILE__, __LINE__, CudaMessage("cudaHostRegister", e));
+    }
     return 0;
   }
   int UnpinHostMemory(void* p) override {
     DeviceScope scope(device_);
-    RKV_CUDA(cudaHostUnregister(p));
+    const cudaError_t e = cudaHostUnregister(p);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return err_.Fail(__FILE__, __LINE__, CudaMessage("cudaHostUnregister", e));
+    }
     return 0;
   }
 
@@ -742,12 +751,12 @@ int SessionImpl::UploadRows(int32_t layer, int values, int64_t first, int64_t co
   __half* dst = rows(layer, values) + first * w;
   const size_t bytes = count * w * sizeof(__half);
   cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, src) == cudaSuccess &&
-      attributes.type == cudaMemoryTypeHost) {  // page-locked: DMA straight from it
+  if (cudaPointerGetAttributes(&attributes, src) != cudaSuccess) {
+    cudaGetLastError();  // an unknown pointer is staged like pageable memory
+  } else if (attributes.type == cudaMemoryTypeHost) {  // page-locked: DMA straight from it
     RKV_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, transfer_.get()));
     return 0;
   }
-  cudaGetLastError();  // a pageable pointer may leave an error behind on older runtimes
   return engine_.Stage(*this, transfer_.get(), dst, src, bytes, err_);
 }
 

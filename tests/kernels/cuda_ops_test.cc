@@ -166,12 +166,14 @@ TEST_P(CudaAttention, MatchesCpuOnAnF16Cache) {
 }
 
 // Decode (n = 1) and prefill, MHA and GQA, SmolLM2's 9/3 x 64 and Qwen2.5-1.5B's 12/2 x 128.
-INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
-                         ::testing::Values(std::make_tuple(1, 0, 9, 3, 64),
-                                           std::make_tuple(1, 511, 9, 3, 64),
-                                           std::make_tuple(17, 100, 9, 3, 64),
-                                           std::make_tuple(300, 0, 4, 4, 32),
-                                           std::make_tuple(64, 4032, 12, 2, 128)));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttention,
+    ::testing::Values(std::make_tuple(1, 0, 9, 3, 64), std::make_tuple(1, 511, 9, 3, 64),
+                      std::make_tuple(17, 100, 9, 3, 64), std::make_tuple(300, 0, 4, 4, 32),
+                      std::make_tuple(64, 4032, 12, 2, 128),
+                      // the fused decode kernel's last fitting context,
+                      // and the GEMM path just past it
+                      std::make_tuple(1, 10000, 8, 2, 128), std::make_tuple(1, 10200, 8, 2, 128)));
 
 }  // namespace
 }  // namespace riskkv
