@@ -356,24 +356,10 @@ absl::StatusOr<NllResult> GpuModel::TeacherForcedNll(std::span<const int32_t> co
                                                    " values, expected ", config_.vocab));
   }
   RETURN_IF_ERROR(CheckTokens(continuation, session));
-  NllResult result;
-  if (!first_logits.empty()) result.nll.push_back(TokenNll(first_logits, continuation[0]));
-  constexpr int64_t kBatch = 256;  // bounds host logits to kBatch x vocab
-  const int64_t n = static_cast<int64_t>(continuation.size());
-  std::vector<float> logits;
-  for (int64_t start = 0; start < n; start += kBatch) {
-    const int64_t m = std::min(kBatch, n - start);
-    RETURN_IF_ERROR(Forward(continuation.subspan(start, m), session, true, &logits));
-    for (int64_t i = 0; i < m && start + i + 1 < n; ++i) {
-      result.nll.push_back(
-          TokenNll(std::span<const float>(logits).subspan(i * config_.vocab, config_.vocab),
-                   continuation[start + i + 1]));
-    }
-  }
-  double sum = 0.0;
-  for (double v : result.nll) sum += v;
-  result.mean = result.nll.empty() ? 0.0 : sum / result.nll.size();
-  return result;
+  return ScoreContinuation(continuation, config_.vocab, first_logits,
+                           [&](std::span<const int32_t> batch, std::vector<float>* logits) {
+                             return Forward(batch, session, /*all_logits=*/true, logits);
+                           });
 }
 
 }  // namespace riskkv

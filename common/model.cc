@@ -175,20 +175,28 @@ absl::StatusOr<NllResult> Model::TeacherForcedNll(std::span<const int32_t> conti
                                                    " values, expected ", config_.vocab));
   }
   RETURN_IF_ERROR(CheckTokens(continuation, cache));
-  NllResult result;
-  if (!first_logits.empty()) result.nll.push_back(TokenNll(first_logits, continuation[0]));
-  // Score micro-batch by micro-batch so logits never exceed kMicroBatch x vocab.
-  const int64_t n = static_cast<int64_t>(continuation.size());
-  std::vector<float> logits;
   ForwardOptions options;
   options.all_logits = true;
+  return ScoreContinuation(continuation, config_.vocab, first_logits,
+                           [&](std::span<const int32_t> batch, std::vector<float>* logits) {
+                             return Forward(batch, cache, options, logits);
+                           });
+}
+
+absl::StatusOr<NllResult> ScoreContinuation(std::span<const int32_t> continuation, int64_t vocab,
+                                            std::span<const float> first_logits,
+                                            const AllLogitsFn& forward) {
+  NllResult result;
+  if (!first_logits.empty()) result.nll.push_back(TokenNll(first_logits, continuation[0]));
+  // Batch by batch, so logits never exceed kMicroBatch x vocab.
+  const int64_t n = static_cast<int64_t>(continuation.size());
+  std::vector<float> logits;
   for (int64_t start = 0; start < n; start += kMicroBatch) {
     const int64_t m = std::min(kMicroBatch, n - start);
-    RETURN_IF_ERROR(Forward(continuation.subspan(start, m), cache, options, &logits));
+    RETURN_IF_ERROR(forward(continuation.subspan(start, m), &logits));
     for (int64_t i = 0; i < m && start + i + 1 < n; ++i) {
-      result.nll.push_back(
-          TokenNll(std::span<const float>(logits).subspan(i * config_.vocab, config_.vocab),
-                   continuation[start + i + 1]));
+      result.nll.push_back(TokenNll(std::span<const float>(logits).subspan(i * vocab, vocab),
+                                    continuation[start + i + 1]));
     }
   }
   double sum = 0.0;

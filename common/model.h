@@ -112,4 +112,14 @@ class Model {
 // -log softmax(logits)[target], computed stably in double.
 double TokenNll(std::span<const float> logits, int32_t target);
 
+// The scoring half of a teacher-forced NLL, shared by every engine: runs `continuation` through
+// `forward` (which appends a batch to the session and returns every position's logits) in
+// batches of at most 256 tokens, and scores each next token; token 0 is scored from
+// `first_logits` when given. The caller has checked the tokens.
+using AllLogitsFn =
+    std::function<absl::Status(std::span<const int32_t> batch, std::vector<float>* logits)>;
+absl::StatusOr<NllResult> ScoreContinuation(std::span<const int32_t> continuation, int64_t vocab,
+                                            std::span<const float> first_logits,
+                                            const AllLogitsFn& forward);
+
 }  // namespace riskkv
