@@ -37,43 +37,6 @@ __device__ float BlockReduce(float v, float* shared) {
   return v;
 }
 
-// f32 to f16, saturating at f16's largest finite value instead of overflowing to infinity (NaN
-// stays NaN).
-__device__ inline __half ToHalfSat(float x) {
-  return __float2half(isnan(x) ? x : fminf(fmaxf(x, -65504.0f), 65504.0f));
-}
-
-// cos and sin of position * base^(-2i / rope_dim), as the CPU backend computes them.
-__device__ inline void RopeAngle(double position, int64_t i, const RopeConfig& r, int inverse,
-                                 float* c, float* s) {
-  const double angle =
-      position * pow(r.base, -2.0 * static_cast<double>(i) / static_cast<double>(r.rope_dim));
-  *c = static_cast<float>(cos(angle));
-  const float sn = static_cast<float>(sin(angle));
-  *s = inverse ? -sn : sn;
-}
-
-// For dimension d < rope_dim of a head: its pair index, its partner and whether it is the
-// pair's first member.
-__device__ inline void RopePair(int64_t d, const RopeConfig& r, int64_t* pair, int64_t* partner,
-                                bool* first) {
-  const int64_t half = r.rope_dim / 2;
-  if (r.interleaved) {
-    *pair = d / 2;
-    *first = (d % 2) == 0;
-    *partner = *first ? d + 1 : d - 1;
-  } else {
-    *first = d < half;
-    *pair = *first ? d : d - half;
-    *partner = *first ? d + half : d - half;
-  }
-}
-
-// One rotated element given itself and its partner.
-__device__ inline float RotateElement(float self, float partner, bool first, float c, float s) {
-  return first ? self * c - partner * s : partner * s + self * c;
-}
-
 __global__ void EmbedKernel(const __half* table, int64_t cols, const int32_t* ids, int64_t n,
                             float* out) {
   RKV_GRID_STRIDE(idx, n * cols) {
@@ -143,33 +106,13 @@ __global__ void DecodeAttentionKernel(const float* q, const __half* k, const __h
 // K and V rows [n, width] (V `width` after K in each source row) into two f16 caches.
 __global__ void StoreKvKernel(const float* src, int64_t n, int64_t width, int64_t stride, __half* k,
                               __half* v) {
-  RKV_GRID_STRIDE(idx, n * 2 * width) {
-    const int64_t i = idx / (2 * width), j = idx % (2 * width);
-    const __half h = ToHalfSat(src[i * stride + j]);
-    if (j < width) {
-      k[i * width + j] = h;
-    } else {
-      v[i * width + j - width] = h;
-    }
-  }
+  RKV_GRID_STRIDE(idx, n * 2 * width) { StoreKvAt(src, width, stride, k, v, idx); }
 }
 
 __global__ void RopeKernel(float* x, int64_t n, int64_t stride, int64_t heads,
                            const int32_t* positions, int64_t pos0, RopeConfig r, int inverse) {
-  const int64_t half = r.rope_dim / 2;
-  RKV_GRID_STRIDE(idx, n * heads * half) {
-    const int64_t i = idx % half;
-    const int64_t h = (idx / half) % heads;
-    const int64_t t = idx / half / heads;
-    const double position = positions != nullptr ? positions[t] : static_cast<double>(pos0 + t);
-    float c, s;
-    RopeAngle(position, i, r, inverse, &c, &s);
-    float* v = x + t * stride + h * r.head_dim;
-    const int64_t a = r.interleaved ? 2 * i : i;
-    const int64_t b = r.interleaved ? 2 * i + 1 : i + half;
-    const float x0 = v[a], x1 = v[b];
-    v[a] = x0 * c - x1 * s;
-    v[b] = x0 * s + x1 * c;
+  RKV_GRID_STRIDE(idx, n * heads * (r.rope_dim / 2)) {
+    RotatePairAt(x, stride, heads, positions, pos0, r, inverse, idx);
   }
 }
 
@@ -219,28 +162,7 @@ __global__ void CausalSoftmaxKernel(const float* scores, int64_t n, int64_t ctx,
 __global__ void GatherFeaturesKernel(LayerPointers anchors, int n_anchors, int64_t begin,
                                      int64_t count, int64_t width, RopeConfig r, float* features) {
   RKV_GRID_STRIDE(idx, count * n_anchors * 2 * width) {
-    const int64_t j = idx % width;
-    const int64_t rest = idx / width;
-    const int part = static_cast<int>(rest % 2);
-    const int a = static_cast<int>((rest / 2) % n_anchors);
-    const int64_t t = rest / 2 / n_anchors;
-    const int64_t row = (begin + t) * width;
-    if (part == 1) {
-      features[idx] = __half2float(anchors.v[a][row + j]);
-      continue;
-    }
-    const __half* k = anchors.k[a] + row;
-    const int64_t d = j % r.head_dim, head = j - d;
-    if (d >= r.rope_dim) {
-      features[idx] = __half2float(k[j]);
-      continue;
-    }
-    int64_t pair, partner;
-    bool first;
-    RopePair(d, r, &pair, &partner, &first);
-    float c, s;
-    RopeAngle(static_cast<double>(begin + t), pair, r, /*inverse=*/1, &c, &s);
-    features[idx] = RotateElement(__half2float(k[j]), __half2float(k[head + partner]), first, c, s);
+    features[idx] = GatherFeatureAt(anchors, n_anchors, begin, width, r, idx);
   }
 }
 
@@ -248,30 +170,7 @@ __global__ void ScatterRebuiltKernel(const float* y, const float* c, LayerPointe
                                      int n_targets, int64_t begin, int64_t count, int64_t width,
                                      RopeConfig r) {
   RKV_GRID_STRIDE(idx, count * n_targets * 2 * width) {
-    const int64_t j = idx % width;
-    const int64_t rest = idx / width;
-    const int part = static_cast<int>(rest % 2);
-    const int tgt = static_cast<int>((rest / 2) % n_targets);
-    const int64_t t = rest / 2 / n_targets;
-    const int64_t block = (static_cast<int64_t>(tgt) * 2 + part) * width;  // into c
-    const int64_t out = (begin + t) * width + j;
-    const float self = y[idx] + c[block + j];
-    if (part == 1) {
-      targets.v[tgt][out] = ToHalfSat(self);
-      continue;
-    }
-    const int64_t d = j % r.head_dim, head = j - d;
-    if (d >= r.rope_dim) {
-      targets.k[tgt][out] = ToHalfSat(self);
-      continue;
-    }
-    int64_t pair, partner;
-    bool first;
-    RopePair(d, r, &pair, &partner, &first);
-    const float other = y[idx - j + head + partner] + c[block + head + partner];
-    float cs, sn;
-    RopeAngle(static_cast<double>(begin + t), pair, r, /*inverse=*/0, &cs, &sn);
-    targets.k[tgt][out] = ToHalfSat(RotateElement(self, other, first, cs, sn));
+    ScatterRebuiltAt(y, c, targets, n_targets, begin, width, r, idx);
   }
 }
 

@@ -8,22 +8,9 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kernel_math.cuh"
+
 namespace riskkv::cuda {
-
-struct RopeConfig {
-  int64_t head_dim = 0;
-  int64_t rope_dim = 0;
-  double base = 10000.0;
-  int interleaved = 0;
-};
-
-// Most layers one group rebuilds, or anchors it reads, in one launch.
-inline constexpr int kMaxGroupLayers = 32;
-
-struct LayerPointers {
-  __half* k[kMaxGroupLayers];
-  __half* v[kMaxGroupLayers];
-};
 
 cudaError_t LaunchEmbed(const __half* table, int64_t cols, const int32_t* ids, int64_t n,
                         float* out, cudaStream_t stream);
