@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/engine_api.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/kernels.cuh"
 #include "kernels/cuda/module_abi.h"
 
@@ -29,6 +30,10 @@ constexpr int64_t kLogitRows = 64;
 constexpr int kStagingSlots = 8;
 constexpr size_t kStagingSlotBytes = 1 << 20;
 constexpr int64_t kMaxInt = 0x7fffffff;
+
+cublasOperation_t Op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
+// cuBLAS takes int sizes; the engine bounds every dimension below 2^31 (capacity, widths).
+int I(int64_t v) { return static_cast<int>(v); }
 
 // Attention scores ([heads, query rows, context] f32 plus f16 probabilities) are bounded by
 // processing the queries of one call in chunks of at most this many bytes of scratch.
@@ -51,11 +56,10 @@ class Compute {
   int Linear(const __half* x, int64_t ldx, int64_t n, const __half* w, int64_t rows, int64_t cols,
              float* y, int64_t ldy, float beta, ErrorState& err_) {
     const float alpha = 1.0f;
-    RKV_BLAS(cublasGemmEx(blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
-                          static_cast<int>(n), static_cast<int>(cols), &alpha, w, CUDA_R_16F,
-                          static_cast<int>(cols), x, CUDA_R_16F, static_cast<int>(ldx), &beta, y,
-                          CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT));
+    const GemmPlan p = LinearPlan(n, rows, cols, ldx, ldy);
+    RKV_BLAS(cublasGemmEx(blas_.get(), Op(p.trans_a), Op(p.trans_b), I(p.m), I(p.n), I(p.k), &alpha,
+                          w, CUDA_R_16F, I(p.lda), x, CUDA_R_16F, I(p.ldb), &beta, y, CUDA_R_32F,
+                          I(p.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
   }
 
@@ -98,31 +102,28 @@ class Compute {
                      const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                      float* out, ErrorState& err_) {
     const int64_t ctx = q_pos0 + n;
-    const int64_t group = n_heads / n_kv_heads;
-    const int64_t kv_width = n_kv_heads * head_dim;
     const int64_t per_head = n * ctx;
     RKV_CUDA(scores_.Reserve(n_heads * per_head));
     RKV_CUDA(probs_.Reserve(n_heads * per_head));
     const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
     const float one = 1.0f, zero = 0.0f;
     for (int64_t g = 0; g < n_kv_heads; ++g) {
+      const GemmPlan p = ScoresPlan(g, n, ctx, ldq, n_heads, n_kv_heads, head_dim);
       RKV_BLAS(cublasGemmStridedBatchedEx(
-          blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(ctx), static_cast<int>(n),
-          static_cast<int>(head_dim), &scale, k + g * head_dim, CUDA_R_16F,
-          static_cast<int>(kv_width), 0, q + g * group * head_dim, CUDA_R_16F,
-          static_cast<int>(ldq), head_dim, &zero, scores_.get() + g * group * per_head, CUDA_R_32F,
-          static_cast<int>(ctx), per_head, static_cast<int>(group), CUBLAS_COMPUTE_32F,
-          CUBLAS_GEMM_DEFAULT));
+          blas_.get(), Op(p.trans_a), Op(p.trans_b), I(p.m), I(p.n), I(p.k), &scale, k + p.offset_a,
+          CUDA_R_16F, I(p.lda), p.stride_a, q + p.offset_b, CUDA_R_16F, I(p.ldb), p.stride_b, &zero,
+          scores_.get() + p.offset_c, CUDA_R_32F, I(p.ldc), p.stride_c, I(p.batch),
+          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     RKV_CUDA(
         LaunchCausalSoftmax(scores_.get(), n_heads, n, ctx, q_pos0, probs_.get(), stream_.get()));
     for (int64_t g = 0; g < n_kv_heads; ++g) {
+      const GemmPlan p = ValuesPlan(g, n, ctx, n_heads, n_kv_heads, head_dim);
       RKV_BLAS(cublasGemmStridedBatchedEx(
-          blas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(head_dim), static_cast<int>(n),
-          static_cast<int>(ctx), &one, v + g * head_dim, CUDA_R_16F, static_cast<int>(kv_width), 0,
-          probs_.get() + g * group * per_head, CUDA_R_16F, static_cast<int>(ctx), per_head, &zero,
-          out + g * group * head_dim, CUDA_R_32F, static_cast<int>(n_heads * head_dim), head_dim,
-          static_cast<int>(group), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          blas_.get(), Op(p.trans_a), Op(p.trans_b), I(p.m), I(p.n), I(p.k), &one, v + p.offset_a,
+          CUDA_R_16F, I(p.lda), p.stride_a, probs_.get() + p.offset_b, CUDA_R_16F, I(p.ldb),
+          p.stride_b, &zero, out + p.offset_c, CUDA_R_32F, I(p.ldc), p.stride_c, I(p.batch),
+          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     return 0;
   }
@@ -630,10 +631,10 @@ int EngineImpl::RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int
                                 kv_width_, rope(), features_.get(), st));
   // rebuilt[count, out] = features[count, F] * a[out, F]^T, f32 throughout.
   const float one = 1.0f, zero = 0.0f;
-  RKV_BLAS(cublasSgemm(compute_.blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
-                       static_cast<int>(count), static_cast<int>(g.features), &one, g.a.get(),
-                       static_cast<int>(g.features), features_.get(), static_cast<int>(g.features),
-                       &zero, rebuilt_.get(), static_cast<int>(out)));
+  const GemmPlan p = RebuildPlan(count, out, g.features);
+  RKV_BLAS(cublasSgemm(compute_.blas(), Op(p.trans_a), Op(p.trans_b), I(p.m), I(p.n), I(p.k), &one,
+                       g.a.get(), I(p.lda), features_.get(), I(p.ldb), &zero, rebuilt_.get(),
+                       I(p.ldc)));
   RKV_CUDA(LaunchScatterRebuilt(rebuilt_.get(), g.c.get(), targets,
                                 static_cast<int>(g.targets.size()), begin, count, kv_width_, rope(),
                                 st));
