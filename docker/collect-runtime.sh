@@ -18,9 +18,11 @@ for b in "${BINARIES[@]}"; do
 done
 objects=("$out"/bin/*)
 if [ -f "$build/kernels/cuda/libriskkv_cuda.so" ]; then
-  # Beside the binaries, where the node looks for it first.
-  cp "$build/kernels/cuda/libriskkv_cuda.so" "$out/bin/"
-  objects+=("$out/bin/libriskkv_cuda.so")
+  # Beside the binaries, where the node looks for them first: the engine and its small probe.
+  for m in libriskkv_cuda.so libriskkv_cuda_probe.so; do
+    cp "$build/kernels/cuda/$m" "$out/bin/"
+    objects+=("$out/bin/$m")
+  done
 fi
 skip='/(libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so'
 [ "$cuda_from_base" = 1 ] && skip="$skip|/(libcuda|libcudart|libcublas|libcublasLt)\\.so"

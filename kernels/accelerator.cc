@@ -13,6 +13,7 @@ namespace riskkv {
 namespace {
 
 constexpr const char* kModuleName = "libriskkv_cuda.so";
+constexpr const char* kProbeModuleName = "libriskkv_cuda_probe.so";
 
 std::filesystem::path ExecutableDir() {
   std::error_code ec;
@@ -68,9 +69,15 @@ AcceleratorProbe ProbeCuda() {
   }
   for (const auto& c : candidates) {
     std::error_code ec;
-    if (std::filesystem::exists(c, ec)) return ProbeCudaModule(c);
+    if (!std::filesystem::exists(c, ec)) continue;
+    const auto probe_module = std::filesystem::path(c).parent_path() / kProbeModuleName;
+    AcceleratorProbe probe =
+        ProbeCudaModule(std::filesystem::exists(probe_module, ec) ? probe_module.string() : c);
+    probe.engine_path = c;
+    return probe;
   }
-  AcceleratorProbe probe = ProbeCudaModule(kModuleName);  // LD_LIBRARY_PATH / system paths
+  AcceleratorProbe probe = ProbeCudaModule(kProbeModuleName);  // LD_LIBRARY_PATH / system paths
+  probe.engine_path = kModuleName;
   if (!probe.module_loaded)
     probe.reason = "CUDA module libriskkv_cuda.so not found (CPU-only build or not installed)";
   return probe;

@@ -16,18 +16,21 @@ struct GpuDevice {
 };
 
 struct AcceleratorProbe {
-  bool module_loaded = false;      // libriskkv_cuda.so found and its ABI matches
+  bool module_loaded = false;      // the probe module found and its ABI matches
   std::string module_path;         // where it was loaded from (when loaded)
+  std::string engine_path;         // the engine module to load once a device is known
   std::vector<GpuDevice> devices;  // empty when no usable GPU
   std::string reason;              // why there is no GPU, for logs ("" when devices exist)
   void* handle = nullptr;          // the dlopen handle (when loaded); never closed
 };
 
-// Looks for libriskkv_cuda.so in $RISKKV_CUDA_MODULE (a file), then beside the running
-// executable and in ../kernels/cuda relative to it (the build tree), then the loader's path.
+// Looks for the engine module libriskkv_cuda.so in $RISKKV_CUDA_MODULE (a file), then beside the
+// running executable and in ../kernels/cuda relative to it (the build tree), then the loader's
+// path, and asks the small probe module beside it (libriskkv_cuda_probe.so, which links no
+// cuBLAS) for devices; the engine module itself answers where no probe sits beside it.
 AcceleratorProbe ProbeCuda();
 
-// Same, for an explicit module path.
+// Asks the module at `path` (either kind) for devices.
 AcceleratorProbe ProbeCudaModule(const std::string& path);
 
 }  // namespace riskkv

@@ -11,19 +11,31 @@ absl::StatusOr<const GpuRuntime*> LoadGpuRuntime() {
   static const GpuRuntime* runtime = [] {
     auto* r = new GpuRuntime;
     r->probe = ProbeCuda();
-    if (r->probe.handle != nullptr) {
-      r->new_engine =
-          reinterpret_cast<RiskkvCudaNewEngineFn>(dlsym(r->probe.handle, "riskkv_cuda_new_engine"));
-      r->new_ops =
-          reinterpret_cast<RiskkvCudaNewOpsFn>(dlsym(r->probe.handle, "riskkv_cuda_new_ops"));
+    if (r->probe.devices.empty()) return r;
+    // Only now the engine module and cuBLAS: a machine without a GPU never maps them.
+    void* engine = dlopen(r->probe.engine_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (engine == nullptr) {
+      const char* err = dlerror();
+      r->engine_error = "CUDA engine module not loadable: " + std::string(err ? err : "");
+      return r;
     }
+    auto abi = reinterpret_cast<RiskkvCudaAbiVersionFn>(dlsym(engine, "riskkv_cuda_abi_version"));
+    if (abi == nullptr || abi() != RISKKV_CUDA_ABI_VERSION) {
+      r->engine_error =
+          "CUDA engine module " + r->probe.engine_path + " has a different ABI version";
+      return r;
+    }
+    r->new_engine =
+        reinterpret_cast<RiskkvCudaNewEngineFn>(dlsym(engine, "riskkv_cuda_new_engine"));
+    r->new_ops = reinterpret_cast<RiskkvCudaNewOpsFn>(dlsym(engine, "riskkv_cuda_new_ops"));
     return r;
   }();
   if (runtime->probe.devices.empty()) {
     return absl::UnavailableError("no GPU: " + runtime->probe.reason);
   }
+  if (!runtime->engine_error.empty()) return absl::UnavailableError(runtime->engine_error);
   if (runtime->new_engine == nullptr || runtime->new_ops == nullptr) {
-    return absl::UnavailableError("CUDA module " + runtime->probe.module_path +
+    return absl::UnavailableError("CUDA module " + runtime->probe.engine_path +
                                   " lacks the engine entry points");
   }
   return runtime;

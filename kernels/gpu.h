@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -16,6 +17,7 @@ namespace riskkv {
 // The loaded module and its devices (probed once, on first use).
 struct GpuRuntime {
   AcceleratorProbe probe;
+  std::string engine_error;  // why the engine module did not load (devices found)
   RiskkvCudaNewEngineFn new_engine = nullptr;
   RiskkvCudaNewOpsFn new_ops = nullptr;
 };

@@ -50,14 +50,16 @@ gpu_present=0
 export LD_LIBRARY_PATH="$ROOT/.gpu/lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # 1. The CUDA module, built here for this GPU's architecture.
-step "building libriskkv_cuda.so with nvcc"
+step "building libriskkv_cuda.so and libriskkv_cuda_probe.so with nvcc"
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
 arch=${arch:-90}
 t0=$(date +%s)
 if "$NVCC" -O3 -std=c++17 --shared -Xcompiler -fPIC -gencode "arch=compute_$arch,code=sm_$arch" \
   -I"$ROOT" kernels/cuda/device_query.cu kernels/cuda/engine.cu kernels/cuda/kernels.cu \
-  ${cublas:+-L"$cublas"} -l:libcublas.so.13 -o "$W/libriskkv_cuda.so" >"$OUT/nvcc.log" 2>&1; then
+  ${cublas:+-L"$cublas"} -l:libcublas.so.13 -o "$W/libriskkv_cuda.so" >"$OUT/nvcc.log" 2>&1 &&
+  "$NVCC" -O3 -std=c++17 --shared -Xcompiler -fPIC -gencode "arch=compute_$arch,code=sm_$arch" \
+    -I"$ROOT" kernels/cuda/device_query.cu -o "$W/libriskkv_cuda_probe.so" >>"$OUT/nvcc.log" 2>&1; then
   export RISKKV_CUDA_MODULE=$W/libriskkv_cuda.so
   say "module: built here for sm_$arch in $(($(date +%s) - t0)) s"
 else

@@ -29,7 +29,8 @@ testdata=build/release/testdata
 }
 
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib .gpu/testdata
-cp "$B/kernels/cuda/libriskkv_cuda.so" "$B/tests/kernels/cuda_ops_test" \
+cp "$B/kernels/cuda/libriskkv_cuda.so" "$B/kernels/cuda/libriskkv_cuda_probe.so" \
+  "$B/tests/kernels/cuda_ops_test" \
   "$B/tests/common/gpu_model_test" "$B/bench/riskkv-gpu-bench" "$B/services/riskkv-node" \
   "$B/services/riskkvctl" "$B/services/riskkv-calibrate" .gpu/bin/
 skip='/(libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt)\.so'

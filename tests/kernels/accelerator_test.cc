@@ -4,8 +4,29 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
+#include "kernels/gpu.h"
+
 namespace riskkv {
 namespace {
+
+#ifdef RISKKV_CUDA_MODULE_PATH
+// First in this file: whether cuBLAS is mapped depends on what ran before in the process.
+TEST(Accelerator, ProbingMapsNoCublas) {
+  const AcceleratorProbe p = ProbeCuda();
+  ASSERT_TRUE(p.module_loaded) << p.reason;
+  EXPECT_NE(p.module_path.find("libriskkv_cuda_probe.so"), std::string::npos) << p.module_path;
+  EXPECT_NE(p.engine_path.find("libriskkv_cuda.so"), std::string::npos) << p.engine_path;
+  if (p.devices.empty()) LoadGpuRuntime().IgnoreError();  // without a GPU, no engine either
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    EXPECT_EQ(line.find("libcublas"), std::string::npos) << line;
+  }
+}
+#endif
 
 TEST(Accelerator, MissingModuleIsAReasonNotACrash) {
   const AcceleratorProbe p = ProbeCudaModule("/nonexistent/libriskkv_cuda.so");
