@@ -14,53 +14,54 @@ namespace {
 
 constexpr float kF16Max = 65504.0f;
 
-struct SlotShape {
-  int slot = -1;
-  int64_t rows = 0, cols = 0;  // cols == 0: a vector of `rows`
+// One engine slot: its Model::ForEachWeight name (without "blk.N." for layer slots) and shape.
+struct SlotSpec {
+  const char* name;
+  int slot;
+  int64_t rows, cols;  // cols == 0: a vector of `rows`
 };
 
-// The engine slot and shape of one of Model::ForEachWeight's names.
-absl::StatusOr<std::pair<int32_t, SlotShape>> SlotFor(std::string_view name, const ModelConfig& c) {
+// Every slot the engine takes for a model of config `c`: the model's own, then each layer's.
+std::vector<SlotSpec> ModelSlots(const ModelConfig& c) {
+  std::vector<SlotSpec> out = {{"token_embd", cuda::kTokenEmbedding, c.vocab, c.hidden},
+                               {"output_norm", cuda::kOutputNorm, c.hidden, 0}};
+  if (!c.tied_embeddings) out.push_back({"lm_head", cuda::kLmHead, c.vocab, c.hidden});
+  return out;
+}
+std::vector<SlotSpec> LayerSlots(const ModelConfig& c) {
   const int64_t q = c.n_heads * c.head_dim, kv = c.kv_width();
-  if (name == "token_embd")
-    return std::pair{-1, SlotShape{cuda::kTokenEmbedding, c.vocab, c.hidden}};
-  if (name == "lm_head") return std::pair{-1, SlotShape{cuda::kLmHead, c.vocab, c.hidden}};
-  if (name == "output_norm") return std::pair{-1, SlotShape{cuda::kOutputNorm, c.hidden, 0}};
-  const size_t dot = name.find('.', 4);
-  int32_t layer = -1;
-  if (name.substr(0, 4) != "blk." || dot == std::string_view::npos ||
-      !absl::SimpleAtoi(std::string(name.substr(4, dot - 4)), &layer)) {
-    return absl::InternalError(absl::StrCat("unknown weight ", std::string(name)));
+  std::vector<SlotSpec> out = {{"wq", cuda::kWq, q, c.hidden},
+                               {"wk", cuda::kWk, kv, c.hidden},
+                               {"wv", cuda::kWv, kv, c.hidden},
+                               {"wo", cuda::kWo, c.hidden, q},
+                               {"w_gate", cuda::kWGate, c.ffn, c.hidden},
+                               {"w_up", cuda::kWUp, c.ffn, c.hidden},
+                               {"w_down", cuda::kWDown, c.hidden, c.ffn},
+                               {"attn_norm", cuda::kAttnNorm, c.hidden, 0},
+                               {"ffn_norm", cuda::kFfnNorm, c.hidden, 0}};
+  if (c.qkv_bias) {
+    out.insert(out.end(),
+               {{"bq", cuda::kBq, q, 0}, {"bk", cuda::kBk, kv, 0}, {"bv", cuda::kBv, kv, 0}});
   }
-  const std::string_view s = name.substr(dot + 1);
-  SlotShape shape;
-  if (s == "wq")
-    shape = {cuda::kWq, q, c.hidden};
-  else if (s == "wk")
-    shape = {cuda::kWk, kv, c.hidden};
-  else if (s == "wv")
-    shape = {cuda::kWv, kv, c.hidden};
-  else if (s == "wo")
-    shape = {cuda::kWo, c.hidden, q};
-  else if (s == "w_gate")
-    shape = {cuda::kWGate, c.ffn, c.hidden};
-  else if (s == "w_up")
-    shape = {cuda::kWUp, c.ffn, c.hidden};
-  else if (s == "w_down")
-    shape = {cuda::kWDown, c.hidden, c.ffn};
-  else if (s == "attn_norm")
-    shape = {cuda::kAttnNorm, c.hidden, 0};
-  else if (s == "ffn_norm")
-    shape = {cuda::kFfnNorm, c.hidden, 0};
-  else if (s == "bq")
-    shape = {cuda::kBq, q, 0};
-  else if (s == "bk")
-    shape = {cuda::kBk, kv, 0};
-  else if (s == "bv")
-    shape = {cuda::kBv, kv, 0};
-  else
-    return absl::InternalError(absl::StrCat("unknown weight ", std::string(name)));
-  return std::pair{layer, shape};
+  return out;
+}
+
+// The layer (-1: the model's own) and slot of one of Model::ForEachWeight's names.
+absl::StatusOr<std::pair<int32_t, SlotSpec>> SlotFor(std::string_view name, const ModelConfig& c) {
+  int32_t layer = -1;
+  std::string_view rest = name;
+  if (name.substr(0, 4) == "blk.") {
+    const size_t dot = name.find('.', 4);
+    if (dot == std::string_view::npos ||
+        !absl::SimpleAtoi(std::string(name.substr(4, dot - 4)), &layer)) {
+      return absl::InternalError(absl::StrCat("unknown weight ", std::string(name)));
+    }
+    rest = name.substr(dot + 1);
+  }
+  for (const SlotSpec& spec : layer >= 0 ? LayerSlots(c) : ModelSlots(c)) {
+    if (rest == spec.name) return std::pair{layer, spec};
+  }
+  return absl::InternalError(absl::StrCat("unknown weight ", std::string(name)));
 }
 
 // Dequantizes a stored matrix to f16, refusing values f16 cannot hold.
@@ -232,10 +233,13 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::CreateRandom(const ModelConf
   gpu->config_ = config;
   ASSIGN_OR_RETURN(gpu->engine_, NewGpuEngine(GpuDims(config), device));
   cuda::Engine& e = *gpu->engine_;
-  const ModelConfig& c = config;
-  const int64_t q = c.n_heads * c.head_dim, kv = c.kv_width();
-  // One buffer of random halfs, as large as the largest matrix, serves every matrix.
-  const int64_t largest = std::max({c.vocab * c.hidden, c.ffn * c.hidden, q * c.hidden});
+  // One buffer of random halfs, as large as the largest matrix, serves every matrix; norms are
+  // ones, biases zeros.
+  int64_t largest = 0;
+  for (const SlotSpec& spec : ModelSlots(config))
+    largest = std::max(largest, spec.rows * spec.cols);
+  for (const SlotSpec& spec : LayerSlots(config))
+    largest = std::max(largest, spec.rows * spec.cols);
   std::vector<uint16_t> random(largest);
   uint64_t state = 0x9e3779b97f4a7c15ull;
   for (auto& h : random) {
@@ -243,31 +247,19 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::CreateRandom(const ModelConf
     const float u = static_cast<float>(state >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
     h = F32ToF16((u - 0.5f) * 0.07f);  // standard deviation 0.02
   }
-  const std::vector<float> ones(std::max(c.hidden, q), 1.0f), zeros(std::max(q, kv), 0.0f);
-  auto matrix = [&](int32_t layer, int slot, int64_t rows, int64_t cols) {
-    return FromGpu(e.SetMatrix(layer, slot, random.data(), rows, cols), e.error());
-  };
-  auto vector = [&](int32_t layer, int slot, const std::vector<float>& v, int64_t n) {
-    return FromGpu(e.SetVector(layer, slot, v.data(), n), e.error());
-  };
-  RETURN_IF_ERROR(matrix(-1, cuda::kTokenEmbedding, c.vocab, c.hidden));
-  if (!c.tied_embeddings) RETURN_IF_ERROR(matrix(-1, cuda::kLmHead, c.vocab, c.hidden));
-  RETURN_IF_ERROR(vector(-1, cuda::kOutputNorm, ones, c.hidden));
-  for (int32_t l = 0; l < c.n_layers; ++l) {
-    RETURN_IF_ERROR(matrix(l, cuda::kWq, q, c.hidden));
-    RETURN_IF_ERROR(matrix(l, cuda::kWk, kv, c.hidden));
-    RETURN_IF_ERROR(matrix(l, cuda::kWv, kv, c.hidden));
-    RETURN_IF_ERROR(matrix(l, cuda::kWo, c.hidden, q));
-    RETURN_IF_ERROR(matrix(l, cuda::kWGate, c.ffn, c.hidden));
-    RETURN_IF_ERROR(matrix(l, cuda::kWUp, c.ffn, c.hidden));
-    RETURN_IF_ERROR(matrix(l, cuda::kWDown, c.hidden, c.ffn));
-    RETURN_IF_ERROR(vector(l, cuda::kAttnNorm, ones, c.hidden));
-    RETURN_IF_ERROR(vector(l, cuda::kFfnNorm, ones, c.hidden));
-    if (c.qkv_bias) {
-      RETURN_IF_ERROR(vector(l, cuda::kBq, zeros, q));
-      RETURN_IF_ERROR(vector(l, cuda::kBk, zeros, kv));
-      RETURN_IF_ERROR(vector(l, cuda::kBv, zeros, kv));
+  std::vector<float> ones, zeros;
+  auto set = [&](int32_t layer, const SlotSpec& spec) {
+    if (spec.cols > 0) {
+      return FromGpu(e.SetMatrix(layer, spec.slot, random.data(), spec.rows, spec.cols), e.error());
     }
+    const bool bias = spec.slot == cuda::kBq || spec.slot == cuda::kBk || spec.slot == cuda::kBv;
+    std::vector<float>& v = bias ? zeros : ones;
+    v.assign(spec.rows, bias ? 0.0f : 1.0f);
+    return FromGpu(e.SetVector(layer, spec.slot, v.data(), spec.rows), e.error());
+  };
+  for (const SlotSpec& spec : ModelSlots(config)) RETURN_IF_ERROR(set(-1, spec));
+  for (int32_t l = 0; l < config.n_layers; ++l) {
+    for (const SlotSpec& spec : LayerSlots(config)) RETURN_IF_ERROR(set(l, spec));
   }
   RETURN_IF_ERROR(FromGpu(e.Finalize(), e.error()));
   return gpu;

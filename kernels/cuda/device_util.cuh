@@ -14,24 +14,21 @@
 namespace riskkv::cuda {
 
 // The message of the calling thread's last failure (errno-like: objects shared between threads
-// never write one string concurrently); methods return Fail(...) (nonzero) on error.
-class ErrorState {
- public:
-  const char* message() const { return Last().c_str(); }
-  int Fail(const char* file, int line, const std::string& what) {
-    const char* base = file;
-    for (const char* p = file; *p != '\0'; ++p)
-      if (*p == '/') base = p + 1;
-    Last() = std::string(base) + ":" + std::to_string(line) + ": " + what;
-    return 1;
-  }
+// never write one string concurrently).
+inline std::string& LastError() {
+  static thread_local std::string message;
+  return message;
+}
 
- private:
-  static std::string& Last() {
-    static thread_local std::string message;
-    return message;
-  }
-};
+// Records "file:line: what" as the thread's last failure and returns 1, the error code every
+// method of the module returns on failure.
+inline int Fail(const char* file, int line, const std::string& what) {
+  const char* base = file;
+  for (const char* p = file; *p != '\0'; ++p)
+    if (*p == '/') base = p + 1;
+  LastError() = std::string(base) + ":" + std::to_string(line) + ": " + what;
+  return 1;
+}
 
 inline std::string CudaMessage(const char* expr, cudaError_t e) {
   return std::string(expr) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
@@ -42,21 +39,19 @@ inline std::string BlasMessage(const char* expr, cublasStatus_t s) {
 
 }  // namespace riskkv::cuda
 
-// Inside a method of a class with an ErrorState `err_`: returns 1 with file, line and the error.
-#define RKV_CUDA(expr)                                                                  \
-  do {                                                                                  \
-    const cudaError_t rkv_e_ = (expr);                                                  \
-    if (rkv_e_ != cudaSuccess)                                                          \
-      return err_.Fail(__FILE__, __LINE__, ::riskkv::cuda::CudaMessage(#expr, rkv_e_)); \
+// Return 1 from the enclosing function with file, line and the error recorded (Fail).
+#define RKV_CUDA(expr)                                                                             \
+  do {                                                                                             \
+    const cudaError_t rkv_e_ = (expr);                                                             \
+    if (rkv_e_ != cudaSuccess)                                                                     \
+      return ::riskkv::cuda::Fail(__FILE__, __LINE__, ::riskkv::cuda::CudaMessage(#expr, rkv_e_)); \
   } while (0)
-#define RKV_BLAS(expr)                                                                  \
-  do {                                                                                  \
-    const cublasStatus_t rkv_s_ = (expr);                                               \
-    if (rkv_s_ != CUBLAS_STATUS_SUCCESS)                                                \
-      return err_.Fail(__FILE__, __LINE__, ::riskkv::cuda::BlasMessage(#expr, rkv_s_)); \
+#define RKV_BLAS(expr)                                                                             \
+  do {                                                                                             \
+    const cublasStatus_t rkv_s_ = (expr);                                                          \
+    if (rkv_s_ != CUBLAS_STATUS_SUCCESS)                                                           \
+      return ::riskkv::cuda::Fail(__FILE__, __LINE__, ::riskkv::cuda::BlasMessage(#expr, rkv_s_)); \
   } while (0)
-// A launch's configuration errors surface on cudaGetLastError right after it.
-#define RKV_LAUNCHED() RKV_CUDA(cudaGetLastError())
 #define RKV_TRY(expr)          \
   do {                         \
     if ((expr) != 0) return 1; \

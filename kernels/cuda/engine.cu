@@ -39,11 +39,10 @@ int I(int64_t v) { return static_cast<int>(v); }
 // processing the queries of one call in chunks of at most this many bytes of scratch.
 constexpr size_t kAttentionScratchBytes = size_t{512} << 20;
 
-// GEMMs and attention on one stream, shared by the engine and the single-op entry points. Each
-// method reports failures into the ErrorState its caller passes.
+// GEMMs and attention on one stream, shared by the engine and the single-op entry points.
 class Compute {
  public:
-  int Init(ErrorState& err_) {
+  int Init() {
     RKV_CUDA(stream_.Create());
     RKV_BLAS(blas_.Create());
     RKV_BLAS(cublasSetStream(blas_.get(), stream_.get()));
@@ -54,7 +53,7 @@ class Compute {
 
   // y[n, rows] (rows ldy apart) = beta * y + x[n, cols] (f16, ldx apart) * w[rows, cols]^T.
   int Linear(const __half* x, int64_t ldx, int64_t n, const __half* w, int64_t rows, int64_t cols,
-             float* y, int64_t ldy, float beta, ErrorState& err_) {
+             float* y, int64_t ldy, float beta) {
     const float alpha = 1.0f;
     const GemmPlan p = LinearPlan(n, rows, cols, ldx, ldy);
     RKV_BLAS(cublasGemmEx(blas_.get(), Op(p.trans_a), Op(p.trans_b), I(p.m), I(p.n), I(p.k), &alpha,
@@ -67,22 +66,22 @@ class Compute {
   // them directly; more are converted into q_half (n * ldq halfs) for the GEMM path.
   int AttentionF32(const float* q, int64_t ldq, int64_t n, int64_t q_pos0, const __half* k,
                    const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                   float* out, __half* q_half, ErrorState& err_) {
+                   float* out, __half* q_half) {
     if (n == 1 && DecodeAttentionFits(q_pos0 + 1, head_dim)) {
       RKV_CUDA(LaunchDecodeAttention(q, k, v, q_pos0 + 1, n_heads, n_kv_heads, head_dim, out,
                                      stream_.get()));
       return 0;
     }
     RKV_CUDA(LaunchToHalf(q, n * ldq, q_half, stream_.get()));
-    return Attention(q_half, ldq, n, q_pos0, k, v, n_heads, n_kv_heads, head_dim, out, err_);
+    return Attention(q_half, ldq, n, q_pos0, k, v, n_heads, n_kv_heads, head_dim, out);
   }
 
   // Causal GQA attention of q[n, n_heads, head_dim] (f16, rows ldq apart) at positions
   // [q_pos0, q_pos0 + n) over k/v [ctx = q_pos0 + n, n_kv_heads, head_dim] f16, into
   // out[n, n_heads * head_dim] f32, in chunks of queries that keep the scratch bounded.
   int Attention(const __half* q, int64_t ldq, int64_t n, int64_t q_pos0, const __half* k,
-                const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float* out,
-                ErrorState& err_) {
+                const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                float* out) {
     const int64_t ctx = q_pos0 + n;
     const int64_t per_row = n_heads * ctx * static_cast<int64_t>(sizeof(float) + sizeof(__half));
     const int64_t rows = std::max<int64_t>(
@@ -90,7 +89,7 @@ class Compute {
     for (int64_t i0 = 0; i0 < n; i0 += rows) {
       const int64_t m = std::min(rows, n - i0);
       RKV_TRY(AttentionChunk(q + i0 * ldq, ldq, m, q_pos0 + i0, k, v, n_heads, n_kv_heads, head_dim,
-                             out + i0 * n_heads * head_dim, err_));
+                             out + i0 * n_heads * head_dim));
     }
     return 0;
   }
@@ -100,7 +99,7 @@ class Compute {
   // softmax, one strided-batched GEMM for the weighted values.
   int AttentionChunk(const __half* q, int64_t ldq, int64_t n, int64_t q_pos0, const __half* k,
                      const __half* v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                     float* out, ErrorState& err_) {
+                     float* out) {
     const int64_t ctx = q_pos0 + n;
     const int64_t per_head = n * ctx;
     RKV_CUDA(scores_.Reserve(n_heads * per_head));
@@ -128,7 +127,6 @@ class Compute {
     return 0;
   }
 
- private:
   Stream stream_;
   BlasHandle blas_;
   DeviceArray<float> scores_;
@@ -173,12 +171,12 @@ class SessionImpl final : public Session {
   SessionImpl(EngineImpl& engine, int64_t capacity) : engine_(engine), capacity_(capacity) {}
   ~SessionImpl() override;
   int Init();
-  const char* error() const override { return err_.message(); }
+  const char* error() const override { return LastError().c_str(); }
   int64_t n_tokens() const override { return n_tokens_; }
   int64_t capacity() const override { return capacity_; }
   int SetTokens(int64_t n) override {
     if (n < 0 || n > capacity_) {
-      return err_.Fail(
+      return Fail(
           __FILE__, __LINE__,
           "SetTokens(" + std::to_string(n) + ") outside [0, " + std::to_string(capacity_) + "]");
     }
@@ -195,17 +193,14 @@ class SessionImpl final : public Session {
   int Synchronize() override;
 
   __half* rows(int32_t layer, int values) const;
-  int64_t& tokens_ref() { return n_tokens_; }
   // Makes the compute stream wait for every upload enqueued so far.
   int WaitTransfers(cudaStream_t compute);
   // Records on the compute stream that work reading or writing `layer` has been queued, so a
   // later upload into that layer waits for it.
-  int MarkComputeUse(int32_t layer, cudaStream_t compute, ErrorState& err_);
+  int MarkComputeUse(int32_t layer, cudaStream_t compute);
 
  private:
   int CheckRows(int32_t layer, int values, int64_t first, int64_t count);
-
-  ErrorState err_;
   EngineImpl& engine_;
   const int64_t capacity_;
   int64_t n_tokens_ = 0;
@@ -228,12 +223,12 @@ class EngineImpl final : public Engine {
         d.n_heads % d.n_kv_heads != 0 || d.head_dim < 2 || d.ffn < 1 || d.vocab < 1 ||
         d.rope_dim < 2 || d.rope_dim > d.head_dim || d.rope_dim % 2 != 0 || d.vocab > kMaxInt ||
         d.n_heads * d.head_dim * d.hidden > kMaxInt) {
-      return err_.Fail(__FILE__, __LINE__, "model dimensions are not a valid decoder");
+      return Fail(__FILE__, __LINE__, "model dimensions are not a valid decoder");
     }
     q_width_ = d.n_heads * d.head_dim;
     kv_width_ = d.n_kv_heads * d.head_dim;
     qkv_width_ = q_width_ + 2 * kv_width_;
-    RKV_TRY(compute_.Init(err_));
+    RKV_TRY(compute_.Init());
     layers_.resize(d.n_layers);
     for (Layer& l : layers_) {
       RKV_CUDA(l.wqkv.Allocate(qkv_width_ * d.hidden));
@@ -255,7 +250,7 @@ class EngineImpl final : public Engine {
     return 0;
   }
 
-  const char* error() const override { return err_.message(); }
+  const char* error() const override { return LastError().c_str(); }
   const ModelDims& dims() const override { return dims_; }
 
   int SetMatrix(int32_t layer, int slot, const uint16_t* data, int64_t rows,
@@ -371,12 +366,12 @@ class EngineImpl final : public Engine {
     if (d.qkv_bias) need |= (1u << kBq) | (1u << kBk) | (1u << kBv);
     for (int64_t l = 0; l < d.n_layers; ++l) {
       if ((layers_[l].set & need) != need) {
-        return err_.Fail(__FILE__, __LINE__, "layer " + std::to_string(l) + " misses weights");
+        return Fail(__FILE__, __LINE__, "layer " + std::to_string(l) + " misses weights");
       }
     }
     if (embedding_.get() == nullptr || output_norm_.get() == nullptr ||
         (!d.tied && lm_head_.get() == nullptr)) {
-      return err_.Fail(__FILE__, __LINE__, "embedding, output norm or lm head missing");
+      return Fail(__FILE__, __LINE__, "embedding, output norm or lm head missing");
     }
     return 0;
   }
@@ -393,12 +388,12 @@ class EngineImpl final : public Engine {
   Session* NewSession(int64_t capacity) override {
     DeviceScope scope(device_);
     if (capacity < 1 || capacity > kMaxInt) {
-      err_.Fail(__FILE__, __LINE__, "session capacity must be in [1, 2^31)");
+      Fail(__FILE__, __LINE__, "session capacity must be in [1, 2^31)");
       return nullptr;
     }
     auto s = std::make_unique<SessionImpl>(*this, capacity);
     if (s->Init() != 0) {
-      err_.Fail(__FILE__, __LINE__, std::string("session: ") + s->error());
+      Fail(__FILE__, __LINE__, std::string("session: ") + s->error());
       return nullptr;
     }
     return s.release();
@@ -416,10 +411,10 @@ class EngineImpl final : public Engine {
       PredictorsImpl::Group& grp = p->groups[g];
       if (n_anchors[g] < 1 || n_anchors[g] > kMaxGroupLayers || n_targets[g] < 1 ||
           n_targets[g] > kMaxGroupLayers) {
-        err_.Fail(__FILE__, __LINE__,
-                  "group " + std::to_string(g) + " has " + std::to_string(n_anchors[g]) +
-                      " anchors and " + std::to_string(n_targets[g]) + " targets (1.." +
-                      std::to_string(kMaxGroupLayers) + " each)");
+        Fail(__FILE__, __LINE__,
+             "group " + std::to_string(g) + " has " + std::to_string(n_anchors[g]) +
+                 " anchors and " + std::to_string(n_targets[g]) + " targets (1.." +
+                 std::to_string(kMaxGroupLayers) + " each)");
         return nullptr;
       }
       grp.anchors.assign(anchors, anchors + n_anchors[g]);
@@ -440,7 +435,7 @@ class EngineImpl final : public Engine {
     }
     // The host arrays may go once the copies are done.
     if (const cudaError_t e = cudaStreamSynchronize(compute_.stream()); e != cudaSuccess) {
-      err_.Fail(__FILE__, __LINE__, CudaMessage("cudaStreamSynchronize", e));
+      Fail(__FILE__, __LINE__, CudaMessage("cudaStreamSynchronize", e));
       return nullptr;
     }
     return p.release();
@@ -448,11 +443,11 @@ class EngineImpl final : public Engine {
 
   int PinHostMemory(void* p, int64_t bytes) override {
     DeviceScope scope(device_);
-    if (bytes < 1) return err_.Fail(__FILE__, __LINE__, "nothing to page-lock");
+    if (bytes < 1) return Fail(__FILE__, __LINE__, "nothing to page-lock");
     const cudaError_t e = cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterDefault);
     if (e != cudaSuccess) {
       cudaGetLastError();  // not sticky: the thread's next launch must not report it
-      return err_.Fail(__FILE__, __LINE__, CudaMessage("cudaHostRegister", e));
+      return Fail(__FILE__, __LINE__, CudaMessage("cudaHostRegister", e));
     }
     return 0;
   }
@@ -461,7 +456,7 @@ class EngineImpl final : public Engine {
     const cudaError_t e = cudaHostUnregister(p);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      return err_.Fail(__FILE__, __LINE__, CudaMessage("cudaHostUnregister", e));
+      return Fail(__FILE__, __LINE__, CudaMessage("cudaHostUnregister", e));
     }
     return 0;
   }
@@ -470,7 +465,7 @@ class EngineImpl final : public Engine {
     DeviceScope scope(device_);
     std::lock_guard<std::mutex> lock(mu_);
     if (m < 1 || n < 1 || k < 1 || m > kMaxInt || n > kMaxInt || k > kMaxInt) {
-      err_.Fail(__FILE__, __LINE__, "GEMM dimensions out of range");
+      Fail(__FILE__, __LINE__, "GEMM dimensions out of range");
       return -1.0;
     }
     DeviceArray<__half> a, b;
@@ -479,22 +474,22 @@ class EngineImpl final : public Engine {
     if (a.Allocate(m * k) != cudaSuccess || b.Allocate(k * n) != cudaSuccess ||
         c.Allocate(m * n) != cudaSuccess || start.Create(true) != cudaSuccess ||
         stop.Create(true) != cudaSuccess) {
-      err_.Fail(__FILE__, __LINE__, "GEMM timing buffers");
+      Fail(__FILE__, __LINE__, "GEMM timing buffers");
       return -1.0;
     }
     const cudaStream_t s = compute_.stream();
     LaunchFillPattern(a.get(), m * k, s);
     LaunchFillPattern(b.get(), k * n, s);
     // y[m, n] = x[m, k] * w[n, k]^T: the shape of a projection of m tokens.
-    if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f, err_) != 0) return -1.0;
+    if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f) != 0) return -1.0;
     cudaEventRecord(start.get(), s);
     for (int r = 0; r < repeats; ++r) {
-      if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f, err_) != 0) return -1.0;
+      if (compute_.Linear(a.get(), k, m, b.get(), n, k, c.get(), n, 0.0f) != 0) return -1.0;
     }
     cudaEventRecord(stop.get(), s);
     const cudaError_t e = cudaEventSynchronize(stop.get());
     if (e != cudaSuccess) {
-      err_.Fail(__FILE__, __LINE__, CudaMessage("cudaEventSynchronize", e));
+      Fail(__FILE__, __LINE__, CudaMessage("cudaEventSynchronize", e));
       return -1.0;
     }
     float ms = 0.0f;
@@ -508,12 +503,10 @@ class EngineImpl final : public Engine {
   RopeConfig rope() const {
     return {dims_.head_dim, dims_.rope_dim, dims_.rope_base, dims_.rope_interleaved};
   }
-  int ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits, float* logits,
-                   ErrorState& err);
-  int RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int64_t begin, int64_t count,
-                   ErrorState& err);
-  int Stage(SessionImpl& s, cudaStream_t transfer, void* dst, const void* src, size_t bytes,
-            ErrorState& err);
+  int ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits,
+                   float* logits);
+  int RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int64_t begin, int64_t count);
+  int Stage(cudaStream_t transfer, void* dst, const void* src, size_t bytes);
   std::mutex& mutex() { return mu_; }
   Compute& compute() { return compute_; }
 
@@ -525,13 +518,13 @@ class EngineImpl final : public Engine {
   };
 
   int BadShape(int32_t layer, int slot, int64_t rows, int64_t cols) {
-    return err_.Fail(__FILE__, __LINE__,
-                     "weight slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
-                         " does not take a [" + std::to_string(rows) + ", " + std::to_string(cols) +
-                         "] tensor");
+    return Fail(__FILE__, __LINE__,
+                "weight slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
+                    " does not take a [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                    "] tensor");
   }
   Predictors* BadLayer(int32_t layer) {
-    err_.Fail(__FILE__, __LINE__, "group layer " + std::to_string(layer) + " out of range");
+    Fail(__FILE__, __LINE__, "group layer " + std::to_string(layer) + " out of range");
     return nullptr;
   }
   int Upload(DeviceArray<float>& dst, const float* src, int64_t n) {  // mu_ held
@@ -540,8 +533,6 @@ class EngineImpl final : public Engine {
                              compute_.stream()));
     return 0;
   }
-
-  ErrorState err_;
   const int device_;
   const ModelDims dims_;
   int64_t q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
@@ -560,7 +551,7 @@ class EngineImpl final : public Engine {
 };
 
 int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits,
-                             float* logits, ErrorState& err_) {
+                             float* logits) {
   const ModelDims& d = dims_;
   const cudaStream_t st = compute_.stream();
   const int64_t pos0 = s.n_tokens();
@@ -574,7 +565,7 @@ int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, b
     __half* vc = s.rows(static_cast<int32_t>(l), 1);
     RKV_CUDA(LaunchRmsNormHalf(x_.get(), n, d.hidden, w.attn_norm.get(), d.rms_eps, xh_.get(), st));
     RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.wqkv.get(), qkv_width_, d.hidden, qkv_.get(),
-                     qkv_width_, 0.0f, err_));
+                     qkv_width_, 0.0f));
     if (d.qkv_bias) RKV_CUDA(LaunchAddBias(qkv_.get(), w.bqkv.get(), n, qkv_width_, st));
     // Q's heads and K's heads lie side by side in each row: one rotation for both.
     RKV_CUDA(
@@ -582,19 +573,19 @@ int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, b
     RKV_CUDA(LaunchStoreKv(qkv_.get() + q_width_, n, kv_width_, qkv_width_, kc + pos0 * kv_width_,
                            vc + pos0 * kv_width_, st));
     RKV_TRY(c.AttentionF32(qkv_.get(), qkv_width_, n, pos0, kc, vc, d.n_heads, d.n_kv_heads,
-                           d.head_dim, attn_.get(), qkvh_.get(), err_));
+                           d.head_dim, attn_.get(), qkvh_.get()));
     RKV_CUDA(LaunchToHalf(attn_.get(), n * q_width_, xh_.get(), st));
-    RKV_TRY(c.Linear(xh_.get(), q_width_, n, w.wo.get(), d.hidden, q_width_, x_.get(), d.hidden,
-                     1.0f, err_));
+    RKV_TRY(
+        c.Linear(xh_.get(), q_width_, n, w.wo.get(), d.hidden, q_width_, x_.get(), d.hidden, 1.0f));
     RKV_CUDA(LaunchRmsNormHalf(x_.get(), n, d.hidden, w.ffn_norm.get(), d.rms_eps, xh_.get(), st));
     RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.w_gate_up.get(), 2 * d.ffn, d.hidden, gate_up_.get(),
-                     2 * d.ffn, 0.0f, err_));
+                     2 * d.ffn, 0.0f));
     RKV_CUDA(LaunchSwiGluHalf(gate_up_.get(), n, d.ffn, 2 * d.ffn, d.ffn, xh_.get(), st));
-    RKV_TRY(c.Linear(xh_.get(), d.ffn, n, w.w_down.get(), d.hidden, d.ffn, x_.get(), d.hidden, 1.0f,
-                     err_));
-    RKV_TRY(s.MarkComputeUse(static_cast<int32_t>(l), st, err_));
+    RKV_TRY(
+        c.Linear(xh_.get(), d.ffn, n, w.w_down.get(), d.hidden, d.ffn, x_.get(), d.hidden, 1.0f));
+    RKV_TRY(s.MarkComputeUse(static_cast<int32_t>(l), st));
   }
-  s.tokens_ref() = pos0 + n;
+  RKV_TRY(s.SetTokens(pos0 + n));
   if (logits == nullptr) return 0;
   const __half* head = d.tied ? embedding_.get() : lm_head_.get();
   const int64_t first = all_logits ? 0 : n - 1;
@@ -602,8 +593,8 @@ int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, b
     const int64_t rows = std::min(kLogitRows, n - i);
     RKV_CUDA(LaunchRmsNormHalf(x_.get() + i * d.hidden, rows, d.hidden, output_norm_.get(),
                                d.rms_eps, xh_.get(), st));
-    RKV_TRY(c.Linear(xh_.get(), d.hidden, rows, head, d.vocab, d.hidden, logits_.get(), d.vocab,
-                     0.0f, err_));
+    RKV_TRY(
+        c.Linear(xh_.get(), d.hidden, rows, head, d.vocab, d.hidden, logits_.get(), d.vocab, 0.0f));
     RKV_CUDA(cudaMemcpyAsync(logits + (i - first) * d.vocab, logits_.get(),
                              rows * d.vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
     // The next chunk overwrites the device buffer only after this copy (same stream).
@@ -613,7 +604,7 @@ int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, b
 }
 
 int EngineImpl::RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int64_t begin,
-                             int64_t count, ErrorState& err_) {
+                             int64_t count) {
   const cudaStream_t st = compute_.stream();
   const int64_t out = 2 * static_cast<int64_t>(g.targets.size()) * kv_width_;
   RKV_CUDA(features_.Reserve(count * g.features));
@@ -638,13 +629,12 @@ int EngineImpl::RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int
   RKV_CUDA(LaunchScatterRebuilt(rebuilt_.get(), g.c.get(), targets,
                                 static_cast<int>(g.targets.size()), begin, count, kv_width_, rope(),
                                 st));
-  for (int32_t a : g.anchors) RKV_TRY(s.MarkComputeUse(a, st, err_));
-  for (int32_t t : g.targets) RKV_TRY(s.MarkComputeUse(t, st, err_));
+  for (int32_t a : g.anchors) RKV_TRY(s.MarkComputeUse(a, st));
+  for (int32_t t : g.targets) RKV_TRY(s.MarkComputeUse(t, st));
   return 0;
 }
 
-int EngineImpl::Stage(SessionImpl& s, cudaStream_t transfer, void* dst, const void* src,
-                      size_t bytes, ErrorState& err_) {
+int EngineImpl::Stage(cudaStream_t transfer, void* dst, const void* src, size_t bytes) {
   std::lock_guard<std::mutex> lock(staging_mu_);
   auto* out = static_cast<uint8_t*>(dst);
   const auto* in = static_cast<const uint8_t*>(src);
@@ -688,7 +678,7 @@ SessionImpl::~SessionImpl() {
   cudaStreamSynchronize(engine_.compute().stream());
 }
 
-int SessionImpl::MarkComputeUse(int32_t layer, cudaStream_t compute, ErrorState& err_) {
+int SessionImpl::MarkComputeUse(int32_t layer, cudaStream_t compute) {
   RKV_CUDA(cudaEventRecord(layer_used_[layer].get(), compute));
   return 0;
 }
@@ -700,11 +690,11 @@ __half* SessionImpl::rows(int32_t layer, int values) const {
 int SessionImpl::CheckRows(int32_t layer, int values, int64_t first, int64_t count) {
   if (layer < 0 || layer >= engine_.dims().n_layers || (values != 0 && values != 1) || first < 0 ||
       count < 0 || first + count > capacity_) {
-    return err_.Fail(__FILE__, __LINE__,
-                     "rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                         ") of layer " + std::to_string(layer) + " outside the cache of " +
-                         std::to_string(capacity_) + " rows and " +
-                         std::to_string(engine_.dims().n_layers) + " layers");
+    return Fail(__FILE__, __LINE__,
+                "rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                    ") of layer " + std::to_string(layer) + " outside the cache of " +
+                    std::to_string(capacity_) + " rows and " +
+                    std::to_string(engine_.dims().n_layers) + " layers");
   }
   return 0;
 }
@@ -718,15 +708,15 @@ int SessionImpl::WaitTransfers(cudaStream_t compute) {
 int SessionImpl::Forward(const int32_t* tokens, int64_t n, int all_logits, float* logits) {
   DeviceScope scope(engine_.device());
   if (n < 1 || n_tokens_ + n > capacity_) {
-    return err_.Fail(__FILE__, __LINE__,
-                     std::to_string(n) + " tokens after " + std::to_string(n_tokens_) +
-                         " do not fit the cache of " + std::to_string(capacity_));
+    return Fail(__FILE__, __LINE__,
+                std::to_string(n) + " tokens after " + std::to_string(n_tokens_) +
+                    " do not fit the cache of " + std::to_string(capacity_));
   }
   const int64_t vocab = engine_.dims().vocab;
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return err_.Fail(__FILE__, __LINE__,
-                       "token id " + std::to_string(tokens[i]) + " outside the vocabulary");
+      return Fail(__FILE__, __LINE__,
+                  "token id " + std::to_string(tokens[i]) + " outside the vocabulary");
     }
   }
   std::lock_guard<std::mutex> lock(engine_.mutex());
@@ -737,7 +727,7 @@ int SessionImpl::Forward(const int32_t* tokens, int64_t n, int all_logits, float
     float* out = nullptr;
     if (logits != nullptr && all_logits) out = logits + start * vocab;
     if (logits != nullptr && !all_logits && last) out = logits;
-    RKV_TRY(engine_.ForwardBatch(*this, tokens + start, m, all_logits != 0, out, err_));
+    RKV_TRY(engine_.ForwardBatch(*this, tokens + start, m, all_logits != 0, out));
   }
   return 0;
 }
@@ -758,7 +748,7 @@ int SessionImpl::UploadRows(int32_t layer, int values, int64_t first, int64_t co
     RKV_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, transfer_.get()));
     return 0;
   }
-  return engine_.Stage(*this, transfer_.get(), dst, src, bytes, err_);
+  return engine_.Stage(transfer_.get(), dst, src, bytes);
 }
 
 int SessionImpl::MarkLayerUploaded(int32_t layer) {
@@ -772,10 +762,10 @@ int SessionImpl::Rebuild(const Predictors* p, int group, int64_t begin, int64_t 
   DeviceScope scope(engine_.device());
   const auto* preds = dynamic_cast<const PredictorsImpl*>(p);
   if (preds == nullptr || preds->engine != &engine_) {
-    return err_.Fail(__FILE__, __LINE__, "the predictors belong to another engine");
+    return Fail(__FILE__, __LINE__, "the predictors belong to another engine");
   }
   if (group < 0 || group >= static_cast<int>(preds->groups.size())) {
-    return err_.Fail(__FILE__, __LINE__, "no predictor group " + std::to_string(group));
+    return Fail(__FILE__, __LINE__, "no predictor group " + std::to_string(group));
   }
   RKV_TRY(CheckRows(0, 0, begin, count));
   if (count == 0) return 0;
@@ -786,7 +776,7 @@ int SessionImpl::Rebuild(const Predictors* p, int group, int64_t begin, int64_t 
   // overwrites); a layer never marked has nothing to wait for.
   for (int32_t a : g.anchors) RKV_CUDA(cudaStreamWaitEvent(st, layer_ready_[a].get(), 0));
   for (int32_t t : g.targets) RKV_CUDA(cudaStreamWaitEvent(st, layer_ready_[t].get(), 0));
-  RKV_TRY(engine_.RebuildGroup(*this, g, begin, count, err_));
+  RKV_TRY(engine_.RebuildGroup(*this, g, begin, count));
   RKV_CUDA(cudaEventRecord(rebuilt_.get(), st));
   return 0;
 }
@@ -822,9 +812,9 @@ class OpsImpl final : public Ops {
   explicit OpsImpl(int device) : device_(device) {}
   int Init() {
     DeviceScope scope(device_);
-    return compute_.Init(err_);
+    return compute_.Init();
   }
-  const char* error() const override { return err_.message(); }
+  const char* error() const override { return LastError().c_str(); }
 
   int MatMul(const float* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols,
              const float* bias, float* y) override {
@@ -836,7 +826,7 @@ class OpsImpl final : public Ops {
     RKV_TRY(In(dw, reinterpret_cast<const __half*>(w), rows * cols));
     RKV_CUDA(dy.Allocate(n * rows));
     RKV_CUDA(LaunchToHalf(dx.get(), n * cols, dxh.get(), s()));
-    RKV_TRY(compute_.Linear(dxh.get(), cols, n, dw.get(), rows, cols, dy.get(), rows, 0.0f, err_));
+    RKV_TRY(compute_.Linear(dxh.get(), cols, n, dw.get(), rows, cols, dy.get(), rows, 0.0f));
     if (bias != nullptr) {
       RKV_TRY(In(db, bias, rows));
       RKV_CUDA(LaunchAddBias(dy.get(), db.get(), n, rows, s()));
@@ -870,7 +860,7 @@ class OpsImpl final : public Ops {
             float* out) override {
     DeviceScope scope(device_);
     for (int64_t i = 0; i < n; ++i) {
-      if (ids[i] < 0 || ids[i] >= rows) return err_.Fail(__FILE__, __LINE__, "id out of range");
+      if (ids[i] < 0 || ids[i] >= rows) return Fail(__FILE__, __LINE__, "id out of range");
     }
     DeviceArray<__half> dt;
     DeviceArray<int32_t> di;
@@ -899,7 +889,7 @@ class OpsImpl final : public Ops {
                 float* out) override {
     DeviceScope scope(device_);
     if (n_heads % n_kv_heads != 0 || n_ctx < q_pos0 + n) {
-      return err_.Fail(__FILE__, __LINE__, "attention shapes do not fit");
+      return Fail(__FILE__, __LINE__, "attention shapes do not fit");
     }
     const int64_t qw = n_heads * head_dim, kvw = n_kv_heads * head_dim;
     DeviceArray<float> dq, dout;
@@ -910,7 +900,7 @@ class OpsImpl final : public Ops {
     RKV_TRY(In(dv, reinterpret_cast<const __half*>(v), n_ctx * kvw));
     RKV_CUDA(dout.Allocate(n * qw));
     RKV_TRY(compute_.AttentionF32(dq.get(), qw, n, q_pos0, dk.get(), dv.get(), n_heads, n_kv_heads,
-                                  head_dim, dout.get(), dqh.get(), err_));
+                                  head_dim, dout.get(), dqh.get()));
     return Out(out, dout, n * qw);
   }
 
@@ -927,8 +917,6 @@ class OpsImpl final : public Ops {
     RKV_CUDA(cudaStreamSynchronize(s()));
     return 0;
   }
-
-  ErrorState err_;
   const int device_;
   Compute compute_;
 };

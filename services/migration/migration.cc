@@ -360,12 +360,12 @@ absl::Status MigrationReceiver::StoreRows(int32_t layer, bool values, int64_t fi
     std::copy(bytes, bytes + n * row_bytes_, dst);
     return absl::OkStatus();
   }
-  if (wire_dtype_ == DType::kF32) {  // the GPU cache is f16
+  if (wire_dtype_ == DType::kF32) {  // the GPU cache is f16; buffers reused chunk after chunk
     const int64_t values_count = n * row_bytes_ / 4;
-    std::vector<float> f32(values_count);
-    std::memcpy(f32.data(), bytes, n * row_bytes_);
+    f32_rows_.resize(values_count);
+    std::memcpy(f32_rows_.data(), bytes, n * row_bytes_);
     f16_rows_.resize(values_count);
-    F32ToF16Row(f32.data(), f16_rows_.data(), values_count);
+    F32ToF16Row(f32_rows_.data(), f16_rows_.data(), values_count);
     bytes = reinterpret_cast<const uint8_t*>(f16_rows_.data());
   }
   return session_.gpu->UploadRows(layer, values, first, n, bytes);
@@ -420,34 +420,24 @@ absl::StatusOr<ResumedSession> MigrationReceiver::OnTrailer(const v1::MigrationT
   }
   const auto tokens = std::span<const int32_t>(session_.tokens);
   auto lock = LockModel();
-  if (session_.gpu) {
-    GpuModel& gpu = *ctx_.gpu;
-    // Rebuilds were queued on the device as their anchors landed; what of them is still running
-    // counts as rebuild time, the uploads still in flight do not.
+  if (session_.gpu && session_.mode == MigrationMode::kReconstruct) {
+    // Rebuilds were queued on the device as their anchors landed; what of them still runs counts
+    // as rebuild time (the forward pass below waits for the uploads by itself).
     const auto start = Clock::now();
     RETURN_IF_ERROR(session_.gpu->WaitRebuilds());
-    if (session_.mode == MigrationMode::kReconstruct) {
-      session_.rebuild_seconds += Since(start);
-    }
-    RETURN_IF_ERROR(session_.gpu->Synchronize());
-    if (session_.mode == MigrationMode::kTokenReplay && history_ > 0) {
-      const auto replay = Clock::now();
-      ASSIGN_OR_RETURN(std::vector<float> ignored,
-                       gpu.Prefill(tokens.first(history_), *session_.gpu));
-      session_.prefill_seconds = Since(replay);
-    }
-    ASSIGN_OR_RETURN(session_.logits, gpu.Decode(tokens.back(), *session_.gpu));
-    stage_ = Stage::kDone;
-    return std::move(session_);
+    session_.rebuild_seconds += Since(start);
   }
-  Model& model = *ctx_.model;
+  GpuModel* gpu = session_.gpu ? ctx_.gpu : nullptr;
   if (session_.mode == MigrationMode::kTokenReplay && history_ > 0) {
     const auto start = Clock::now();
-    ASSIGN_OR_RETURN(std::vector<float> ignored,
-                     model.Prefill(tokens.first(history_), *session_.cache));
+    const auto history = tokens.first(history_);
+    ASSIGN_OR_RETURN(
+        std::vector<float> ignored,
+        gpu ? gpu->Prefill(history, *session_.gpu) : ctx_.model->Prefill(history, *session_.cache));
     session_.prefill_seconds = Since(start);
   }
-  ASSIGN_OR_RETURN(session_.logits, model.Decode(tokens.back(), *session_.cache));
+  ASSIGN_OR_RETURN(session_.logits, gpu ? gpu->Decode(tokens.back(), *session_.gpu)
+                                        : ctx_.model->Decode(tokens.back(), *session_.cache));
   stage_ = Stage::kDone;
   return std::move(session_);
 }

@@ -133,7 +133,8 @@ class MigrationReceiver {
   int64_t history_ = 0;
   int64_t row_bytes_ = 0;  // one token's K (or V) of one layer on the wire
   DType wire_dtype_ = DType::kF16;
-  std::vector<uint16_t> f16_rows_;  // f32 chunks converted for the GPU
+  std::vector<float> f32_rows_;     // an f32 chunk, aligned, on its way to the GPU
+  std::vector<uint16_t> f16_rows_;  // the same converted to the GPU cache's f16
   int64_t next_sequence_ = 0;
   uint32_t crc_of_crcs_ = 0;
   std::vector<std::vector<bool>> rows_done_;  // [layer * 2 + values][row]

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -173,8 +174,21 @@ absl::StatusOr<std::vector<float>> NodeService::DecodeLast(Session& s) {
                : model_.Decode(s.tokens.back(), *s.cache);
 }
 
+absl::Status NodeService::CopyKv(Session& from, Session& to) {
+  to.tokens = from.tokens;
+  if (!from.gpu) {
+    ASSIGN_OR_RETURN(to.cache, from.cache->Clone());
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(NewKv(to, from.gpu->capacity()));
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCache> host, HostKv(from));
+  std::vector<int32_t> layers(model_.config().n_layers);
+  std::iota(layers.begin(), layers.end(), 0);
+  RETURN_IF_ERROR(to.gpu->UploadFrom(*host, layers));
+  return to.gpu->SetTokens(host->n_tokens());
+}
+
 absl::StatusOr<std::unique_ptr<KvCache>> NodeService::HostKv(Session& s) {
-  if (!s.gpu) return s.cache->Clone();
   ASSIGN_OR_RETURN(auto host,
                    model_.NewKvCache(std::max<int64_t>(1, s.gpu->n_tokens()), DType::kF16));
   RETURN_IF_ERROR(s.gpu->DownloadTo(*host));
@@ -367,43 +381,19 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
   const std::vector<int32_t> ids(req->token_ids().begin(), req->token_ids().end());
   if (static_cast<int64_t>(sess.tokens.size()) + req->token_ids_size() > Capacity(sess)) {
     nll = absl::OutOfRangeError("the continuation does not fit the session's length limit");
-  } else if (sess.gpu) {
+  } else {
     // Scored on a copy: the session's own KV stays as it was.
     std::lock_guard lock(model_mu_);
     Session work;
-    work.tokens = sess.tokens;
-    absl::Status copied = NewKv(work, Capacity(sess));
-    auto host = copied.ok() ? HostKv(sess) : absl::StatusOr<std::unique_ptr<KvCache>>(copied);
-    if (host.ok()) {
-      std::vector<int32_t> layers(model_.config().n_layers);
-      for (size_t l = 0; l < layers.size(); ++l) layers[l] = static_cast<int32_t>(l);
-      copied = work.gpu->UploadFrom(**host, layers);
-      if (copied.ok()) copied = work.gpu->SetTokens((*host)->n_tokens());
-    } else {
-      copied = host.status();
-    }
-    std::vector<float> first = sess.pending_logits;
-    if (copied.ok() && first.empty()) {
-      auto l = DecodeLast(work);
-      if (l.ok()) first = std::move(*l);
-    }
-    nll = !copied.ok()    ? absl::StatusOr<NllResult>(copied)
-          : first.empty() ? absl::InternalError("no logits for the first token")
-                          : options_.gpu->TeacherForcedNll(ids, *work.gpu, first);
-  } else {
-    std::lock_guard lock(model_mu_);
-    auto work = sess.cache->Clone();
-    std::vector<float> first = sess.pending_logits;
-    if (!work.ok()) {
-      nll = work.status();
-    } else {
+    nll = [&]() -> absl::StatusOr<NllResult> {
+      RETURN_IF_ERROR(CopyKv(sess, work));
+      std::vector<float> first = sess.pending_logits;
       if (first.empty()) {
-        auto l = model_.Decode(sess.tokens.back(), **work);
-        if (l.ok()) first = std::move(*l);
+        ASSIGN_OR_RETURN(first, DecodeLast(work));
       }
-      nll = first.empty() ? absl::InternalError("no logits for the first token")
-                          : model_.TeacherForcedNll(ids, **work, first);
-    }
+      return work.gpu ? options_.gpu->TeacherForcedNll(ids, *work.gpu, first)
+                      : model_.TeacherForcedNll(ids, *work.cache, first);
+    }();
   }
   Release(*s);
   if (!nll.ok()) return ToGrpc(nll.status());

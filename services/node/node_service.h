@@ -120,8 +120,11 @@ class NodeService final : public v1::Node::Service {
   absl::Status NewKv(Session& s, int64_t capacity);
   absl::StatusOr<std::vector<float>> Prefill(Session& s, std::span<const int32_t> tokens);
   absl::StatusOr<std::vector<float>> DecodeLast(Session& s);
-  // The session's KV in host memory, for sending (a copy on a GPU node).
+  // A GPU session's KV copied to host memory (for sending).
   absl::StatusOr<std::unique_ptr<KvCache>> HostKv(Session& s);
+  // `to` gets a copy of `from`'s tokens and KV on the same backend (for work that must leave
+  // `from` as it was).
+  absl::Status CopyKv(Session& from, Session& to);
   // The session and its lock, or NOT_FOUND / FAILED_PRECONDITION (busy).
   absl::StatusOr<std::shared_ptr<Session>> Acquire(const std::string& id);
   void Release(const std::shared_ptr<Session>& s);
