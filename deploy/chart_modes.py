@@ -13,26 +13,27 @@ from xml.sax.saxutils import escape
 COLORS = {"full_kv": "#4e79a7", "token_replay": "#f28e2b", "reconstruct": "#59a14f"}
 
 
-def panel(x0, title, rows, value, unit, fmt):
+def panel(x0, title, rows, value, unit, label, y0=52):
+    """One bar per row (coloured by its mode), labelled with label(row), under `title` at y0."""
     width, height, bar = 300, 190, 46
     top = max(value(r) for r in rows) or 1.0
-    out = [f'<text x="{x0 + width / 2}" y="52" text-anchor="middle" font-size="13">'
+    base = y0 + 18 + height
+    out = [f'<text x="{x0 + width / 2}" y="{y0}" text-anchor="middle" font-size="13">'
            f'{escape(title)}</text>']
     for i, r in enumerate(rows):
-        v = value(r)
-        h = height * v / top
+        h = height * value(r) / top
         x = x0 + 20 + i * (bar + 24)
-        y = 70 + height - h
-        base = r["mode"].split(":")[-1]
+        y = base - h
+        mode = r["mode"].split(":")[-1]
         out.append(f'<rect x="{x}" y="{y:.1f}" width="{bar}" height="{h:.1f}" '
-                   f'fill="{COLORS.get(base, "#999")}"/>')
+                   f'fill="{COLORS.get(mode, "#999")}"/>')
         out.append(f'<text x="{x + bar / 2}" y="{y - 4:.1f}" text-anchor="middle" '
-                   f'font-size="11">{fmt(v)}</text>')
-        out.append(f'<text x="{x + bar / 2}" y="{70 + height + 16}" text-anchor="middle" '
+                   f'font-size="11">{escape(label(r))}</text>')
+        out.append(f'<text x="{x + bar / 2}" y="{base + 16}" text-anchor="middle" '
                    f'font-size="10">{escape(r["mode"])}</text>')
-    out.append(f'<line x1="{x0 + 10}" y1="{70 + height}" x2="{x0 + width - 10}" '
-               f'y2="{70 + height}" stroke="#333"/>')
-    out.append(f'<text x="{x0 + 10}" y="{70 + height + 34}" font-size="10" fill="#555">'
+    out.append(f'<line x1="{x0 + 10}" y1="{base}" x2="{x0 + width - 10}" '
+               f'y2="{base}" stroke="#333"/>')
+    out.append(f'<text x="{x0 + 10}" y="{base + 34}" font-size="10" fill="#555">'
                f'{escape(unit)}</text>')
     return out
 
@@ -50,9 +51,11 @@ def main():
            f'<text x="330" y="24" text-anchor="middle" font-size="15">{escape(sys.argv[3])}'
            '</text>']
     svg += panel(10, "recovery (first byte to first token on the target)", rows,
-                 lambda r: r["recovery_seconds"], "seconds", lambda v: f"{v:.2f} s")
+                 lambda r: r["recovery_seconds"], "seconds",
+                 lambda r: f"{r['recovery_seconds']:.2f} s")
     svg += panel(340, "KV bytes sent", rows, lambda r: r["kv_bytes_sent"] / 1e6,
-                 "MB (token_replay sends token ids only)", lambda v: f"{v:.1f}")
+                 "MB (token_replay sends token ids only)",
+                 lambda r: f"{r['kv_bytes_sent'] / 1e6:.1f}")
     svg.append("</svg>")
     with open(sys.argv[2], "w") as f:
         f.write("\n".join(svg) + "\n")

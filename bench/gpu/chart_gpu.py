@@ -9,37 +9,29 @@ ROWS.jsonl holds one JSON object per (model, history, mode): recovery_seconds, k
 rebuild_seconds, as riskkv-gpu-bench --jsonl writes them.
 """
 import json
+import os
 import sys
 from xml.sax.saxutils import escape
 
-COLORS = {"token_replay": "#f28e2b", "full_kv": "#4e79a7", "reconstruct": "#59a14f"}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../deploy"))
+from chart_modes import panel  # noqa: E402  (the demo's bar panel)
+
 MODES = ["token_replay", "full_kv", "reconstruct"]
-PANEL_W, PANEL_H, BAR = 300, 200, 56
+PANEL_W, PANEL_H = 320, 260
 
 
-def panel(x0, y0, title, rows):
-    by_mode = {r["mode"]: r for r in rows}
-    top = max(r["recovery_seconds"] for r in rows) or 1.0
-    replay = by_mode.get("token_replay", {}).get("recovery_seconds")
-    out = [f'<text x="{x0 + PANEL_W / 2}" y="{y0}" text-anchor="middle" font-size="13">'
-           f'{escape(title)}</text>']
-    base = y0 + 24 + PANEL_H
-    for i, mode in enumerate(m for m in MODES if m in by_mode):
-        v = by_mode[mode]["recovery_seconds"]
-        h = PANEL_H * v / top
-        x = x0 + 24 + i * (BAR + 36)
-        label = f"{v * 1e3:.2f} ms"
-        if replay and mode != "token_replay":
-            label += f" ({replay / v:.1f}x)"
-        out.append(f'<rect x="{x}" y="{base - h:.1f}" width="{BAR}" height="{h:.1f}" '
-                   f'fill="{COLORS[mode]}"/>')
-        out.append(f'<text x="{x + BAR / 2}" y="{base - h - 4:.1f}" text-anchor="middle" '
-                   f'font-size="10">{escape(label)}</text>')
-        out.append(f'<text x="{x + BAR / 2}" y="{base + 14}" text-anchor="middle" '
-                   f'font-size="10">{mode}</text>')
-    out.append(f'<line x1="{x0 + 10}" y1="{base}" x2="{x0 + PANEL_W - 10}" y2="{base}" '
-               f'stroke="#333"/>')
-    return out
+def model_panel(x0, y0, title, rows):
+    """Recovery per mode of one model and history, each bar with its ratio to token replay."""
+    ordered = sorted((r for r in rows if r["mode"] in MODES), key=lambda r: MODES.index(r["mode"]))
+    replay = next((r["recovery_seconds"] for r in ordered if r["mode"] == "token_replay"), None)
+
+    def label(r):
+        text = f"{r['recovery_seconds'] * 1e3:.2f} ms"
+        if replay and r["mode"] != "token_replay":
+            text += f" ({replay / r['recovery_seconds']:.1f}x)"
+        return text
+
+    return panel(x0, title, ordered, lambda r: r["recovery_seconds"], "milliseconds", label, y0)
 
 
 def main():
@@ -56,16 +48,16 @@ def main():
             keys.append(k)
     cols = 2
     n_rows = (len(keys) + cols - 1) // cols
-    width, height = cols * (PANEL_W + 20) + 20, n_rows * (PANEL_H + 80) + 50
+    width, height = cols * (PANEL_W + 20) + 20, n_rows * (PANEL_H + 20) + 50
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            'font-family="sans-serif">', f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15">Recovery on the GPU '
            '(KV from host memory, rebuild, first decode step); ratio = token replay / mode</text>']
     for i, (model, history) in enumerate(keys):
         x0 = 20 + (i % cols) * (PANEL_W + 20)
-        y0 = 50 + (i // cols) * (PANEL_H + 80)
+        y0 = 50 + (i // cols) * (PANEL_H + 20)
         group = [r for r in rows if (r["model"], r["history"]) == (model, history)]
-        svg += panel(x0, y0, f"{model}, {history} tokens", group)
+        svg += model_panel(x0, y0, f"{model}, {history} tokens", group)
     svg.append("</svg>")
     with open(sys.argv[2], "w") as f:
         f.write("\n".join(svg) + "\n")
