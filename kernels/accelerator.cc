@@ -23,25 +23,33 @@ std::filesystem::path ExecutableDir() {
 
 }  // namespace
 
-AcceleratorProbe ProbeCudaModule(const std::string& path) {
-  AcceleratorProbe probe;
-  // RTLD_LOCAL keeps the module's CUDA symbols out of the global namespace.
+void* OpenCudaModule(const std::string& path, std::string* reason) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* err = dlerror();
-    probe.reason = std::string("CUDA module not loadable: ") + (err ? err : path);
-    return probe;
+    *reason = std::string("CUDA module not loadable: ") + (err ? err : path);
+    return nullptr;
   }
   auto abi = reinterpret_cast<RiskkvCudaAbiVersionFn>(dlsym(handle, "riskkv_cuda_abi_version"));
+  if (abi == nullptr || abi() != RISKKV_CUDA_ABI_VERSION) {
+    *reason = "CUDA module " + path + " has a different ABI version";
+    return nullptr;
+  }
+  return handle;
+}
+
+AcceleratorProbe ProbeCudaModule(const std::string& path) {
+  AcceleratorProbe probe;
+  void* handle = OpenCudaModule(path, &probe.reason);
+  if (handle == nullptr) return probe;
   auto query =
       reinterpret_cast<RiskkvCudaQueryDevicesFn>(dlsym(handle, "riskkv_cuda_query_devices"));
-  if (abi == nullptr || query == nullptr || abi() != RISKKV_CUDA_ABI_VERSION) {
-    probe.reason = "CUDA module " + path + " has a different ABI version";
-    return probe;  // the handle stays open: unloading CUDA runtimes is not reliably safe
+  if (query == nullptr) {
+    probe.reason = "CUDA module " + path + " has no device query";
+    return probe;
   }
   probe.module_loaded = true;
   probe.module_path = path;
-  probe.handle = handle;
   RiskkvCudaDevice devices[16] = {};
   char error[512] = {};
   const int count = query(devices, 16, error, sizeof(error));

@@ -21,7 +21,6 @@ struct AcceleratorProbe {
   std::string engine_path;         // the engine module to load once a device is known
   std::vector<GpuDevice> devices;  // empty when no usable GPU
   std::string reason;              // why there is no GPU, for logs ("" when devices exist)
-  void* handle = nullptr;          // the dlopen handle (when loaded); never closed
 };
 
 // Looks for the engine module libriskkv_cuda.so in $RISKKV_CUDA_MODULE (a file), then beside the
@@ -32,5 +31,10 @@ AcceleratorProbe ProbeCuda();
 
 // Asks the module at `path` (either kind) for devices.
 AcceleratorProbe ProbeCudaModule(const std::string& path);
+
+// dlopens a CUDA module (RTLD_LOCAL: its CUDA symbols stay out of the global namespace) and checks
+// its ABI version. Null with *reason set when it cannot be used. Handles are never closed:
+// unloading CUDA runtimes is not reliably safe.
+void* OpenCudaModule(const std::string& path, std::string* reason);
 
 }  // namespace riskkv

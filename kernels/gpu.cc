@@ -13,18 +13,8 @@ absl::StatusOr<const GpuRuntime*> LoadGpuRuntime() {
     r->probe = ProbeCuda();
     if (r->probe.devices.empty()) return r;
     // Only now the engine module and cuBLAS: a machine without a GPU never maps them.
-    void* engine = dlopen(r->probe.engine_path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (engine == nullptr) {
-      const char* err = dlerror();
-      r->engine_error = "CUDA engine module not loadable: " + std::string(err ? err : "");
-      return r;
-    }
-    auto abi = reinterpret_cast<RiskkvCudaAbiVersionFn>(dlsym(engine, "riskkv_cuda_abi_version"));
-    if (abi == nullptr || abi() != RISKKV_CUDA_ABI_VERSION) {
-      r->engine_error =
-          "CUDA engine module " + r->probe.engine_path + " has a different ABI version";
-      return r;
-    }
+    void* engine = OpenCudaModule(r->probe.engine_path, &r->engine_error);
+    if (engine == nullptr) return r;
     r->new_engine =
         reinterpret_cast<RiskkvCudaNewEngineFn>(dlsym(engine, "riskkv_cuda_new_engine"));
     r->new_ops = reinterpret_cast<RiskkvCudaNewOpsFn>(dlsym(engine, "riskkv_cuda_new_ops"));
