@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Open(const std::string
   fs::create_directories(fs::path(dir) / "banks", ec);
   if (ec) return absl::InternalError("cannot create the store in " + dir + ": " + ec.message());
   std::unique_ptr<PolicyStore> store(new PolicyStore(dir));
+  RemoveAbandonedTemporaries((fs::path(dir) / "banks").string());  // puts cut short by a crash
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "banks")) {
     const std::string name = e.path().filename().string();
     if (e.path().extension() == ".rkvbank" && name.size() == 64 + 8) {

@@ -24,23 +24,6 @@ bool Transient(const absl::Status& s) {
          s.code() == absl::StatusCode::kCancelled;
 }
 
-// Temporary files (NAME.tmp.PID.N) that a process which no longer runs left behind, e.g. a bank
-// download cut short by a crash; other live nodes sharing the directory keep theirs.
-void RemoveAbandonedTemporaries(const std::string& cache_dir) {
-  for (const char* sub : {"policies", "banks"}) {
-    std::error_code ec;
-    for (const auto& f : fs::directory_iterator(fs::path(cache_dir) / sub, ec)) {
-      const std::string name = f.path().filename().string();
-      const size_t at = name.rfind(".tmp.");
-      if (at == std::string::npos) continue;
-      const std::string pid = name.substr(at + 5, name.find('.', at + 5) - (at + 5));
-      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::error_code ignored;
-      if (!fs::exists(fs::path("/proc") / pid, ignored)) fs::remove(f.path(), ignored);
-    }
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PolicyFollower>> PolicyFollower::Create(
@@ -64,7 +47,9 @@ absl::StatusOr<std::unique_ptr<PolicyFollower>> PolicyFollower::Create(
     return absl::PermissionDeniedError("cannot create the policy cache in " + options.cache_dir +
                                        ": " + ec.message());
   }
-  RemoveAbandonedTemporaries(options.cache_dir);
+  for (const char* sub : {"policies", "banks"}) {
+    RemoveAbandonedTemporaries((fs::path(options.cache_dir) / sub).string());
+  }
   return std::unique_ptr<PolicyFollower>(
       new PolicyFollower(std::move(options), std::move(apply), metrics));
 }

@@ -80,6 +80,15 @@ TEST_F(Control, StoresVersionsAndBanksAndSurvivesARestart) {
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), {}), *bank_bytes_);
 }
 
+TEST_F(Control, BankPutsCutShortByACrashAreRemovedAtOpen) {
+  const fs::path banks = dir_ / "banks";
+  fs::create_directories(banks);
+  const fs::path dead = banks / "incoming.tmp.999999999.0";
+  std::ofstream(dead) << "partial";
+  ASSERT_TRUE(PolicyStore::Open(dir_.string()).ok());
+  EXPECT_FALSE(fs::exists(dead));
+}
+
 TEST_F(Control, BadPutsAreRefusedAndChangeNothing) {
   auto store = *PolicyStore::Open(dir_.string());
   auto expect = [&](v1::RetentionPolicy p, std::string_view bank, absl::StatusCode code,

@@ -350,16 +350,19 @@ TEST_F(Follower, ACorruptCacheIsReportedAndHealedFromTheControlPlane) {
   ASSERT_NE(*healed, nullptr);
 }
 
-TEST_F(Follower, TemporariesOfDeadProcessesAreRemovedAtStart) {
-  fs::create_directories(dir_ / "cache" / "banks");
-  const fs::path dead = dir_ / "cache" / "banks" / "x.rkvbank.tmp.999999999.0";
-  const fs::path live =
-      dir_ / "cache" / "banks" / ("y.rkvbank.tmp." + std::to_string(getpid()) + ".0");
-  std::ofstream(dead) << "partial";
-  std::ofstream(live) << "in progress";
+TEST_F(Follower, AbandonedTemporariesAreRemovedAtStart) {
+  const fs::path banks = dir_ / "cache" / "banks";
+  fs::create_directories(banks);
+  const fs::path dead = banks / "x.rkvbank.tmp.999999999.0";
+  // This process's PID: a restarted container's server has the PID (often 1) of the one whose
+  // crash left the file, and has written nothing yet.
+  const fs::path own = banks / ("y.rkvbank.tmp." + std::to_string(getpid()) + ".0");
+  const fs::path live = banks / ("z.rkvbank.tmp." + std::to_string(getppid()) + ".0");
+  for (const fs::path& p : {dead, own, live}) std::ofstream(p) << "partial";
   auto w = Follow(Options("127.0.0.1:1"));
   EXPECT_FALSE(fs::exists(dead));
-  EXPECT_TRUE(fs::exists(live));  // a running process may still be writing it
+  EXPECT_FALSE(fs::exists(own));
+  EXPECT_TRUE(fs::exists(live));  // another running process may still be writing it
 }
 
 TEST_F(Follower, BadOptionsAreRefused) {
