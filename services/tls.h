@@ -18,6 +18,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
+#include "common/status_macros.h"
 #include "services/cli_args.h"
 
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of this process (TLS)");
@@ -58,15 +59,9 @@ inline absl::StatusOr<Pem> Load(const TlsFiles& f) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   Pem p;
-  auto cert = Read("tls-cert", f.cert);
-  if (!cert.ok()) return cert.status();
-  auto key = Read("tls-key", f.key);
-  if (!key.ok()) return key.status();
-  auto ca = Read("tls-ca", f.ca);
-  if (!ca.ok()) return ca.status();
-  p.cert = *std::move(cert);
-  p.key = *std::move(key);
-  p.ca = *std::move(ca);
+  ASSIGN_OR_RETURN(p.cert, Read("tls-cert", f.cert));
+  ASSIGN_OR_RETURN(p.key, Read("tls-key", f.key));
+  ASSIGN_OR_RETURN(p.ca, Read("tls-ca", f.ca));
   return p;
 }
 

@@ -1,9 +1,9 @@
 // riskkv-control's gRPC service.
 #include "services/control/control_service.h"
 
-#include <cctype>
 #include <fstream>
 
+#include "absl/strings/ascii.h"
 #include "services/grpc_status.h"
 
 namespace riskkv {
@@ -26,9 +26,8 @@ grpc::Status ControlService::PutPolicy(grpc::ServerContext*, const v1::PutPolicy
                                        v1::PolicyRecord* reply) {
   auto p = store_.Put(req->policy(), req->bank());
   if (metrics_) {
-    std::string outcome = p.ok() ? "ok" : absl::StatusCodeToString(p.status().code());
-    for (char& c : outcome) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    metrics_->Put(outcome);
+    metrics_->Put(p.ok() ? "ok"
+                         : absl::AsciiStrToLower(absl::StatusCodeToString(p.status().code())));
   }
   if (!p.ok()) return ToGrpc(p.status());
   CountPolicies();

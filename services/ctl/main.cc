@@ -22,6 +22,7 @@
 #include "riskkv/v1/control.grpc.pb.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/cli_args.h"
+#include "services/grpc_status.h"
 #include "services/tls.h"
 
 ABSL_FLAG(std::string, node, "127.0.0.1:7070", "the node to talk to");
@@ -66,8 +67,7 @@ int Print(const grpc::Status& s, const google::protobuf::Message& reply) {
 }
 
 grpc::ClientContext* Deadline(grpc::ClientContext* ctx, double seconds) {
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  ctx->set_deadline(std::chrono::system_clock::now() + riskkv::Seconds(seconds));
   return ctx;
 }
 

@@ -5,8 +5,8 @@
                                        and namespace, the only features they use), validates the
                                        result against the Kubernetes schemas (kubernetes-validate
                                        --strict) and checks that the pieces refer to each other
-    check_deploy.py dashboards SRC_DIR every riskkv_ metric the Grafana dashboards and the
-                                       Prometheus configs query is one the binaries export
+    check_deploy.py dashboards SRC_DIR every riskkv_ metric the Grafana dashboards query is one
+                                       the binaries export
 """
 import glob
 import json
