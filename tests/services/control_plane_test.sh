@@ -29,14 +29,6 @@ start_node() {  # name
   eval "pid_$1=$!"
   wait_file "$T/$1.ports" || fail "node $1 did not start"
 }
-addr() { echo "127.0.0.1:$(cut -d' ' -f1 "$T/$1.ports")"; }
-metrics() { curl -sf "http://127.0.0.1:$(cut -d' ' -f2 "$T/$1.ports")/metrics" || true; }
-has_metric() { local m; m=$(metrics "$1"); grep -q "^$2\$" <<<"$m"; }
-wait_metric() {  # node line
-  for _ in $(seq 100); do has_metric "$1" "$2" && return 0; sleep 0.1; done
-  fail "node $1 never showed '$2': $(metrics "$1" | grep -E 'policy|control')"
-}
-ctl() { local n=$1; shift; "$BIN/riskkvctl" --node "$(addr "$n")" "$@"; }
 reconstruct() {  # from to: a RECONSTRUCT migration that must run as such
   local s reply
   s=$(ctl "$1" start --tokens '[5,36,67,98,129,160,191,222,253,284]' | json "['sessionId']")
@@ -65,8 +57,8 @@ for n in a b; do
 done
 reconstruct a b
 # The control plane's own metrics: two watchers, each node downloaded the bank once.
-cm=$(curl -sf "http://127.0.0.1:$(cut -d' ' -f2 "$T/control.ports")/metrics") ||
-  fail "control plane metrics"
+cm=$(metrics control)
+[ -n "$cm" ] || fail "control plane metrics"
 grep -q '^riskkv_control_watchers 2$' <<<"$cm" || fail "watchers: $(grep watchers <<<"$cm")"
 grep -q '^riskkv_control_bank_downloads_total 2$' <<<"$cm" || fail "downloads: $(grep bank <<<"$cm")"
 grep -q '^riskkv_control_puts_total{outcome="ok"} 1$' <<<"$cm" || fail "puts: $(grep puts <<<"$cm")"
@@ -88,8 +80,9 @@ kill "$control_pid"; wait "$control_pid" 2>/dev/null || true
 wait_metric a 'riskkv_control_connected{model="tiny_llama_deep"} 0'
 kill "$pid_b"; wait "$pid_b" 2>/dev/null || true
 start_node b
-has_metric b 'riskkv_policy_version{model="tiny_llama_deep"} 2' ||
-  fail "restarted B does not serve the cached policy: $(metrics b | grep policy)"
+m=$(metrics b)  # at once: a restarted node serves its cached version before any Watch
+grep -qxF 'riskkv_policy_version{model="tiny_llama_deep"} 2' <<<"$m" ||
+  fail "restarted B does not serve the cached policy: $(grep policy <<<"$m")"
 grep -q "policy $ID v2 from the cache" "$T/b.log" || fail "B did not say it used the cache"
 reconstruct a b
 reconstruct b a

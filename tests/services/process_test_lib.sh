@@ -1,7 +1,10 @@
 # What the process-level service tests share; source it after setting BIN, MODEL and PY.
 # Gives T (a temporary directory, removed on exit with every process recorded in pids), fail
-# (prints the tail of every log in T and exits 1), json (a field of the JSON on stdin) and
-# wait_file (until a port file appears, 10 s).
+# (prints the tail of every log in T and exits 1), json (a field of the JSON on stdin), wait_file
+# (until a port file appears, 10 s), and for a server NAME started with --port-file $T/NAME.ports:
+# addr NAME (its gRPC address), ctl NAME ARGS (riskkvctl against it), metrics NAME (its /metrics,
+# empty when unreachable; through Python, which machines without curl have too) and
+# wait_metric NAME LINE (until that exact line shows, 10 s).
 T=$(mktemp -d)
 pids=()
 cleanup() {
@@ -17,3 +20,18 @@ fail() {
 }
 json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print(d$1)"; }
 wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
+addr() { echo "127.0.0.1:$(cut -d' ' -f1 "$T/$1.ports")"; }
+ctl() { local n=$1; shift; "$BIN/riskkvctl" --node "$(addr "$n")" "$@"; }
+metrics() {
+  "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' \
+    "http://127.0.0.1:$(cut -d' ' -f2 "$T/$1.ports")/metrics" 2>/dev/null || true
+}
+wait_metric() {  # name line
+  local m
+  for _ in $(seq 100); do
+    m=$(metrics "$1")
+    grep -qxF -- "$2" <<<"$m" && return 0
+    sleep 0.1
+  done
+  fail "$1 never showed '$2': $(metrics "$1" | grep -E 'policy|control')"
+}

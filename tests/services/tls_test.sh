@@ -52,21 +52,15 @@ for n in a b; do
   pids+=($!)
   wait_file "$T/$n.ports" || fail "node $n did not start"
 done
-addr() { echo "127.0.0.1:$(cut -d' ' -f1 "$T/$1.ports")"; }
 for n in a b; do
-  for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$(cut -d' ' -f2 "$T/$n.ports")/metrics" |
-      grep -q '^riskkv_policy_version{.*} 1$' && break
-    sleep 0.1
-  done
+  wait_metric $n 'riskkv_policy_version{model="tiny_llama_deep"} 1'
   grep -q "now using policy $ID v1" "$T/$n.log" || fail "node $n did not get the policy over TLS"
 done
-ctl() { "$BIN/riskkvctl" --node "$(addr a)" "$@"; }
-s=$(ctl "${TLS[@]}" start --tokens '[5,36,67,98,129,160,191,222,253,284]' | json "['sessionId']")
-reply=$(ctl "${TLS[@]}" migrate --session "$s" --to "$(addr b)" --mode reconstruct --nofallback) ||
+s=$(ctl a "${TLS[@]}" start --tokens '[5,36,67,98,129,160,191,222,253,284]' | json "['sessionId']")
+reply=$(ctl a "${TLS[@]}" migrate --session "$s" --to "$(addr b)" --mode reconstruct --nofallback) ||
   fail "migration between TLS nodes"
 [ "$(echo "$reply" | json "['mode']")" = RECONSTRUCT ] || fail "reconstruct over TLS: $reply"
-[ "$(ctl "${TLS[@]}" health)" = "$(addr a) SERVING" ] || fail "health over TLS"
-out=$(ctl health 2>&1) && fail "plaintext client served by a TLS node: $out"
-out=$(ctl "${ROGUE[@]}" health 2>&1) && fail "a certificate from another CA was accepted: $out"
+[ "$(ctl a "${TLS[@]}" health)" = "$(addr a) SERVING" ] || fail "health over TLS"
+out=$(ctl a health 2>&1) && fail "plaintext client served by a TLS node: $out"
+out=$(ctl a "${ROGUE[@]}" health 2>&1) && fail "a certificate from another CA was accepted: $out"
 echo "TLS test passed"

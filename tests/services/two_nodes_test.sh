@@ -27,12 +27,8 @@ start_node c
 start_node slow none --link-mbps 1     # a source behind a slow link
 start_node doomed                       # a target that dies mid-transfer
 for n in a b c slow doomed; do
-  for _ in $(seq 100); do [ -s "$T/$n.ports" ] && break; sleep 0.1; done
-  [ -s "$T/$n.ports" ] || fail "node $n did not start"
+  wait_file "$T/$n.ports" || fail "node $n did not start"
 done
-addr() { echo "127.0.0.1:$(cut -d' ' -f1 "$T/$1.ports")"; }
-metrics() { curl -sf "http://127.0.0.1:$(cut -d' ' -f2 "$T/$1.ports")/metrics"; }
-ctl() { local n=$1; shift; "$BIN/riskkvctl" --node "$(addr "$n")" "$@"; }
 tokens() { ctl "$1" show --session "$2" | json "['tokenIds']"; }
 
 # The gRPC health service, through riskkvctl (what container health checks run).
@@ -123,8 +119,7 @@ start_control() {
     >>"$T/control.log" 2>&1 &
   control_pid=$!
   pids+=($control_pid)
-  for _ in $(seq 100); do [ -s "$T/control.ports" ] && break; sleep 0.1; done
-  [ -s "$T/control.ports" ] || fail "control plane did not start"
+  wait_file "$T/control.ports" || fail "control plane did not start"
   CONTROL=127.0.0.1:$(cut -d' ' -f1 "$T/control.ports")
 }
 start_control
