@@ -342,11 +342,6 @@ absl::StatusOr<std::vector<float>> GpuModel::Decode(int32_t token, GpuSession& s
 absl::StatusOr<NllResult> GpuModel::TeacherForcedNll(std::span<const int32_t> continuation,
                                                      GpuSession& session,
                                                      std::span<const float> first_logits) {
-  if (continuation.empty()) return absl::InvalidArgumentError("empty continuation");
-  if (!first_logits.empty() && static_cast<int64_t>(first_logits.size()) != config_.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("first_logits has ", first_logits.size(),
-                                                   " values, expected ", config_.vocab));
-  }
   RETURN_IF_ERROR(CheckTokens(continuation, session));
   return ScoreContinuation(continuation, config_.vocab, first_logits,
                            [&](std::span<const int32_t> batch, std::vector<float>* logits) {

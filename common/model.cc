@@ -169,11 +169,6 @@ absl::StatusOr<std::vector<float>> Model::Decode(int32_t token, KvCache& cache) 
 absl::StatusOr<NllResult> Model::TeacherForcedNll(std::span<const int32_t> continuation,
                                                   KvCache& cache,
                                                   std::span<const float> first_logits) {
-  if (continuation.empty()) return absl::InvalidArgumentError("empty continuation");
-  if (!first_logits.empty() && static_cast<int64_t>(first_logits.size()) != config_.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("first_logits has ", first_logits.size(),
-                                                   " values, expected ", config_.vocab));
-  }
   RETURN_IF_ERROR(CheckTokens(continuation, cache));
   ForwardOptions options;
   options.all_logits = true;
@@ -186,6 +181,11 @@ absl::StatusOr<NllResult> Model::TeacherForcedNll(std::span<const int32_t> conti
 absl::StatusOr<NllResult> ScoreContinuation(std::span<const int32_t> continuation, int64_t vocab,
                                             std::span<const float> first_logits,
                                             const AllLogitsFn& forward) {
+  if (continuation.empty()) return absl::InvalidArgumentError("empty continuation");
+  if (!first_logits.empty() && static_cast<int64_t>(first_logits.size()) != vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first_logits has ", first_logits.size(), " values, expected ", vocab));
+  }
   NllResult result;
   if (!first_logits.empty()) result.nll.push_back(TokenNll(first_logits, continuation[0]));
   // Batch by batch, so logits never exceed kMicroBatch x vocab.

@@ -115,7 +115,8 @@ double TokenNll(std::span<const float> logits, int32_t target);
 // The scoring half of a teacher-forced NLL, shared by every engine: runs `continuation` through
 // `forward` (which appends a batch to the session and returns every position's logits) in
 // batches of at most 256 tokens, and scores each next token; token 0 is scored from
-// `first_logits` when given. The caller has checked the tokens.
+// `first_logits` when given. The caller has checked the tokens against its session; an empty
+// continuation or first_logits of the wrong size are refused here.
 using AllLogitsFn =
     std::function<absl::Status(std::span<const int32_t> batch, std::vector<float>* logits)>;
 absl::StatusOr<NllResult> ScoreContinuation(std::span<const int32_t> continuation, int64_t vocab,

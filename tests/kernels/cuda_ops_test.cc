@@ -171,9 +171,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_tuple(1, 0, 9, 3, 64), std::make_tuple(1, 511, 9, 3, 64),
                       std::make_tuple(17, 100, 9, 3, 64), std::make_tuple(300, 0, 4, 4, 32),
                       std::make_tuple(64, 4032, 12, 2, 128),
-                      // the fused decode kernel's last fitting context,
-                      // and the GEMM path just past it
-                      std::make_tuple(1, 10000, 8, 2, 128), std::make_tuple(1, 10200, 8, 2, 128)));
+                      // the fused decode kernel's last fitting context ((ctx + head_dim) * 4
+                      // bytes = 40 KiB), and the GEMM path one position past it
+                      std::make_tuple(1, 10111, 8, 2, 128), std::make_tuple(1, 10112, 8, 2, 128)));
 
 }  // namespace
 }  // namespace riskkv
