@@ -10,37 +10,15 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/gemm_plan.h"
+#include "tests/kernels/gemm_reference.h"
 #include "tests/kernels/op_reference.h"
 
 namespace riskkv {
 namespace {
 
-using cuda::GemmPlan;
+using testing::ColumnMajorGemm;
 using testing::Nmse;
 using testing::RandomVector;
-
-// cuBLAS's definition: for each batch b, C = alpha * op(A) * op(B) + beta * C, column-major, with
-// op(A)(i, l) = trans_a ? A[l + i * lda] : A[i + l * lda].
-void ColumnMajorGemm(const GemmPlan& p, float alpha, const float* a, const float* b, float beta,
-                     float* c) {
-  for (int64_t batch = 0; batch < p.batch; ++batch) {
-    const float* ab = a + p.offset_a + batch * p.stride_a;
-    const float* bb = b + p.offset_b + batch * p.stride_b;
-    float* cb = c + p.offset_c + batch * p.stride_c;
-    for (int64_t j = 0; j < p.n; ++j) {
-      for (int64_t i = 0; i < p.m; ++i) {
-        double s = 0.0;
-        for (int64_t l = 0; l < p.k; ++l) {
-          const float x = p.trans_a ? ab[l + i * p.lda] : ab[i + l * p.lda];
-          const float y = p.trans_b ? bb[j + l * p.ldb] : bb[l + j * p.ldb];
-          s += static_cast<double>(x) * y;
-        }
-        float& out = cb[i + j * p.ldc];
-        out = static_cast<float>(alpha * s + (beta == 0.0f ? 0.0 : beta * out));
-      }
-    }
-  }
-}
 
 TEST(GemmPlan, LinearIsXTimesWTransposedOnPaddedRows) {
   const int64_t n = 6, rows = 10, cols = 12, ldx = 15, ldy = 13;
@@ -109,22 +87,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmPlanAttention,
                                            AttentionCase{3, 20, 4, 4, 16},
                                            AttentionCase{1, 7, 12, 2, 8},
                                            AttentionCase{4, 2, 6, 1, 8}));
-
-TEST(GemmPlan, RebuildIsFeaturesTimesStackedMapsTransposed) {
-  const int64_t count = 7, out = 12, f = 9;
-  const auto a = RandomVector(out * f, 21), features = RandomVector(count * f, 22);
-  std::vector<float> rebuilt(count * out), want(count * out);
-  ColumnMajorGemm(cuda::RebuildPlan(count, out, f), 1.0f, a.data(), features.data(), 0.0f,
-                  rebuilt.data());
-  for (int64_t t = 0; t < count; ++t) {
-    for (int64_t o = 0; o < out; ++o) {
-      double s = 0.0;
-      for (int64_t l = 0; l < f; ++l) s += static_cast<double>(a[o * f + l]) * features[t * f + l];
-      want[t * out + o] = static_cast<float>(s);
-    }
-  }
-  EXPECT_LT(Nmse(rebuilt.data(), want.data(), count * out), 1e-12);
-}
 
 }  // namespace
 }  // namespace riskkv

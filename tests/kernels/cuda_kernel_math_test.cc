@@ -1,17 +1,26 @@
 // The per-element math of the GPU's RoPE, feature-gather, rebuilt-scatter and K/V-store kernels
 // (kernels/cuda/kernel_math.cuh, the same functions the kernels call), run on the host over every
-// element and checked against the CPU oracle: Backend::Rope, BuildFeatures, and RebuildGroup's
-// steps after its GEMM. Runs without a GPU.
+// element and checked against the CPU oracle: Backend::Rope, BuildFeatures, and, with the
+// engine's GEMM plan and stacked maps, a whole group's rebuild against RebuildGroup. Runs
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <tuple>
 
 #include "common/kv_cache.h"
+#include "common/model.h"
 #include "common/model_config.h"
+#include "common/model_fingerprint.h"
 #include "common/recovery/features.h"
+#include "common/recovery/gpu_rebuild.h"
+#include "common/recovery/rebuild.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/kernel_math.cuh"
+#include "tests/kernels/gemm_reference.h"
 #include "tests/kernels/op_reference.h"
+#include "tests/services/tiny_policy.h"
+#include "tests/test_paths.h"
 
 namespace riskkv {
 namespace {
@@ -105,61 +114,72 @@ TEST_P(KernelMath, GatheredFeaturesMatchBuildFeatures) {
   EXPECT_LT(Nmse(got.data(), want.data(), count * f), 1e-12);
 }
 
-TEST_P(KernelMath, ScatteredRowsMatchRebuildGroupsSteps) {
-  const ModelConfig c = Config();
-  const int64_t w = c.kv_width(), begin = 5, count = 21, n_targets = 2;
-  const int32_t targets[] = {2, 3};
-  const auto y = RandomVector(count * n_targets * 2 * w, 31);
-  const auto bias = RandomVector(n_targets * 2 * w, 32);
-  // CPU: RebuildGroup's steps after its GEMM: bias, RoPE on the keys, f16 rows into the cache.
-  auto want = KvCache::Create(c.n_layers, c.n_kv_heads, c.head_dim, 64, DType::kF16);
-  auto got = KvCache::Create(c.n_layers, c.n_kv_heads, c.head_dim, 64, DType::kF16);
-  ASSERT_TRUE(want.ok() && got.ok());
-  std::vector<int32_t> positions(count);
-  for (int64_t t = 0; t < count; ++t) positions[t] = static_cast<int32_t>(begin + t);
-  for (int64_t j = 0; j < n_targets; ++j) {
-    std::vector<float> k(count * w), v(count * w);
-    for (int64_t t = 0; t < count; ++t) {
-      for (int64_t e = 0; e < w; ++e) {
-        k[t * w + e] = y[(t * n_targets + j) * 2 * w + e] + bias[2 * j * w + e];
-        v[t * w + e] = y[(t * n_targets + j) * 2 * w + w + e] + bias[(2 * j + 1) * w + e];
-      }
-    }
-    cpu_->Rope(k.data(), count, c.n_kv_heads, positions.data(), c.rope(), false);
-    ASSERT_TRUE((*want)->WriteKeys(targets[j], begin, count, k.data()).ok());
-    ASSERT_TRUE((*want)->WriteValues(targets[j], begin, count, v.data()).ok());
-  }
-  cuda::LayerPointers ptrs{};
-  for (int64_t j = 0; j < n_targets; ++j) {
-    ptrs.k[j] = reinterpret_cast<__half*>((*got)->KeyRows(targets[j], 0));
-    ptrs.v[j] = reinterpret_cast<__half*>((*got)->ValueRows(targets[j], 0));
-  }
-  for (int64_t idx = 0; idx < count * n_targets * 2 * w; ++idx) {
-    cuda::ScatterRebuiltAt(y.data(), bias.data(), ptrs, static_cast<int>(n_targets), begin, w,
-                           GpuRope(), idx);
-  }
-  for (int32_t layer : targets) {
-    for (bool values : {false, true}) {
-      std::vector<float> a(count * w), b(count * w);
-      ASSERT_TRUE((values ? (*got)->ReadValues(layer, begin, count, a.data())
-                          : (*got)->ReadKeys(layer, begin, count, a.data()))
-                      .ok());
-      ASSERT_TRUE((values ? (*want)->ReadValues(layer, begin, count, b.data())
-                          : (*want)->ReadKeys(layer, begin, count, b.data()))
-                      .ok());
-      // Both round the same f32 values to f16; fused multiply-adds on either side may move a
-      // value across a rounding boundary, one f16 step (2^-11 relative) at most.
-      EXPECT_LT(Nmse(a.data(), b.data(), count * w), 1e-7)
-          << "layer " << layer << (values ? " V" : " K");
-    }
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(Layouts, KernelMath,
                          ::testing::Values(RopeCase{64, 64, RopeLayout::kInterleaved},
                                            RopeCase{64, 64, RopeLayout::kHalf},
                                            RopeCase{32, 16, RopeLayout::kHalf},
                                            RopeCase{32, 16, RopeLayout::kInterleaved}));
+
+// Every group of a fitted bank rebuilt the way the engine does it (gather, one GEMM over the
+// stacked maps, scatter), on the host, against RebuildGroup on the CPU.
+TEST(KernelMathRebuild, AGroupsWholeRebuildMatchesRebuildGroup) {
+  auto model = Model::Load((riskkv::testing::TestdataDir() / "tiny_llama_deep.gguf").string(),
+                           {.threads = 1, .activations = ActivationPrecision::kF32});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  auto fp = ModelFingerprint(**model);
+  ASSERT_TRUE(fp.ok());
+  const auto tiny = riskkv::testing::MakeTinyPolicy(**model, *fp, 3, DType::kF16);
+  const int64_t w = c.kv_width(), n = 60;
+  auto exact = (*model)->NewKvCache(64, DType::kF16);
+  ASSERT_TRUE(exact.ok());
+  std::vector<int32_t> tokens(n);
+  for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 37 + 3) % c.vocab);
+  ASSERT_TRUE((*model)->Prefill(tokens, **exact).ok());
+  auto want = (*exact)->Clone(), got = (*exact)->Clone();
+  ASSERT_TRUE(want.ok() && got.ok());
+  const cuda::RopeConfig rope{c.head_dim, c.rope_dim, c.rope_base,
+                              c.rope_layout == RopeLayout::kInterleaved};
+  for (const FoldedGroup& g : tiny.bank->groups()) {
+    ASSERT_TRUE(RebuildGroup(**want, g, c, (*model)->backend(), 0, n).ok());
+    std::vector<float> a, bias;
+    ASSERT_TRUE(StackGroupMaps(g, w, &a, &bias).ok());
+    cuda::LayerPointers anchors{}, targets{};
+    for (size_t i = 0; i < g.group.anchors.size(); ++i) {
+      anchors.k[i] = reinterpret_cast<__half*>((*got)->KeyRows(g.group.anchors[i], 0));
+      anchors.v[i] = reinterpret_cast<__half*>((*got)->ValueRows(g.group.anchors[i], 0));
+    }
+    for (size_t i = 0; i < g.group.targets.size(); ++i) {
+      targets.k[i] = reinterpret_cast<__half*>((*got)->KeyRows(g.group.targets[i], 0));
+      targets.v[i] = reinterpret_cast<__half*>((*got)->ValueRows(g.group.targets[i], 0));
+    }
+    const int64_t f = FeatureWidth(g.group, w), out = static_cast<int64_t>(bias.size());
+    std::vector<float> features(n * f), rebuilt(n * out);
+    for (int64_t idx = 0; idx < n * f; ++idx) {
+      features[idx] =
+          cuda::GatherFeatureAt(anchors, static_cast<int>(g.group.anchors.size()), 0, w, rope, idx);
+    }
+    riskkv::testing::ColumnMajorGemm(cuda::RebuildPlan(n, out, f), 1.0f, a.data(), features.data(),
+                                     0.0f, rebuilt.data());
+    for (int64_t idx = 0; idx < n * out; ++idx) {
+      cuda::ScatterRebuiltAt(rebuilt.data(), bias.data(), targets,
+                             static_cast<int>(g.group.targets.size()), 0, w, rope, idx);
+    }
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (bool values : {false, true}) {
+      std::vector<float> x(n * w), y(n * w);
+      ASSERT_TRUE(
+          (values ? (*got)->ReadValues(l, 0, n, x.data()) : (*got)->ReadKeys(l, 0, n, x.data()))
+              .ok());
+      ASSERT_TRUE(
+          (values ? (*want)->ReadValues(l, 0, n, y.data()) : (*want)->ReadKeys(l, 0, n, y.data()))
+              .ok());
+      // Both write f16 rows from f32 sums in different orders: one f16 step (2^-11) at most.
+      EXPECT_LT(Nmse(x.data(), y.data(), n * w), 1e-7) << "layer " << l << (values ? " V" : " K");
+    }
+  }
+}
 
 TEST(KernelMathStore, KThenVOfEachRowIntoTheirCaches) {
   const int64_t n = 7, width = 24, stride = 100;
