@@ -88,7 +88,8 @@ ctl_a() { "$BIN/riskkvctl" --node $A "$@"; }
 ctl_b() { "$BIN/riskkvctl" --node $B "$@"; }
 source deploy/scenario.sh
 
-# A history of about 400 tokens: the start of "The Story of Mel" from the Jargon File.
+# The start of "The Story of Mel" from the Jargon File: 521 tokens (riskkvctl start prints
+# tokens); the 24 the scenario generates make the 544-token history that migrates.
 prompt=$(zcat /usr/share/doc/jargon-text/jargon.txt.gz | sed -n '/^The Story of Mel/,$p' |
   sed -n '2,40p' | tr -s ' \n' ' ')
 SCENARIO_CHART="$DEMO/recovery-by-mode.svg" \
