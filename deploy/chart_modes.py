@@ -38,13 +38,19 @@ def panel(x0, title, rows, value, unit, label, y0=52):
     return out
 
 
+def read_rows(path):
+    """The JSON objects of a JSONL file, one per non-empty line; exits naming an empty file."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if not rows:
+        raise SystemExit(f"{path}: no rows")
+    return rows
+
+
 def main():
     if len(sys.argv) != 4:
         raise SystemExit(__doc__)
-    with open(sys.argv[1]) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    if not rows:
-        raise SystemExit(f"{sys.argv[1]}: no rows")
+    rows = read_rows(sys.argv[1])
     svg = ['<svg xmlns="http://www.w3.org/2000/svg" width="660" height="320" '
            'font-family="sans-serif">',
            '<rect width="660" height="320" fill="white"/>',

@@ -8,13 +8,12 @@ to it.
 ROWS.jsonl holds one JSON object per (model, history, mode): recovery_seconds, kv_bytes_sent,
 rebuild_seconds, as riskkv-gpu-bench --jsonl writes them.
 """
-import json
 import os
 import sys
 from xml.sax.saxutils import escape
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../deploy"))
-from chart_modes import panel  # noqa: E402  (the demo's bar panel)
+from chart_modes import panel, read_rows  # noqa: E402  (the demo's chart pieces)
 
 MODES = ["token_replay", "full_kv", "reconstruct"]
 PANEL_W, PANEL_H = 320, 260
@@ -37,10 +36,7 @@ def model_panel(x0, y0, title, rows):
 def main():
     if len(sys.argv) != 3:
         raise SystemExit(__doc__)
-    with open(sys.argv[1]) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    if not rows:
-        raise SystemExit(f"{sys.argv[1]}: no rows")
+    rows = read_rows(sys.argv[1])
     keys = []
     for r in rows:
         k = (r["model"], r["history"])
