@@ -11,8 +11,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/model.h"
-#include "common/sampler.h"
+#include "common/model/model.h"
+#include "common/model/sampler.h"
 #include "services/cli_args.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");

@@ -11,7 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/model.h"
+#include "common/model/model.h"
 #include "common/recovery/features.h"
 #include "common/recovery/layer_group.h"
 #include "common/recovery/rebuild.h"

@@ -10,7 +10,7 @@
 
 #include "absl/flags/reflection.h"
 #include "absl/status/statusor.h"
-#include "common/model.h"
+#include "common/model/model.h"
 #include "common/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "services/atomic_file.h"
+#include "common/base/atomic_file.h"
 #include "spdlog/spdlog.h"
 
 namespace riskkv {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/sampler.h"
+#include "common/model/sampler.h"
 #include "riskkv/v1/session.pb.h"
 
 namespace riskkv {

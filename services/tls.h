@@ -18,7 +18,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "services/cli_args.h"
 
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of this process (TLS)");

@@ -10,7 +10,7 @@
 #include "common/recovery/fold.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/ridge.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace riskkv {
 namespace {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/kv_cache.h"
-#include "common/model.h"
+#include "common/model/kv_cache.h"
+#include "common/model/model.h"
 #include "common/recovery/folded_map.h"
 #include "common/recovery/layer_group.h"
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "common/kv_cache.h"
-#include "common/model_config.h"
+#include "common/model/kv_cache.h"
+#include "common/model/model_config.h"
 #include "common/recovery/layer_group.h"
 #include "kernels/backend.h"
 

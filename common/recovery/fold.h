@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "common/model.h"
+#include "common/model/model.h"
 #include "common/recovery/folded_map.h"
 #include "common/recovery/ridge.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/gpu_model.h"
+#include "common/model/gpu_model.h"
 #include "common/recovery/predictor_bank.h"
 
 namespace riskkv {

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/recovery/features.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace riskkv {
 

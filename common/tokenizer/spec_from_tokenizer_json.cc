@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "common/tokenizer/pre_tokenizer.h"
 #include "common/tokenizer/spec_util.h"
 #include "common/tokenizer/special_tokens.h"

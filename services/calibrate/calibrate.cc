@@ -9,11 +9,11 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_fingerprint.h"
+#include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/retention_policy.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "services/calibrate/report.h"
 #include "services/progress.h"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model.h"
+#include "common/model/model.h"
 #include "common/recovery/folded_map.h"
 #include "common/recovery/layer_group.h"
 #include "common/recovery/predictor_bank.h"

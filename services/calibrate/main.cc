@@ -10,7 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/model.h"
+#include "common/model/model.h"
 #include "services/calibrate/calibrate.h"
 #include "services/cli_args.h"
 

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/retention_policy.h"
-#include "common/status_macros.h"
-#include "services/atomic_file.h"
+#include "common/base/status_macros.h"
+#include "common/base/atomic_file.h"
 
 namespace riskkv {
 namespace {

@@ -8,10 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/crc32c.h"
+#include "common/base/crc32c.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/retention_policy.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "services/session_codec.h"
 
 namespace riskkv {

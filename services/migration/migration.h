@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/gpu_model.h"
-#include "common/kv_cache.h"
-#include "common/model.h"
+#include "common/model/gpu_model.h"
+#include "common/model/kv_cache.h"
+#include "common/model/model.h"
 #include "common/recovery/gpu_rebuild.h"
 #include "common/recovery/predictor_bank.h"
-#include "common/sampler.h"
+#include "common/model/sampler.h"
 #include "riskkv/v1/migration.pb.h"
 #include "riskkv/v1/retention_policy.pb.h"
 

@@ -14,10 +14,10 @@
 #include <optional>
 #include <string>
 
-#include "common/kv_cache.h"
-#include "common/model.h"
+#include "common/model/kv_cache.h"
+#include "common/model/model.h"
 #include "common/recovery/predictor_bank.h"
-#include "common/sampler.h"
+#include "common/model/sampler.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "riskkv/v1/retention_policy.pb.h"
 #include "services/grpc_status.h"

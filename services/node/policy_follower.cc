@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/recovery/retention_policy.h"
-#include "common/status_macros.h"
-#include "services/atomic_file.h"
+#include "common/base/status_macros.h"
+#include "common/base/atomic_file.h"
 #include "services/grpc_status.h"
 #include "spdlog/spdlog.h"
 

@@ -2,7 +2,7 @@
 #include "services/node/retention.h"
 
 #include "common/recovery/retention_policy.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace riskkv {
 

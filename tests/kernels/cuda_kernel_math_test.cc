@@ -7,10 +7,10 @@
 
 #include <tuple>
 
-#include "common/kv_cache.h"
-#include "common/model.h"
-#include "common/model_config.h"
-#include "common/model_fingerprint.h"
+#include "common/model/kv_cache.h"
+#include "common/model/model.h"
+#include "common/model/model_config.h"
+#include "common/model/model_fingerprint.h"
 #include "common/recovery/features.h"
 #include "common/recovery/gpu_rebuild.h"
 #include "common/recovery/rebuild.h"

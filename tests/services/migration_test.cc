@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/crc32c.h"
-#include "common/model_fingerprint.h"
+#include "common/base/crc32c.h"
+#include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/rebuild.h"
 #include "tests/services/tiny_policy.h"

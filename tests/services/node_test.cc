@@ -10,7 +10,7 @@
 #include <regex>
 #include <thread>
 
-#include "common/model_fingerprint.h"
+#include "common/model/model_fingerprint.h"
 #include "services/node/node_service.h"
 #include "tests/services/tiny_policy.h"
 #include "tests/test_paths.h"

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <thread>
 
-#include "common/model_fingerprint.h"
+#include "common/model/model_fingerprint.h"
 #include "services/control/control_service.h"
 #include "services/control/policy_store.h"
 #include "tests/services/tiny_policy.h"

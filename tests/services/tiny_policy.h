@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/quality_gate.h"

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "common/model_fingerprint.h"
+#include "common/model/model_fingerprint.h"
 #include "common/recovery/predictor_bank.h"
 #include "tests/test_paths.h"
 

@@ -8,8 +8,8 @@
 #include <random>
 #include <sstream>
 
-#include "common/model.h"
-#include "common/model_fingerprint.h"
+#include "common/model/model.h"
+#include "common/model/model_fingerprint.h"
 #include "common/recovery/features.h"
 #include "common/recovery/fold.h"
 #include "common/recovery/layer_group.h"

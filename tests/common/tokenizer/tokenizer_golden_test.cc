@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/gguf_file.h"
+#include "common/formats/gguf_file.h"
 #include "common/tokenizer/tokenizer.h"
 #include "tests/common/tokenizer/tokenizer_test_util.h"
 #include "tests/test_paths.h"

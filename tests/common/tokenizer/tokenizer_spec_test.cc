@@ -7,9 +7,9 @@
 #include <fstream>
 #include <string>
 
-#include "common/gguf_file.h"
+#include "common/formats/gguf_file.h"
 #include "common/tokenizer/tokenizer.h"
-#include "tests/common/gguf_test_writer.h"
+#include "tests/common/formats/gguf_test_writer.h"
 #include "tests/common/tokenizer/tokenizer_test_util.h"
 #include "tests/test_paths.h"
 

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "tests/common/gguf_test_writer.h"
+#include "tests/common/formats/gguf_test_writer.h"
 
 namespace riskkv::testing {
 

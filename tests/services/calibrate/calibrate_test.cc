@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "common/model_fingerprint.h"
+#include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/retention_policy.h"
 #include "tests/test_paths.h"

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <set>
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "tests/test_paths.h"
 
 namespace riskkv {

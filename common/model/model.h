@@ -1,0 +1,126 @@
+// A loaded decoder-only Llama-family model and its forward passes: batched prefill,
+// single-token decode and teacher-forced NLL, all appending to a caller-owned KvCache.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/kv_cache.h"
+#include "common/model/model_config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "kernels/backend.h"
+
+namespace riskkv {
+
+struct ModelOptions {
+  int threads = 0;  // CPU threads for the backend; <= 0 uses every hardware thread
+  // kInt8 (llama.cpp's arithmetic, faster) or kF32 (exact: the oracle the golden tests and
+  // other backends are checked against). Only quantized weights are affected.
+  ActivationPrecision activations = ActivationPrecision::kInt8;
+};
+
+// Receives, for one layer, the normalised attention input (the output of the layer's input
+// RMSNorm, i.e. the input of its Q/K/V projections) for positions [pos0, pos0 + n):
+// attn_in is [n, hidden] f32, valid only during the call.
+using AttnInputHook =
+    std::function<void(int64_t layer, int64_t pos0, int64_t n, const float* attn_in)>;
+
+struct ForwardOptions {
+  bool all_logits = false;        // logits for every new token instead of only the last one
+  AttnInputHook attn_input_hook;  // optional calibration capture
+};
+
+struct NllResult {
+  std::vector<double> nll;  // per scored token, natural log
+  double mean = 0.0;
+};
+
+class ModelFiles;
+
+class Model {
+ public:
+  // Loads a GGUF file or a Hugging Face directory (config.json, model.safetensors,
+  // tokenizer.json). Every tensor's presence, type and shape is checked.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                                     const ModelOptions& options = {});
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  Backend& backend() { return *backend_; }
+  // Bytes of weights as stored (quantized blocks stay quantized).
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+  // Layer `layer`'s frozen K and V projections ([kv_width, hidden] as stored) and their biases
+  // (empty spans when the architecture has none): what RISK-KV folds its predictors into.
+  struct KvProjection {
+    WeightMatrix k, v;
+    std::span<const float> k_bias, v_bias;
+  };
+  KvProjection kv_projection(int64_t layer) const;
+
+  // Calls `fn` on every weight tensor in a fixed order: token_embd; per layer attn_norm, wq, wk,
+  // wv, [bq, bk, bv,] wo, ffn_norm, w_gate, w_up, w_down; output_norm; lm_head (left out when
+  // tied to token_embd). Matrices are passed as stored (dtype and bytes of the file), norms and
+  // biases as the f32 copies the forward pass uses. `data` is valid as long as the model.
+  using WeightVisitor =
+      std::function<void(std::string_view name, DType dtype, const void* data, size_t bytes)>;
+  void ForEachWeight(const WeightVisitor& fn) const;
+
+  // A cache sized for this model; capacity is clamped to the context length.
+  absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int64_t capacity,
+                                                      DType dtype = DType::kF32) const;
+
+  // Runs `tokens` at positions [cache.n_tokens(), cache.n_tokens() + n), writes their K/V into
+  // the cache and advances it. logits receives [1 or n, vocab] f32 (see ForwardOptions).
+  absl::Status Forward(std::span<const int32_t> tokens, KvCache& cache,
+                       const ForwardOptions& options, std::vector<float>* logits);
+  // Last-position logits after appending the tokens.
+  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens, KvCache& cache);
+  absl::StatusOr<std::vector<float>> Decode(int32_t token, KvCache& cache);
+  // Teacher-forced NLL of `continuation` given the history already in the cache. Token i + 1 is
+  // scored from the logits after token i; token 0 is scored from `first_logits` (the logits
+  // the history's last position produced) when given, and only conditions otherwise.
+  absl::StatusOr<NllResult> TeacherForcedNll(std::span<const int32_t> continuation, KvCache& cache,
+                                             std::span<const float> first_logits = {});
+
+ private:
+  struct Layer;
+  Model();
+  absl::Status CheckTokens(std::span<const int32_t> tokens, const KvCache& cache) const;
+  // One micro-batch; out_rows selects which rows' logits are produced (all or last).
+  void ForwardBatch(std::span<const int32_t> tokens, KvCache& cache, const ForwardOptions& options,
+                    bool all_logits, float* logits);
+
+  ModelConfig config_;
+  std::unique_ptr<ModelFiles> files_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Backend> backend_;
+  WeightMatrix token_embedding_;
+  WeightMatrix lm_head_;
+  std::vector<float> output_norm_;
+  std::vector<Layer> layers_;
+  int64_t weight_bytes_ = 0;
+};
+
+// -log softmax(logits)[target], computed stably in double.
+double TokenNll(std::span<const float> logits, int32_t target);
+
+// The scoring half of a teacher-forced NLL, shared by every engine: runs `continuation` through
+// `forward` (which appends a batch to the session and returns every position's logits) in
+// batches of at most 256 tokens, and scores each next token; token 0 is scored from
+// `first_logits` when given. The caller has checked the tokens against its session; an empty
+// continuation or first_logits of the wrong size are refused here.
+using AllLogitsFn =
+    std::function<absl::Status(std::span<const int32_t> batch, std::vector<float>* logits)>;
+absl::StatusOr<NllResult> ScoreContinuation(std::span<const int32_t> continuation, int64_t vocab,
+                                            std::span<const float> first_logits,
+                                            const AllLogitsFn& forward);
+
+}  // namespace riskkv

@@ -1,0 +1,176 @@
+// Reading and validating model hyper-parameters.
+#include "common/model/model_config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/formats/gguf_file.h"
+#include "common/base/status_macros.h"
+
+namespace riskkv {
+
+const char* ArchitectureName(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama:
+      return "llama";
+    case Architecture::kQwen2:
+      return "qwen2";
+  }
+  return "?";
+}
+
+absl::Status ModelConfig::Validate() const {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("model config of '", name, "': ", what));
+  };
+  // Upper bounds reject nonsense that would otherwise turn into huge allocations.
+  if (n_layers <= 0 || n_layers > 1024)
+    return bad(absl::StrCat("layer count ", n_layers, " out of range"));
+  if (hidden <= 0 || hidden > 65536)
+    return bad(absl::StrCat("hidden size ", hidden, " out of range"));
+  if (n_heads <= 0 || n_heads > 1024)
+    return bad(absl::StrCat("head count ", n_heads, " out of range"));
+  if (n_kv_heads <= 0 || n_kv_heads > n_heads || n_heads % n_kv_heads != 0) {
+    return bad(absl::StrCat("KV head count ", n_kv_heads, " must divide head count ", n_heads));
+  }
+  if (head_dim <= 0 || head_dim > 1024 || head_dim % 2 != 0)
+    return bad(absl::StrCat("head dim ", head_dim, " invalid"));
+  if (ffn <= 0 || ffn > 1 << 20) return bad(absl::StrCat("FFN size ", ffn, " out of range"));
+  if (vocab <= 0 || vocab > 1 << 22)
+    return bad(absl::StrCat("vocabulary size ", vocab, " out of range"));
+  if (context_length <= 0 || context_length > 1 << 24)
+    return bad(absl::StrCat("context length ", context_length, " out of range"));
+  if (!(rms_eps > 0 && rms_eps < 1))
+    return bad(absl::StrCat("RMSNorm epsilon ", rms_eps, " out of range"));
+  if (!(rope_base > 1)) return bad(absl::StrCat("RoPE base ", rope_base, " must be > 1"));
+  if (rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2 != 0) {
+    return bad(
+        absl::StrCat("RoPE dimension ", rope_dim, " must be even and <= head dim ", head_dim));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf) {
+  ModelConfig c;
+  ASSIGN_OR_RETURN(std::string arch, gguf.GetString("general.architecture"));
+  if (arch == "llama") {
+    c.arch = Architecture::kLlama;
+    // convert_hf_to_gguf permutes llama Q/K rows so that interleaved pairs rotate together.
+    c.rope_layout = RopeLayout::kInterleaved;
+  } else if (arch == "qwen2") {
+    c.arch = Architecture::kQwen2;
+    c.rope_layout = RopeLayout::kHalf;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": unsupported architecture '",
+                                                   arch, "' (supported: llama, qwen2)"));
+  }
+  c.name = gguf.GetString("general.name").value_or(arch);
+  auto u = [&](const char* key) -> absl::StatusOr<int64_t> {
+    auto v = gguf.GetUint(absl::StrCat(arch, ".", key));
+    if (!v.ok()) return v.status();
+    if (*v > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(gguf.path(), ": ", arch, ".", key, " = ", *v, " is out of range"));
+    }
+    return static_cast<int64_t>(*v);
+  };
+  ASSIGN_OR_RETURN(c.n_layers, u("block_count"));
+  ASSIGN_OR_RETURN(c.hidden, u("embedding_length"));
+  ASSIGN_OR_RETURN(c.ffn, u("feed_forward_length"));
+  ASSIGN_OR_RETURN(c.n_heads, u("attention.head_count"));
+  c.n_kv_heads = u("attention.head_count_kv").value_or(c.n_heads);
+  ASSIGN_OR_RETURN(c.context_length, u("context_length"));
+  ASSIGN_OR_RETURN(c.rms_eps,
+                   gguf.GetFloat(absl::StrCat(arch, ".attention.layer_norm_rms_epsilon")));
+  c.rope_base = gguf.GetFloat(absl::StrCat(arch, ".rope.freq_base")).value_or(10000.0);
+  c.head_dim = u("attention.key_length").value_or(c.n_heads > 0 ? c.hidden / c.n_heads : 0);
+  c.rope_dim = u("rope.dimension_count").value_or(c.head_dim);
+  // Scaled RoPE (linear, YaRN, Llama 3 frequency factors) changes every rotation; it is refused
+  // rather than silently ignored.
+  if (auto scaling = gguf.GetString(absl::StrCat(arch, ".rope.scaling.type"));
+      scaling.ok() && *scaling != "none") {
+    return absl::UnimplementedError(
+        absl::StrCat(gguf.path(), ": RoPE scaling '", *scaling, "' is not supported"));
+  }
+  if (gguf.FindTensor("rope_freqs.weight") != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        gguf.path(), ": RoPE frequency factors (rope_freqs.weight) are not supported"));
+  }
+  if (auto v = u("vocab_size"); v.ok()) {
+    c.vocab = *v;
+  } else if (auto tokens = gguf.Find("tokenizer.ggml.tokens"); tokens != nullptr) {
+    c.vocab = static_cast<int64_t>(tokens->strings.size());
+  }
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  }
+  auto integer = [&](const char* key, bool required, int64_t fallback) -> absl::StatusOr<int64_t> {
+    if (!j.contains(key) || j[key].is_null()) {
+      if (required)
+        return absl::InvalidArgumentError(absl::StrCat(path, ": missing \"", key, "\""));
+      return fallback;
+    }
+    if (!j[key].is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" must be an integer"));
+    }
+    return j[key].get<int64_t>();
+  };
+  auto number = [&](const char* key, double fallback) -> absl::StatusOr<double> {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_number())
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" must be a number"));
+    return j[key].get<double>();
+  };
+  auto string = [&](const char* key) -> absl::StatusOr<std::string> {
+    if (!j.contains(key) || j[key].is_null()) return std::string();
+    if (!j[key].is_string())
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" must be a string"));
+    return j[key].get<std::string>();
+  };
+  ModelConfig c;
+  ASSIGN_OR_RETURN(const std::string model_type, string("model_type"));
+  if (model_type == "llama") {
+    c.arch = Architecture::kLlama;
+  } else if (model_type == "qwen2") {
+    c.arch = Architecture::kQwen2;
+    c.qkv_bias = true;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": unsupported model_type '", model_type,
+                                                   "' (supported: llama, qwen2)"));
+  }
+  c.rope_layout = RopeLayout::kHalf;  // HF weights are not permuted
+  ASSIGN_OR_RETURN(c.name, string("_name_or_path"));
+  if (c.name.empty()) c.name = ArchitectureName(c.arch);
+  ASSIGN_OR_RETURN(c.n_layers, integer("num_hidden_layers", true, 0));
+  ASSIGN_OR_RETURN(c.hidden, integer("hidden_size", true, 0));
+  ASSIGN_OR_RETURN(c.ffn, integer("intermediate_size", true, 0));
+  ASSIGN_OR_RETURN(c.n_heads, integer("num_attention_heads", true, 0));
+  ASSIGN_OR_RETURN(c.n_kv_heads, integer("num_key_value_heads", false, c.n_heads));
+  ASSIGN_OR_RETURN(c.vocab, integer("vocab_size", true, 0));
+  ASSIGN_OR_RETURN(c.context_length, integer("max_position_embeddings", false, 2048));
+  ASSIGN_OR_RETURN(c.head_dim,
+                   integer("head_dim", false, c.n_heads > 0 ? c.hidden / c.n_heads : 0));
+  ASSIGN_OR_RETURN(c.rms_eps, number("rms_norm_eps", 1e-6));
+  ASSIGN_OR_RETURN(c.rope_base, number("rope_theta", 10000.0));
+  c.rope_dim = c.head_dim;
+  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean()) {
+    c.tied_embeddings = j["tie_word_embeddings"].get<bool>();
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    return absl::UnimplementedError(absl::StrCat(path, ": rope_scaling is not supported"));
+  }
+  return c;
+}
+
+}  // namespace riskkv
