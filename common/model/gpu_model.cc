@@ -159,6 +159,13 @@ absl::Status GpuSession::DownloadTo(KvCache& cache) {
   return cache.SetTokens(n);
 }
 
+absl::Status GpuSession::DownloadRows(int32_t layer, bool values, int64_t first, int64_t count,
+                                      uint8_t* f16_rows) {
+  return FromGpu(session_->DownloadRows(layer, values ? 1 : 0, first, count,
+                                        reinterpret_cast<uint16_t*>(f16_rows)),
+                 session_->error());
+}
+
 absl::Status GpuSession::WaitRebuilds() {
   return FromGpu(session_->WaitRebuilds(), session_->error());
 }
@@ -299,13 +306,7 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuModel::NewSession(int64_t capacit
 
 absl::Status GpuModel::CheckTokens(std::span<const int32_t> tokens,
                                    const GpuSession& session) const {
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " at index ", i,
-                                                     " is outside the vocabulary [0, ",
-                                                     config_.vocab, ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckTokenIds(tokens, config_.vocab));
   const int64_t end = session.n_tokens() + static_cast<int64_t>(tokens.size());
   if (end > session.capacity()) {
     return absl::OutOfRangeError(

@@ -35,6 +35,10 @@ class GpuSession {
   absl::Status MarkLayerUploaded(int32_t layer);
   // Uploads rows [0, n_tokens) of the given layers of an f16 host cache and marks them.
   absl::Status UploadFrom(const KvCache& cache, std::span<const int32_t> layers);
+  // Copies f16 rows [first, first + count) of a layer's keys or values to host memory, after the
+  // work queued on the layer.
+  absl::Status DownloadRows(int32_t layer, bool values, int64_t first, int64_t count,
+                            uint8_t* f16_rows);
   // Copies rows [0, n_tokens) of every layer into a host cache of the same shape and dtype f16
   // and sets its token count.
   absl::Status DownloadTo(KvCache& cache);

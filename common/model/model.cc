@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/model_internal.h"
 #include "common/base/status_macros.h"
+#include "common/model/model_internal.h"
 
 namespace riskkv {
 namespace {
@@ -71,13 +71,7 @@ absl::Status Model::CheckTokens(std::span<const int32_t> tokens, const KvCache& 
       cache.head_dim() != config_.head_dim) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
   }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " at index ", i,
-                                                     " is outside the vocabulary [0, ",
-                                                     config_.vocab, ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckTokenIds(tokens, config_.vocab));
   const int64_t end = cache.n_tokens() + static_cast<int64_t>(tokens.size());
   if (end > config_.context_length) {
     return absl::OutOfRangeError(

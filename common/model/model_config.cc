@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/formats/gguf_file.h"
 #include "common/base/status_macros.h"
+#include "common/formats/gguf_file.h"
 
 namespace riskkv {
 
@@ -171,6 +171,16 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
     return absl::UnimplementedError(absl::StrCat(path, ": rope_scaling is not supported"));
   }
   return c;
+}
+
+absl::Status CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", tokens[i], " at index ", i, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace riskkv

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -40,6 +41,10 @@ struct ModelConfig {
   // Elements of K (or V) per token per layer.
   int64_t kv_width() const { return n_kv_heads * head_dim; }
 };
+
+// Every id in [0, vocab): InvalidArgument naming the first one outside it and its index. The one
+// vocabulary check every engine and service uses.
+absl::Status CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab);
 
 // From GGUF metadata: general.architecture and its "<arch>.*" keys. Tied embeddings and biases
 // are decided by the loader from the tensors present.

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "common/formats/gguf_file.h"
-#include "common/model/model.h"
 #include "common/formats/safetensors_file.h"
+#include "common/model/model.h"
 
 namespace riskkv {
 

@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/substitute.h"
+#include "common/base/status_macros.h"
 #include "common/model/arch/arch.h"
 #include "common/model/model_internal.h"
-#include "common/base/status_macros.h"
 
 namespace riskkv {
 namespace {

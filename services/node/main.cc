@@ -15,7 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/model/gpu_model.h"
+#include "common/engine/engine.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/retention_policy.h"
 #include "services/cli_args.h"
@@ -158,25 +158,11 @@ int main(int argc, char** argv) {
   riskkv::NodeMetrics metrics(*registry, (*model)->config().name);
 
   // The GPU module is loaded only now, after civetweb's threads exist (see kernels/gpu.h).
-  std::unique_ptr<riskkv::GpuModel> gpu;
-  std::string backend_note = "cpu";
-  if (backend == "cuda" || (backend == "auto" && *kv == riskkv::DType::kF16)) {
-    auto g = riskkv::GpuModel::Create(**model, absl::GetFlag(FLAGS_gpu_device));
-    if (g.ok()) {
-      gpu = std::move(*g);
-      const auto* rt = *riskkv::LoadGpuRuntime();
-      const auto& dev = rt->probe.devices[absl::GetFlag(FLAGS_gpu_device)];
-      backend_note = "cuda (" + dev.name + ", " + std::to_string(gpu->device_bytes() >> 20) +
-                     " MiB of weights)";
-    } else if (backend == "cuda") {
-      return Fail("--backend cuda: " + g.status().ToString());
-    } else {
-      backend_note = "cpu (" + std::string(g.status().message()) + ")";
-    }
-  } else if (backend == "auto") {
-    backend_note = "cpu (--kv-dtype f32 keeps sessions on the CPU)";
-  }
-  options.gpu = gpu.get();
+  std::string backend_note;
+  auto engine = riskkv::CreateEngine(
+      **model, {.backend = backend, .gpu_device = absl::GetFlag(FLAGS_gpu_device), .kv_dtype = *kv},
+      &backend_note);
+  if (!engine.ok()) return Fail(std::string(engine.status().message()));
 
   // Following the control plane: start from the cached version, so the node serves RECONSTRUCT
   // even while the control plane is down, then watch for newer ones.
@@ -208,7 +194,7 @@ int main(int argc, char** argv) {
       options.retention = *cached;
     }
   }
-  riskkv::NodeService service(**model, options, &metrics);
+  riskkv::NodeService service(**engine, options, &metrics);
   service_ptr = &service;
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -225,7 +211,7 @@ int main(int argc, char** argv) {
     const std::string listen = absl::GetFlag(FLAGS_listen);
     advertise = listen.substr(0, listen.rfind(':')) + ":" + std::to_string(port);
   }
-  metrics.SetInfo(advertise, gpu ? "cuda" : "cpu");
+  metrics.SetInfo(advertise, std::string((*engine)->backend()));
   const auto retention = service.retention();
   spdlog::info(
       "riskkv-node: {} ({}) on {}, policy {}, listening on port {} (advertised as {}), metrics "

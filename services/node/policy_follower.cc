@@ -7,9 +7,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/recovery/retention_policy.h"
-#include "common/base/status_macros.h"
 #include "common/base/atomic_file.h"
+#include "common/base/status_macros.h"
+#include "common/recovery/retention_policy.h"
 #include "services/grpc_status.h"
 #include "spdlog/spdlog.h"
 

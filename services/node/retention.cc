@@ -1,8 +1,8 @@
 // Retention policy and bank pairs (see retention.h).
 #include "services/node/retention.h"
 
-#include "common/recovery/retention_policy.h"
 #include "common/base/status_macros.h"
+#include "common/recovery/retention_policy.h"
 
 namespace riskkv {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/recovery/gpu_rebuild.h"
+#include "common/engine/engine.h"
 #include "common/recovery/predictor_bank.h"
 #include "riskkv/v1/retention_policy.pb.h"
 
@@ -17,8 +17,8 @@ namespace riskkv {
 struct Retention {
   v1::RetentionPolicy policy;
   std::shared_ptr<const PredictorBank> bank;  // null when the policy rebuilds nothing
-  // The bank's maps on the node's GPU (set by NodeService::SetRetention on a GPU node).
-  std::shared_ptr<const GpuPredictors> gpu_predictors;
+  // The bank prepared for the node's engine (set by NodeService::SetRetention).
+  std::shared_ptr<const EnginePredictors> predictors;
 };
 
 // Checks the policy against a model of `n_layers` layers with `fingerprint` (FailedPrecondition

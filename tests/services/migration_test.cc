@@ -1,13 +1,16 @@
-// The migration stream on an 8-layer tiny model: a session moved in each mode resumes as the
-// source would have continued, and every kind of bad stream is refused before it is applied.
-#include "services/migration/migration.h"
-
+// The migration protocol on an 8-layer tiny model, sender and receiver against each other in
+// memory: a session moved in each mode resumes as the source would have continued, every kind of
+// bad stream is refused before it is applied, and the hand-over's second phase puts the session
+// back on the source whenever the target does not confirm.
 #include <gtest/gtest.h>
 
 #include "common/base/crc32c.h"
+#include "common/engine/cpu_engine.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/rebuild.h"
+#include "services/migration/migration_receiver.h"
+#include "services/migration/migration_sender.h"
 #include "tests/services/tiny_policy.h"
 #include "tests/test_paths.h"
 
@@ -15,12 +18,33 @@ namespace riskkv {
 namespace {
 
 struct Session {
-  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<KvStore> kv;
   std::vector<int32_t> tokens;
   std::optional<Sampler> sampler;
 
-  SessionView View() const { return {cache.get(), tokens, &*sampler}; }
+  SessionView View() const { return {kv.get(), tokens, &*sampler}; }
 };
+
+KvCache& CacheOf(KvStore& kv) { return static_cast<CpuKvStore&>(kv).cache(); }
+
+// What a receiver gave for a whole stream: the adopted session and its figures.
+struct Received {
+  ResumedSession session;
+  ResumeFigures figures;
+};
+
+// Counts the sender's hand-over calls.
+struct CountingHandOver : HandOver {
+  void Withdraw() override { ++withdrawn; }
+  void Restore() override { ++restored; }
+  int withdrawn = 0, restored = 0;
+};
+
+v1::ReceiveReply Accepted() {
+  v1::ReceiveReply r;
+  r.mutable_accepted();
+  return r;
+}
 
 class Migration : public ::testing::Test {
  protected:
@@ -29,29 +53,33 @@ class Migration : public ::testing::Test {
                          {.threads = 2, .activations = ActivationPrecision::kF32});
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = m->release();
+    engine_ = new CpuEngine(*model_);
     auto fp = ModelFingerprint(*model_);
     ASSERT_TRUE(fp.ok());
     fingerprint_ = new std::string(*fp);
     auto tiny = testing::MakeTinyPolicy(*model_, *fingerprint_);
     ASSERT_EQ(tiny.bank->groups().size(), 2u);
-    bank_ = tiny.bank.release();
+    bank_ = new std::shared_ptr<const PredictorBank>(std::move(tiny.bank));
+    predictors_ = new std::shared_ptr<const EnginePredictors>(*engine_->LoadPredictors(*bank_));
     policy_ = new v1::RetentionPolicy(tiny.policy);
     ASSERT_EQ(policy_->kept_layers_size(), 4);
   }
   static void TearDownTestSuite() {
     delete policy_;
+    delete predictors_;
     delete bank_;
     delete fingerprint_;
+    delete engine_;
     delete model_;
   }
 
   // A session that prefilled a 40-token prompt and generated `generated` tokens.
   static Session Start(int generated, SamplingParams params = {}) {
     Session s;
-    s.cache = *model_->NewKvCache(128, DType::kF32);
+    s.kv = *engine_->NewStore(128, DType::kF32);
     s.sampler = *Sampler::Create(params);
     for (int i = 0; i < 40; ++i) s.tokens.push_back((i * 31 + 5) % 500);
-    auto logits = model_->Prefill(s.tokens, *s.cache);
+    auto logits = engine_->Prefill(s.tokens, *s.kv);
     EXPECT_TRUE(logits.ok());
     s.tokens.push_back(s.sampler->Sample(*logits));
     Continue(s, generated - 1);
@@ -60,48 +88,69 @@ class Migration : public ::testing::Test {
   // Feeds the pending token and samples `steps` more.
   static void Continue(Session& s, int steps) {
     for (int i = 0; i < steps; ++i) {
-      auto logits = model_->Decode(s.tokens.back(), *s.cache);
+      auto logits = engine_->Decode(s.tokens.back(), *s.kv);
       ASSERT_TRUE(logits.ok()) << logits.status();
       s.tokens.push_back(s.sampler->Sample(*logits));
     }
   }
   static Session Clone(const Session& s) {
     Session c;
-    c.cache = *s.cache->Clone();
+    c.kv = *engine_->CopyStore(*s.kv);
     c.tokens = s.tokens;
     c.sampler = s.sampler;
     return c;
   }
 
+  // The handshake, chunks and trailer the sender emits (the target's `accepted` fed to it).
   static std::vector<v1::MigrationFrame> Frames(const Session& s, MigrationMode mode,
                                                 int64_t max_chunk_bytes = 1000) {
-    SendOptions o{mode, *fingerprint_, policy_, max_chunk_bytes};
-    auto h = MakeHandshake(s.View(), o);
+    MigrationSender sender(s.View(), {mode, *fingerprint_, policy_, max_chunk_bytes}, nullptr);
+    std::vector<v1::MigrationFrame> frames;
+    auto h = sender.Handshake();
     EXPECT_TRUE(h.ok()) << h.status();
-    std::vector<v1::MigrationFrame> frames(1);
-    *frames[0].mutable_handshake() = *h;
-    EXPECT_TRUE(SendKv(s.View(), *h, o, [&](v1::MigrationFrame f) {
-                  frames.push_back(std::move(f));
-                  return absl::OkStatus();
-                }).ok());
+    frames.push_back(*h);
+    EXPECT_TRUE(sender.OnReply(Accepted()).ok());
+    while (true) {
+      auto f = sender.NextFrame();
+      EXPECT_TRUE(f.ok()) << f.status();
+      if (!f.ok() || !f->has_value()) break;
+      frames.push_back(**f);
+    }
+    EXPECT_EQ(sender.state(), MigrationSender::State::kAwaitResumed);
     return frames;
   }
 
-  static TargetContext Target() { return {model_, *fingerprint_, policy_, bank_, 128}; }
+  static TargetContext Target() {
+    return {.engine = engine_,
+            .model_fingerprint = *fingerprint_,
+            .policy = policy_,
+            .bank = bank_->get(),
+            .predictors = predictors_->get(),
+            .capacity = 128};
+  }
 
-  // Feeds every frame; returns the first error or the resumed session.
-  static absl::StatusOr<ResumedSession> Receive(const std::vector<v1::MigrationFrame>& frames,
-                                                TargetContext ctx = Target()) {
+  // Feeds every frame and a commit; returns the first error or the adopted session.
+  static absl::StatusOr<Received> Receive(std::vector<v1::MigrationFrame> frames,
+                                          TargetContext ctx = Target()) {
+    std::optional<ResumedSession> adopted;
+    ctx.adopt = [&](ResumedSession r) -> absl::StatusOr<std::string> {
+      adopted = std::move(r);
+      return std::string("adopted-1");
+    };
     MigrationReceiver r(ctx);
+    frames.emplace_back().mutable_commit();
     for (const auto& f : frames) {
-      if (auto st = r.OnFrame(f); !st.ok()) return st;
+      auto reply = r.OnFrame(f);
+      if (!reply.ok()) return reply.status();
     }
-    return r.TakeResumed();
+    EXPECT_TRUE(r.committed());
+    if (!adopted) return absl::InternalError("nothing adopted");
+    return Received{*std::move(adopted), r.figures()};
   }
 
   static Session FromResumed(ResumedSession r) {
     Session s;
-    s.cache = std::move(r.cache);
+    s.kv = std::move(r.kv);
     s.tokens = std::move(r.tokens);
     s.sampler = std::move(r.sampler);
     s.tokens.push_back(s.sampler->Sample(r.logits));
@@ -109,13 +158,17 @@ class Migration : public ::testing::Test {
   }
 
   static Model* model_;
+  static CpuEngine* engine_;
   static std::string* fingerprint_;
-  static PredictorBank* bank_;
+  static std::shared_ptr<const PredictorBank>* bank_;
+  static std::shared_ptr<const EnginePredictors>* predictors_;
   static v1::RetentionPolicy* policy_;
 };
 Model* Migration::model_ = nullptr;
+CpuEngine* Migration::engine_ = nullptr;
 std::string* Migration::fingerprint_ = nullptr;
-PredictorBank* Migration::bank_ = nullptr;
+std::shared_ptr<const PredictorBank>* Migration::bank_ = nullptr;
+std::shared_ptr<const EnginePredictors>* Migration::predictors_ = nullptr;
 v1::RetentionPolicy* Migration::policy_ = nullptr;
 
 TEST_F(Migration, FullKvResumesBitIdenticallyGreedyAndSampled) {
@@ -126,9 +179,9 @@ TEST_F(Migration, FullKvResumesBitIdenticallyGreedyAndSampled) {
     Continue(stay, 16);  // the never-migrated continuation
     auto resumed = Receive(frames);
     ASSERT_TRUE(resumed.ok()) << resumed.status();
-    EXPECT_EQ(resumed->mode, MigrationMode::kFullKv);
-    EXPECT_EQ(resumed->kv_bytes_received, frames[0].handshake().kv_bytes());
-    Session moved = FromResumed(*std::move(resumed));
+    EXPECT_EQ(resumed->session.mode, MigrationMode::kFullKv);
+    EXPECT_EQ(resumed->figures.kv_bytes_received, frames[0].handshake().kv_bytes());
+    Session moved = FromResumed(std::move(resumed->session));
     Continue(moved, 15);
     EXPECT_EQ(moved.tokens, stay.tokens) << "temperature " << temperature;
   }
@@ -165,8 +218,8 @@ TEST_F(Migration, TokenReplaySendsNoKvAndContinuesTheSameTokens) {
   Continue(stay, 12);
   auto resumed = Receive(frames);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
-  EXPECT_GT(resumed->prefill_seconds, 0.0);
-  Session moved = FromResumed(*std::move(resumed));
+  EXPECT_GT(resumed->figures.prefill_seconds, 0.0);
+  Session moved = FromResumed(std::move(resumed->session));
   Continue(moved, 11);
   EXPECT_EQ(moved.tokens, stay.tokens);
 }
@@ -178,16 +231,17 @@ TEST_F(Migration, ReconstructSendsKeptLayersAnchorsFirstAndRebuildsTheRest) {
   EXPECT_EQ(std::vector<int32_t>(h.layers().begin(), h.layers().end()),
             (std::vector<int32_t>{0, 3, 6, 7}));
   EXPECT_EQ(h.policy_id(), "tiny");
-  EXPECT_EQ(h.predictor_bank_sha256(), bank_->content_hash());
+  EXPECT_EQ(h.predictor_bank_sha256(), (*bank_)->content_hash());
   auto full = Frames(source, MigrationMode::kFullKv);
   EXPECT_EQ(h.kv_bytes() * 8, full[0].handshake().kv_bytes() * 4);  // 4 of 8 layers sent
 
   auto resumed = Receive(frames);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
-  EXPECT_GT(resumed->rebuild_seconds, 0.0);
+  EXPECT_GT(resumed->figures.rebuild_seconds, 0.0);
   // Kept layers arrive exact; rebuilt ones equal a rebuild from the source's own exact anchors.
-  auto expect = *source.cache->Clone();
-  for (const FoldedGroup& g : bank_->groups()) {
+  auto expect = *CacheOf(*source.kv).Clone();
+  KvCache& got = CacheOf(*resumed->session.kv);
+  for (const FoldedGroup& g : (*bank_)->groups()) {
     ASSERT_TRUE(
         RebuildGroup(*expect, g, model_->config(), model_->backend(), 0, h.history_tokens()).ok());
   }
@@ -195,15 +249,15 @@ TEST_F(Migration, ReconstructSendsKeptLayersAnchorsFirstAndRebuildsTheRest) {
   std::vector<float> a(n), b(n);
   for (int32_t layer = 0; layer < 8; ++layer) {
     ASSERT_TRUE(expect->ReadKeys(layer, 0, h.history_tokens(), a.data()).ok());
-    ASSERT_TRUE(resumed->cache->ReadKeys(layer, 0, h.history_tokens(), b.data()).ok());
+    ASSERT_TRUE(got.ReadKeys(layer, 0, h.history_tokens(), b.data()).ok());
     EXPECT_EQ(a, b) << "keys of layer " << layer;
     ASSERT_TRUE(expect->ReadValues(layer, 0, h.history_tokens(), a.data()).ok());
-    ASSERT_TRUE(resumed->cache->ReadValues(layer, 0, h.history_tokens(), b.data()).ok());
+    ASSERT_TRUE(got.ReadValues(layer, 0, h.history_tokens(), b.data()).ok());
     EXPECT_EQ(a, b) << "values of layer " << layer;
   }
   // The resumed session decodes on: one more token than its history is cached.
-  EXPECT_EQ(resumed->cache->n_tokens(), h.history_tokens() + 1);
-  EXPECT_EQ(resumed->logits.size(), static_cast<size_t>(model_->config().vocab));
+  EXPECT_EQ(got.n_tokens(), h.history_tokens() + 1);
+  EXPECT_EQ(resumed->session.logits.size(), static_cast<size_t>(model_->config().vocab));
 }
 
 TEST_F(Migration, BadStreamsAreRefusedNamingTheProblem) {
@@ -266,7 +320,20 @@ TEST_F(Migration, BadStreamsAreRefusedNamingTheProblem) {
   expect(f, absl::StatusCode::kInvalidArgument, "migration mode");
 
   f = {good[1]};
-  expect(f, absl::StatusCode::kFailedPrecondition, "outside the chunk phase");
+  expect(f, absl::StatusCode::kInvalidArgument, "the first frame must be a handshake");
+
+  f = good;  // a commit before the trailer
+  f.back().Clear();
+  f.back().mutable_commit();
+  expect(f, absl::StatusCode::kInvalidArgument, "commit before trailer");
+
+  f = good;  // a chunk after the trailer
+  f.push_back(good[1]);
+  expect(f, absl::StatusCode::kFailedPrecondition, "only a commit may come");
+
+  f = good;
+  f.insert(f.begin() + 1, v1::MigrationFrame());
+  expect(f, absl::StatusCode::kInvalidArgument, "an empty migration frame");
 
   f = good;
   f.insert(f.begin() + 1, good[0]);
@@ -284,20 +351,115 @@ TEST_F(Migration, BadStreamsAreRefusedNamingTheProblem) {
   EXPECT_TRUE(Receive(good).ok());
 }
 
-TEST(Crc32c, MatchesRfc3720TestVectors) {
-  std::vector<uint8_t> v(32, 0);
-  EXPECT_EQ(Crc32c(v), 0x8A9136AAu);
-  std::fill(v.begin(), v.end(), 0xFF);
-  EXPECT_EQ(Crc32c(v), 0x62A8AB43u);
-  for (int i = 0; i < 32; ++i) v[i] = static_cast<uint8_t>(i);
-  EXPECT_EQ(Crc32c(v), 0x46DD794Eu);
-  const std::string s = "123456789";
-  const std::span<const uint8_t> b(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-  EXPECT_EQ(Crc32c(b), 0xE3069283u);
-  EXPECT_EQ(Crc32cExtend(Crc32c(b.first(4)), b.subspan(4)), 0xE3069283u);
-  std::vector<uint8_t> odd(1001);
-  for (size_t i = 0; i < odd.size(); ++i) odd[i] = static_cast<uint8_t>(i * 7 + 3);
-  EXPECT_EQ(Crc32c(odd), Crc32cExtendPortable(0, odd));
+// Runs a sender against a receiver in memory, every reply carried back, through the commit.
+// Returns the receiver's first error, if any.
+absl::Status Pump(MigrationSender& sender, MigrationReceiver& receiver) {
+  auto carry = [&](const v1::MigrationFrame& f) -> absl::Status {
+    auto reply = receiver.OnFrame(f);
+    if (!reply.ok()) return reply.status();
+    if (reply->has_value()) return sender.OnReply(**reply);
+    return absl::OkStatus();
+  };
+  auto h = sender.Handshake();
+  if (!h.ok()) return h.status();
+  if (auto st = carry(*h); !st.ok()) return st;
+  while (sender.state() == MigrationSender::State::kStreaming) {
+    auto f = sender.NextFrame();
+    if (!f.ok()) return f.status();
+    if (!f->has_value()) break;
+    if (auto st = carry(**f); !st.ok()) return st;
+  }
+  auto commit = sender.Commit();
+  if (!commit.ok()) return commit.status();
+  return carry(*commit);
+}
+
+TEST_F(Migration, SenderAndReceiverHandOverInMemory) {
+  for (MigrationMode mode :
+       {MigrationMode::kReconstruct, MigrationMode::kFullKv, MigrationMode::kTokenReplay}) {
+    Session source = Start(4);
+    CountingHandOver hand_over;
+    MigrationSender sender(source.View(), {mode, *fingerprint_, policy_, 4096}, &hand_over);
+    std::optional<ResumedSession> adopted;
+    TargetContext ctx = Target();
+    ctx.prefill_seconds_per_token = 0.25;
+    ctx.adopt = [&](ResumedSession r) -> absl::StatusOr<std::string> {
+      EXPECT_EQ(hand_over.withdrawn, 1) << "the source stops serving before the target takes over";
+      adopted = std::move(r);
+      return std::string("target-7");
+    };
+    MigrationReceiver receiver(ctx);
+    ASSERT_TRUE(Pump(sender, receiver).ok()) << MigrationModeName(mode);
+    EXPECT_EQ(sender.state(), MigrationSender::State::kCommitted);
+    EXPECT_EQ(sender.target_session_id(), "target-7");
+    EXPECT_EQ(sender.accepted().prefill_seconds_per_token(), 0.25);
+    EXPECT_EQ(sender.resumed().recovery_seconds(), receiver.figures().recovery_seconds);
+    EXPECT_EQ(hand_over.withdrawn, 1);
+    EXPECT_EQ(hand_over.restored, 0);
+    ASSERT_TRUE(adopted.has_value());
+    EXPECT_EQ(adopted->tokens, source.tokens);
+    EXPECT_EQ(adopted->kv->n_tokens(), static_cast<int64_t>(source.tokens.size()));
+    sender.Abort();  // a no-op once committed
+    EXPECT_EQ(hand_over.restored, 0);
+  }
+}
+
+TEST_F(Migration, AnUnconfirmedCommitPutsTheSessionBack) {
+  Session source = Start(3);
+  CountingHandOver hand_over;
+  MigrationSender sender(source.View(), {MigrationMode::kFullKv, *fingerprint_, nullptr, 4096},
+                         &hand_over);
+  TargetContext ctx = Target();
+  ctx.adopt = [](ResumedSession) -> absl::StatusOr<std::string> {
+    return absl::ResourceExhaustedError("this node serves its limit of 1 sessions");
+  };
+  MigrationReceiver receiver(ctx);
+  const absl::Status st = Pump(sender, receiver);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_EQ(receiver.failure_reason(), "session_limit");
+  EXPECT_EQ(sender.state(), MigrationSender::State::kAwaitCommitted);
+  sender.Abort();  // the transport learns the stream failed
+  EXPECT_EQ(sender.state(), MigrationSender::State::kFailed);
+  EXPECT_EQ(hand_over.withdrawn, 1);
+  EXPECT_EQ(hand_over.restored, 1);
+}
+
+TEST_F(Migration, TheSenderRefusesRepliesOutOfProtocol) {
+  Session source = Start(2);
+  CountingHandOver hand_over;
+  MigrationSender sender(source.View(), {MigrationMode::kFullKv, *fingerprint_, nullptr, 4096},
+                         &hand_over);
+  EXPECT_FALSE(sender.NextFrame().ok());  // nothing before the handshake
+  ASSERT_TRUE(sender.Handshake().ok());
+  EXPECT_FALSE(sender.Commit().ok());
+  v1::ReceiveReply resumed;
+  resumed.mutable_resumed();
+  const absl::Status st = sender.OnReply(resumed);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sender.state(), MigrationSender::State::kFailed);
+  EXPECT_EQ(hand_over.withdrawn + hand_over.restored, 0) << "nothing was withdrawn";
+
+  MigrationSender tiny_chunks(source.View(), {MigrationMode::kFullKv, *fingerprint_, nullptr, 8},
+                              nullptr);
+  EXPECT_EQ(tiny_chunks.Handshake().status().code(), absl::StatusCode::kInvalidArgument);
+  MigrationSender no_policy(source.View(),
+                            {MigrationMode::kReconstruct, *fingerprint_, nullptr, 4096}, nullptr);
+  EXPECT_EQ(no_policy.Handshake().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(Migration, TheReceiverNamesWhyTheStreamEnded) {
+  Session source = Start(2);
+  auto frames = Frames(source, MigrationMode::kFullKv);
+  MigrationReceiver before_trailer(Target());
+  ASSERT_TRUE(before_trailer.OnFrame(frames[0]).ok());
+  before_trailer.OnStreamEnd();
+  EXPECT_EQ(before_trailer.failure_reason(), "truncated");
+  MigrationReceiver after_trailer(Target());
+  for (const auto& f : frames) ASSERT_TRUE(after_trailer.OnFrame(f).ok());
+  ASSERT_NE(after_trailer.resumed(), nullptr);
+  after_trailer.OnStreamEnd();
+  EXPECT_EQ(after_trailer.failure_reason(), "not_committed");
+  EXPECT_EQ(after_trailer.resumed(), nullptr) << "the resumed session was dropped";
 }
 
 }  // namespace

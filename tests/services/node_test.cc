@@ -10,7 +10,9 @@
 #include <regex>
 #include <thread>
 
+#include "common/engine/cpu_engine.h"
 #include "common/model/model_fingerprint.h"
+#include "services/grpc_status.h"
 #include "services/node/node_service.h"
 #include "tests/services/tiny_policy.h"
 #include "tests/test_paths.h"
@@ -20,6 +22,7 @@ namespace {
 
 struct TestNode {
   std::unique_ptr<Model> model;
+  std::unique_ptr<Engine> engine;
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<NodeMetrics> metrics;
   std::unique_ptr<NodeService> service;
@@ -68,7 +71,8 @@ class Nodes : public ::testing::Test {
     o.prefill_seconds_per_token = prefill_seconds_per_token;
     o.max_chunk_bytes = 2048;
     if (tweak) tweak(o);
-    n->service = std::make_unique<NodeService>(*n->model, o, n->metrics.get());
+    n->engine = std::make_unique<CpuEngine>(*n->model);
+    n->service = std::make_unique<NodeService>(*n->engine, o, n->metrics.get());
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

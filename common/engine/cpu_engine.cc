@@ -1,0 +1,120 @@
+// The CPU engine (see cpu_engine.h).
+#include "common/engine/cpu_engine.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/recovery/predictor_bank.h"
+#include "common/recovery/rebuild.h"
+
+namespace riskkv {
+namespace {
+
+class CpuPredictors final : public EnginePredictors {
+ public:
+  CpuPredictors(const Engine* engine, std::shared_ptr<const PredictorBank> bank)
+      : EnginePredictors(engine, std::move(bank)) {}
+};
+
+}  // namespace
+
+absl::Status CpuKvStore::CheckRows(int32_t layer, int64_t first, int64_t count) const {
+  if (layer < 0 || layer >= cache_->n_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " outside the KV store"));
+  }
+  if (first < 0 || count < 0 || first > cache_->capacity() - count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rows [", first, ", ", first + count, ") outside the KV store's ", cache_->capacity()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuKvStore::WriteRows(int32_t layer, bool values, int64_t first, int64_t count,
+                                   DType rows_dtype, const uint8_t* rows) {
+  RETURN_IF_ERROR(CheckRows(layer, first, count));
+  if (rows_dtype == cache_->dtype()) {
+    uint8_t* dst = values ? cache_->ValueRows(layer, first) : cache_->KeyRows(layer, first);
+    std::memcpy(dst, rows, count * cache_->token_bytes());
+    return absl::OkStatus();
+  }
+  const int64_t n = count * cache_->width();
+  f32_.resize(n);
+  if (rows_dtype == DType::kF16) {
+    f16_.resize(n);
+    std::memcpy(f16_.data(), rows, n * 2);
+    F16ToF32Row(f16_.data(), f32_.data(), n);
+  } else if (rows_dtype == DType::kF32) {
+    std::memcpy(f32_.data(), rows, n * 4);
+  } else {
+    return absl::InvalidArgumentError("KV rows must be f32 or f16");
+  }
+  return values ? cache_->WriteValues(layer, first, count, f32_.data())
+                : cache_->WriteKeys(layer, first, count, f32_.data());
+}
+
+absl::Status CpuKvStore::FinishLayer(int32_t layer) { return CheckRows(layer, 0, 0); }
+
+absl::Status CpuKvStore::ReadRows(int32_t layer, bool values, int64_t first, int64_t count,
+                                  uint8_t* out) const {
+  RETURN_IF_ERROR(CheckRows(layer, first, count));
+  const uint8_t* src = values ? cache_->ValueRows(layer, first) : cache_->KeyRows(layer, first);
+  std::memcpy(out, src, count * cache_->token_bytes());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CpuKvStore*> CpuEngine::Own(KvStore& store) const {
+  RETURN_IF_ERROR(CheckOwner(store));
+  return static_cast<CpuKvStore*>(&store);
+}
+
+absl::StatusOr<std::unique_ptr<KvStore>> CpuEngine::NewStore(int64_t capacity, DType dtype) {
+  const ModelConfig& c = config();
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
+                   KvCache::Create(c.n_layers, c.n_kv_heads, c.head_dim,
+                                   std::min(capacity, c.context_length), dtype));
+  return std::make_unique<CpuKvStore>(this, std::move(cache));
+}
+
+absl::StatusOr<std::unique_ptr<KvStore>> CpuEngine::CopyStore(const KvStore& from) {
+  RETURN_IF_ERROR(CheckOwner(from));
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCache> copy,
+                   static_cast<const CpuKvStore&>(from).cache().Clone());
+  return std::make_unique<CpuKvStore>(this, std::move(copy));
+}
+
+absl::StatusOr<std::vector<float>> CpuEngine::Prefill(std::span<const int32_t> tokens,
+                                                      KvStore& store) {
+  ASSIGN_OR_RETURN(CpuKvStore * s, Own(store));
+  absl::MutexLock lock(&mu_);
+  return model_->Prefill(tokens, s->cache());
+}
+
+absl::StatusOr<NllResult> CpuEngine::Score(std::span<const int32_t> continuation, KvStore& store,
+                                           std::span<const float> first_logits) {
+  ASSIGN_OR_RETURN(CpuKvStore * s, Own(store));
+  absl::MutexLock lock(&mu_);
+  return model_->TeacherForcedNll(continuation, s->cache(), first_logits);
+}
+
+absl::StatusOr<std::shared_ptr<const EnginePredictors>> CpuEngine::LoadPredictors(
+    std::shared_ptr<const PredictorBank> bank) {
+  if (bank == nullptr) return absl::InvalidArgumentError("no predictor bank to load");
+  return std::make_shared<const CpuPredictors>(this, std::move(bank));
+}
+
+absl::StatusOr<double> CpuEngine::Rebuild(KvStore& store, const EnginePredictors& predictors,
+                                          const FoldedGroup& group, int64_t begin, int64_t count) {
+  ASSIGN_OR_RETURN(CpuKvStore * s, Own(store));
+  RETURN_IF_ERROR(CheckOwner(predictors));
+  absl::MutexLock lock(&mu_);
+  const auto start = std::chrono::steady_clock::now();  // the rebuild, not the wait for the lock
+  RETURN_IF_ERROR(
+      RebuildGroup(s->cache(), group, model_->config(), model_->backend(), begin, count));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+absl::Status CpuEngine::WaitRebuilds(KvStore& store) { return CheckOwner(store); }
+
+}  // namespace riskkv

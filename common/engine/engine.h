@@ -1,0 +1,163 @@
+// The compute engine a node serves with: one interface that the CPU model (the oracle) and the
+// GPU model implement, so services hold one engine and one kind of session store whatever runs
+// underneath. An engine runs one forward pass or rebuild at a time (the backends' scratch is
+// shared); every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/model.h"
+#include "common/model/model_config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "kernels/dtype.h"
+
+namespace riskkv {
+
+class Engine;
+class PredictorBank;
+struct FoldedGroup;
+
+// One decoding session's KV cache, held by the engine that made it. Per layer, keys (after RoPE,
+// in the model's RoPE layout) and values are [capacity, n_kv_heads, head_dim] rows in dtype();
+// positions [0, n_tokens()) are valid. Not thread-safe: one call uses a store at a time.
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  const Engine& engine() const { return *engine_; }
+
+  virtual int64_t n_tokens() const = 0;
+  virtual int64_t capacity() const = 0;
+  // The dtype of rows read out (kF32 or kF16; the GPU stores kF16).
+  virtual DType dtype() const = 0;
+  // Bytes of one token's K (or V) in one layer, in dtype().
+  int64_t row_bytes() const;
+  // Marks positions [0, n) valid (n <= capacity); shrinking discards the tail.
+  virtual absl::Status SetTokens(int64_t n) = 0;
+
+  // Writes rows [first, first + count) of a layer's keys (values: false) or values from `rows`,
+  // [count, n_kv_heads, head_dim] in `rows_dtype` (kF32 or kF16, converted to the store's).
+  // `rows` may be reused when this returns. InvalidArgument for a layer or range outside the
+  // store or an unsupported dtype.
+  virtual absl::Status WriteRows(int32_t layer, bool values, int64_t first, int64_t count,
+                                 DType rows_dtype, const uint8_t* rows) = 0;
+  // Every row of `layer` that will be written has been: a rebuild reading it may run.
+  virtual absl::Status FinishLayer(int32_t layer) = 0;
+  // Copies rows [first, first + count) of a layer's keys or values into `out`
+  // (count * row_bytes() bytes, in dtype()). Rows must lie below n_tokens() + 1.
+  virtual absl::Status ReadRows(int32_t layer, bool values, int64_t first, int64_t count,
+                                uint8_t* out) const = 0;
+
+ protected:
+  explicit KvStore(const Engine* engine) : engine_(engine) {}
+
+ private:
+  const Engine* engine_;
+};
+
+// A predictor bank prepared for one engine (the GPU holds its maps on the device).
+class EnginePredictors {
+ public:
+  virtual ~EnginePredictors() = default;
+  const PredictorBank& bank() const { return *bank_; }
+  const Engine& engine() const { return *engine_; }
+
+ protected:
+  EnginePredictors(const Engine* engine, std::shared_ptr<const PredictorBank> bank)
+      : engine_(engine), bank_(std::move(bank)) {}
+
+ private:
+  const Engine* engine_;
+  std::shared_ptr<const PredictorBank> bank_;
+};
+
+// What resuming a received session gave: the next token's logits and where the time went.
+struct ResumeResult {
+  std::vector<float> logits;     // [vocab], after feeding the session's last token
+  double prefill_seconds = 0.0;  // replaying the history (TOKEN_REPLAY)
+  double rebuild_seconds = 0.0;  // rebuilds still running when the resume began (GPU)
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // "cpu" or "cuda".
+  virtual std::string_view backend() const = 0;
+  // A line for the start-up log: the backend and, on a GPU, the device and its weight bytes.
+  virtual std::string Describe() const = 0;
+  const ModelConfig& config() const { return model_.config(); }
+  const Tokenizer& tokenizer() const { return model_.tokenizer(); }
+  // The CPU model (the tokenizer's owner, and the oracle the GPU is checked against).
+  const Model& model() const { return model_; }
+
+  // Token ids in the vocabulary, checked once for every caller: InvalidArgument naming the first
+  // id outside [0, vocab) and its index.
+  absl::Status CheckTokenIds(std::span<const int32_t> tokens) const;
+
+  // A store with room for `capacity` rows, clamped to the context length; `dtype` (kF32 or kF16)
+  // is how the CPU stores rows, the GPU always stores kF16. ResourceExhausted when it cannot be
+  // allocated.
+  virtual absl::StatusOr<std::unique_ptr<KvStore>> NewStore(int64_t capacity, DType dtype) = 0;
+  // A copy of `from` (same capacity, dtype, rows and token count) on this engine.
+  virtual absl::StatusOr<std::unique_ptr<KvStore>> CopyStore(const KvStore& from) = 0;
+
+  // Runs `tokens` at positions [n_tokens, n_tokens + n) of the store, appends their K/V and
+  // returns the last position's logits [vocab].
+  virtual absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
+                                                     KvStore& store) = 0;
+  absl::StatusOr<std::vector<float>> Decode(int32_t token, KvStore& store) {
+    return Prefill(std::span<const int32_t>(&token, 1), store);
+  }
+  // Teacher-forced NLL of `continuation` after the store's history (appended to the store);
+  // token 0 is scored from `first_logits`, the logits of the history's last position.
+  virtual absl::StatusOr<NllResult> Score(std::span<const int32_t> continuation, KvStore& store,
+                                          std::span<const float> first_logits) = 0;
+
+  // RISK-KV reconstruction. A bank prepared for this engine, once per bank.
+  virtual absl::StatusOr<std::shared_ptr<const EnginePredictors>> LoadPredictors(
+      std::shared_ptr<const PredictorBank> bank) = 0;
+  // Rebuilds every target layer of `group` (one of the bank's groups) for rows
+  // [begin, begin + count) from its anchors' rows (each finished with FinishLayer). The GPU
+  // queues the work behind the anchors' uploads; Resume waits for it. Returns the seconds this
+  // call spent (not counting the wait for the engine).
+  virtual absl::StatusOr<double> Rebuild(KvStore& store, const EnginePredictors& predictors,
+                                         const FoldedGroup& group, int64_t begin,
+                                         int64_t count) = 0;
+
+  // The engine's work of resuming a received session, in one call: waits for the rebuilds still
+  // queued, runs the history (every token but the last) when `replay` (TOKEN_REPLAY: the store
+  // holds no rows), then feeds the last token. The store then holds a row for every token.
+  absl::StatusOr<ResumeResult> Resume(KvStore& store, std::span<const int32_t> tokens, bool replay);
+
+ protected:
+  explicit Engine(const Model& model) : model_(model) {}
+  // Waits for the rebuilds queued on `store`; the CPU rebuilds synchronously.
+  virtual absl::Status WaitRebuilds(KvStore& store) = 0;
+  // InvalidArgument unless `store` (or `predictors`) was made by this engine.
+  absl::Status CheckOwner(const KvStore& store) const;
+  absl::Status CheckOwner(const EnginePredictors& predictors) const;
+
+ private:
+  const Model& model_;
+};
+
+struct EngineOptions {
+  // "auto" (the GPU when one is usable and kv_dtype is f16, the CPU otherwise), "cpu" or "cuda"
+  // (Unavailable without a usable GPU).
+  std::string backend = "cpu";
+  int gpu_device = 0;
+  DType kv_dtype = DType::kF32;  // what sessions store on the CPU
+};
+
+// The engine `options` select for `model` (which must outlive it). *note says what was chosen
+// and, when "auto" fell back to the CPU, why.
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(Model& model, const EngineOptions& options,
+                                                     std::string* note = nullptr);
+
+}  // namespace riskkv

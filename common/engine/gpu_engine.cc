@@ -1,0 +1,133 @@
+// The GPU engine (see gpu_engine.h).
+#include "common/engine/gpu_engine.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/recovery/gpu_rebuild.h"
+
+namespace riskkv {
+namespace {
+
+class GpuBankPredictors final : public EnginePredictors {
+ public:
+  GpuBankPredictors(const Engine* engine, std::shared_ptr<const PredictorBank> bank,
+                    std::unique_ptr<GpuPredictors> device)
+      : EnginePredictors(engine, std::move(bank)), device_(std::move(device)) {}
+  const GpuPredictors& device() const { return *device_; }
+
+ private:
+  std::unique_ptr<GpuPredictors> device_;
+};
+
+}  // namespace
+
+absl::Status GpuKvStore::CheckRows(int32_t layer, int64_t first, int64_t count) const {
+  if (layer < 0 || layer >= engine().config().n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " outside the KV store"));
+  }
+  if (first < 0 || count < 0 || first > capacity() - count) {
+    return absl::InvalidArgumentError(absl::StrCat("rows [", first, ", ", first + count,
+                                                   ") outside the KV store's ", capacity()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuKvStore::WriteRows(int32_t layer, bool values, int64_t first, int64_t count,
+                                   DType rows_dtype, const uint8_t* rows) {
+  RETURN_IF_ERROR(CheckRows(layer, first, count));
+  if (rows_dtype == DType::kF32) {  // buffers reused chunk after chunk
+    const int64_t n = count * engine().config().kv_width();
+    f32_.resize(n);
+    std::memcpy(f32_.data(), rows, n * 4);
+    f16_.resize(n);
+    F32ToF16Row(f32_.data(), f16_.data(), n);
+    rows = reinterpret_cast<const uint8_t*>(f16_.data());
+  } else if (rows_dtype != DType::kF16) {
+    return absl::InvalidArgumentError("KV rows must be f32 or f16");
+  }
+  return session_->UploadRows(layer, values, first, count, rows);
+}
+
+absl::Status GpuKvStore::FinishLayer(int32_t layer) {
+  RETURN_IF_ERROR(CheckRows(layer, 0, 0));
+  return session_->MarkLayerUploaded(layer);
+}
+
+absl::Status GpuKvStore::ReadRows(int32_t layer, bool values, int64_t first, int64_t count,
+                                  uint8_t* out) const {
+  RETURN_IF_ERROR(CheckRows(layer, first, count));
+  return session_->DownloadRows(layer, values, first, count, out);
+}
+
+absl::StatusOr<GpuKvStore*> GpuEngine::Own(KvStore& store) const {
+  RETURN_IF_ERROR(CheckOwner(store));
+  return static_cast<GpuKvStore*>(&store);
+}
+
+absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::NewStore(int64_t capacity, DType) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(std::unique_ptr<GpuSession> session, gpu_->NewSession(capacity));
+  return std::make_unique<GpuKvStore>(this, std::move(session));
+}
+
+absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::CopyStore(const KvStore& from) {
+  RETURN_IF_ERROR(CheckOwner(from));
+  auto& source = const_cast<GpuKvStore&>(static_cast<const GpuKvStore&>(from));
+  ASSIGN_OR_RETURN(std::unique_ptr<KvStore> to, NewStore(from.capacity(), DType::kF16));
+  GpuSession& copy = static_cast<GpuKvStore&>(*to).session();
+  // Through host memory, a layer at a time: the engine has no device-to-device copy.
+  const int64_t n = from.n_tokens();
+  std::vector<uint8_t> rows(std::max<int64_t>(1, n) * from.row_bytes());
+  for (int32_t l = 0; l < config().n_layers; ++l) {
+    for (bool values : {false, true}) {
+      RETURN_IF_ERROR(source.session().DownloadRows(l, values, 0, n, rows.data()));
+      RETURN_IF_ERROR(copy.UploadRows(l, values, 0, n, rows.data()));
+    }
+    RETURN_IF_ERROR(copy.MarkLayerUploaded(l));
+  }
+  RETURN_IF_ERROR(copy.SetTokens(n));
+  return to;
+}
+
+absl::StatusOr<std::vector<float>> GpuEngine::Prefill(std::span<const int32_t> tokens,
+                                                      KvStore& store) {
+  ASSIGN_OR_RETURN(GpuKvStore * s, Own(store));
+  absl::MutexLock lock(&mu_);
+  return gpu_->Prefill(tokens, s->session());
+}
+
+absl::StatusOr<NllResult> GpuEngine::Score(std::span<const int32_t> continuation, KvStore& store,
+                                           std::span<const float> first_logits) {
+  ASSIGN_OR_RETURN(GpuKvStore * s, Own(store));
+  absl::MutexLock lock(&mu_);
+  return gpu_->TeacherForcedNll(continuation, s->session(), first_logits);
+}
+
+absl::StatusOr<std::shared_ptr<const EnginePredictors>> GpuEngine::LoadPredictors(
+    std::shared_ptr<const PredictorBank> bank) {
+  if (bank == nullptr) return absl::InvalidArgumentError("no predictor bank to load");
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(std::unique_ptr<GpuPredictors> device, GpuPredictors::Create(*gpu_, *bank));
+  return std::make_shared<const GpuBankPredictors>(this, std::move(bank), std::move(device));
+}
+
+absl::StatusOr<double> GpuEngine::Rebuild(KvStore& store, const EnginePredictors& predictors,
+                                          const FoldedGroup& group, int64_t begin, int64_t count) {
+  ASSIGN_OR_RETURN(GpuKvStore * s, Own(store));
+  RETURN_IF_ERROR(CheckOwner(predictors));
+  const auto& p = static_cast<const GpuBankPredictors&>(predictors);
+  absl::MutexLock lock(&mu_);
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(p.device().Rebuild(s->session(), group, begin, count));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+absl::Status GpuEngine::WaitRebuilds(KvStore& store) {
+  ASSIGN_OR_RETURN(GpuKvStore * s, Own(store));
+  return s->session().WaitRebuilds();
+}
+
+}  // namespace riskkv

@@ -1,0 +1,304 @@
+// The target's side of a migration (see migration_receiver.h).
+#include "services/migration/migration_receiver.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/crc32c.h"
+#include "common/base/status_macros.h"
+#include "common/recovery/retention_policy.h"
+#include "services/migration/wire.h"
+#include "services/session_codec.h"
+
+namespace riskkv {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+absl::Status Refuse(const std::string& m) { return absl::FailedPreconditionError(m); }
+
+}  // namespace
+
+MigrationReceiver::MigrationReceiver(TargetContext context) : ctx_(std::move(context)) {}
+
+absl::Status MigrationReceiver::Fail(const char* reason, absl::Status status) {
+  stage_ = Stage::kFailed;
+  failure_ = reason;
+  resumed_.reset();
+  return status;
+}
+
+void MigrationReceiver::OnStreamEnd() {
+  if (stage_ == Stage::kCommitted || stage_ == Stage::kFailed) return;
+  (void)Fail(stage_ == Stage::kResumed ? "not_committed" : "truncated", absl::OkStatus());
+}
+
+absl::StatusOr<std::optional<v1::ReceiveReply>> MigrationReceiver::OnFrame(
+    const v1::MigrationFrame& frame) {
+  using F = v1::MigrationFrame;
+  if (stage_ == Stage::kFailed || stage_ == Stage::kCommitted) {
+    return absl::FailedPreconditionError("the migration stream already ended");
+  }
+  v1::ReceiveReply reply;
+  switch (frame.frame_case()) {
+    case F::kHandshake:
+      if (stage_ != Stage::kHandshake) {
+        return Fail("protocol", Refuse("a second handshake in one migration stream"));
+      }
+      if (auto st = OnHandshake(frame.handshake()); !st.ok()) return Fail("handshake", st);
+      reply.mutable_accepted()->set_prefill_seconds_per_token(ctx_.prefill_seconds_per_token);
+      reply.mutable_accepted()->set_rebuild_seconds_per_token(ctx_.rebuild_seconds_per_token);
+      return reply;
+    case F::kChunk:
+    case F::kTrailer:
+      if (stage_ == Stage::kHandshake) {
+        return Fail("protocol", absl::InvalidArgumentError("the first frame must be a handshake"));
+      }
+      if (stage_ != Stage::kChunks) {
+        return Fail("protocol", Refuse("after the trailer only a commit may come; the resumed "
+                                       "session was dropped"));
+      }
+      if (frame.has_chunk()) {
+        if (auto st = OnChunk(frame.chunk()); !st.ok()) {
+          return Fail(st.code() == absl::StatusCode::kDataLoss ? "corrupt" : "bad_chunk", st);
+        }
+        return std::nullopt;
+      }
+      RETURN_IF_ERROR(OnTrailer(frame.trailer()));  // sets its own failure reason
+      reply.mutable_resumed()->set_rebuild_seconds(figures_.rebuild_seconds);
+      reply.mutable_resumed()->set_prefill_seconds(figures_.prefill_seconds);
+      reply.mutable_resumed()->set_recovery_seconds(figures_.recovery_seconds);
+      return reply;
+    case F::kCommit: {
+      if (stage_ != Stage::kResumed) {
+        return Fail("protocol", absl::InvalidArgumentError(stage_ == Stage::kHandshake
+                                                               ? "the first frame must be a "
+                                                                 "handshake"
+                                                               : "commit before trailer"));
+      }
+      ASSIGN_OR_RETURN(std::string id, OnCommit());
+      reply.mutable_committed()->set_session_id(id);
+      return reply;
+    }
+    default:
+      return Fail("protocol", absl::InvalidArgumentError("an empty migration frame"));
+  }
+}
+
+absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
+  started_ = Now();
+  const ModelConfig& c = ctx_.engine->config();
+  if (h.protocol_version() != kMigrationProtocolVersion) {
+    return Refuse(absl::StrCat("protocol version ", h.protocol_version(), " is not ",
+                               kMigrationProtocolVersion));
+  }
+  if (h.model_fingerprint() != ctx_.model_fingerprint) {
+    return Refuse("model fingerprint " + h.model_fingerprint() + " is not this node's " +
+                  ctx_.model_fingerprint);
+  }
+  ASSIGN_OR_RETURN(session_.mode, FromProto(h.mode()));
+  mode_ = session_.mode;
+  ASSIGN_OR_RETURN(DType dtype, DtypeFromProto(h.kv_dtype()));
+  ASSIGN_OR_RETURN(DecodingState state, DecodeDecodingState(h.session()));
+  history_ = h.history_tokens();
+  if (state.token_ids.empty() || history_ != static_cast<int64_t>(state.token_ids.size()) - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("history_tokens ", history_, " with ", state.token_ids.size(), " token ids"));
+  }
+  RETURN_IF_ERROR(ctx_.engine->CheckTokenIds(state.token_ids));
+  const int64_t capacity =
+      std::min(ctx_.capacity > 0 ? ctx_.capacity : c.context_length, c.context_length);
+  if (history_ + 1 > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session of ", history_ + 1, " tokens does not fit this node's ", capacity, "-row cache"));
+  }
+  // The layers must be exactly what this node expects for the mode.
+  if (session_.mode == MigrationMode::kReconstruct) {
+    const v1::RetentionPolicy* p = ctx_.policy;
+    // A policy that rebuilds nothing (its gate fell back to exact KV) needs no bank.
+    if (p == nullptr || (ctx_.bank == nullptr && p->rebuilt_groups_size() > 0)) {
+      return Refuse("this node has no retention policy and bank for RECONSTRUCT");
+    }
+    if (h.policy_id() != p->policy_id() || h.policy_version() != p->version()) {
+      return Refuse(absl::StrCat("policy ", h.policy_id(), " version ", h.policy_version(),
+                                 " is not this node's ", p->policy_id(), " version ",
+                                 p->version()));
+    }
+    const std::string mine = ctx_.bank ? ctx_.bank->content_hash() : p->predictor_bank_sha256();
+    if (h.predictor_bank_sha256() != mine) {
+      return Refuse("predictor bank " + h.predictor_bank_sha256() + " is not this node's " +
+                    (mine.empty() ? std::string("(none)") : mine));
+    }
+    for (const LayerGroup& g : RebuiltGroups(*p)) {
+      const FoldedGroup* fg = ctx_.bank->FindGroupForLayer(g.targets.front());
+      if (fg == nullptr || fg->group != g) {
+        return Refuse("the bank has no predictor for group " + g.ToString());
+      }
+      pending_.push_back(fg);
+    }
+    if (!pending_.empty() &&
+        (ctx_.predictors == nullptr || &ctx_.predictors->bank() != ctx_.bank)) {
+      return Refuse("this node's predictor bank is not loaded on its " +
+                    std::string(ctx_.engine->backend()) + " engine");
+    }
+  }
+  const std::vector<int32_t> expected = SendOrder(session_.mode, c.n_layers, ctx_.policy);
+  const std::vector<int32_t> got(h.layers().begin(), h.layers().end());
+  std::vector<int32_t> got_sorted = got, expected_sorted = expected;
+  std::sort(got_sorted.begin(), got_sorted.end());
+  std::sort(expected_sorted.begin(), expected_sorted.end());
+  if (got_sorted != expected_sorted) {
+    return Refuse(absl::StrCat(MigrationModeName(session_.mode), " should send layers [",
+                               absl::StrJoin(expected_sorted, ","), "], the handshake lists [",
+                               absl::StrJoin(got_sorted, ","), "]"));
+  }
+  wire_dtype_ = dtype;
+  row_bytes_ = c.kv_width() * (dtype == DType::kF16 ? 2 : 4);
+  const int64_t expect_bytes = 2 * history_ * row_bytes_ * static_cast<int64_t>(got.size());
+  if (h.kv_bytes() != expect_bytes || h.chunk_count() < 0 ||
+      (history_ > 0 && !got.empty() && h.chunk_count() < 2 * static_cast<int64_t>(got.size())) ||
+      h.chunk_count() > expect_bytes / std::max<int64_t>(row_bytes_, 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("handshake announces ", h.chunk_count(),
+                                                   " chunks of ", h.kv_bytes(), " bytes; ",
+                                                   expect_bytes, " bytes expected"));
+  }
+  ASSIGN_OR_RETURN(session_.kv, ctx_.engine->NewStore(capacity, dtype));
+  // Rows arrive into [0, history); a replay prefills them instead.
+  if (session_.mode != MigrationMode::kTokenReplay) {
+    RETURN_IF_ERROR(session_.kv->SetTokens(history_));
+  }
+  announced_.assign(c.n_layers, false);
+  rows_left_.assign(c.n_layers, 0);
+  rows_done_.assign(2 * c.n_layers, {});
+  for (int32_t l : got) {
+    announced_[l] = true;
+    rows_left_[l] = 2 * history_;
+    rows_done_[2 * l].assign(history_, false);
+    rows_done_[2 * l + 1].assign(history_, false);
+  }
+  session_.tokens = std::move(state.token_ids);
+  session_.sampler = std::move(state.sampler);
+  handshake_ = h;
+  figures_.history_tokens = history_;
+  stage_ = Stage::kChunks;
+  return RebuildReadyGroups();  // groups whose anchors carry no rows (empty history)
+}
+
+absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
+  if (chunk.sequence() != next_sequence_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", chunk.sequence(), " arrived where ", next_sequence_, " was due"));
+  }
+  const int32_t layer = chunk.layer();
+  if (layer < 0 || layer >= static_cast<int32_t>(announced_.size()) || !announced_[layer]) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " is for layer ",
+                                                   layer,
+                                                   ", which the handshake does not announce"));
+  }
+  const int64_t first = chunk.first_token(), n = chunk.token_count();
+  if (first < 0 || n < 1 || first > history_ - n) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " has ", n,
+                                                   " rows from row ", first,
+                                                   ", outside the history of ", history_));
+  }
+  if (static_cast<int64_t>(chunk.data().size()) != n * row_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " carries ",
+                                                   chunk.data().size(), " bytes for ", n,
+                                                   " rows of ", row_bytes_));
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(chunk.data().data());
+  const uint32_t crc = Crc32c({bytes, chunk.data().size()});
+  if (crc != chunk.crc32c()) {
+    return absl::DataLossError(absl::StrCat("chunk ", chunk.sequence(), " (layer ", layer,
+                                            ") fails its CRC-32C: ", crc, " != ", chunk.crc32c()));
+  }
+  std::vector<bool>& done = rows_done_[2 * layer + (chunk.values() ? 1 : 0)];
+  for (int64_t t = first; t < first + n; ++t) {
+    if (done[t]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", chunk.sequence(), " resends row ", t, " of layer ", layer));
+    }
+    done[t] = true;
+  }
+  RETURN_IF_ERROR(session_.kv->WriteRows(layer, chunk.values(), first, n, wire_dtype_, bytes));
+  rows_left_[layer] -= n;
+  crc_of_crcs_ = ExtendWithCrc(crc_of_crcs_, crc);
+  figures_.kv_bytes_received += n * row_bytes_;
+  ++next_sequence_;
+  if (rows_left_[layer] != 0) return absl::OkStatus();
+  RETURN_IF_ERROR(session_.kv->FinishLayer(layer));
+  return RebuildReadyGroups();
+}
+
+absl::Status MigrationReceiver::RebuildReadyGroups() {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const bool ready = std::all_of((*it)->group.anchors.begin(), (*it)->group.anchors.end(),
+                                   [&](int32_t a) { return rows_left_[a] == 0; });
+    if (!ready) {
+      ++it;
+      continue;
+    }
+    if (history_ > 0) {
+      ASSIGN_OR_RETURN(double seconds,
+                       ctx_.engine->Rebuild(*session_.kv, *ctx_.predictors, **it, 0, history_));
+      figures_.rebuild_seconds += seconds;
+    }
+    it = pending_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MigrationReceiver::OnTrailer(const v1::MigrationTrailer& t) {
+  const int64_t received = figures_.kv_bytes_received;
+  if (t.chunk_count() != next_sequence_ || handshake_.chunk_count() != next_sequence_ ||
+      t.kv_bytes() != received || handshake_.kv_bytes() != received || t.crc32c() != crc_of_crcs_) {
+    return Fail("corrupt", absl::DataLossError(absl::StrCat(
+                               "stream ended after ", next_sequence_, " chunks and ", received,
+                               " bytes; the handshake announced ", handshake_.chunk_count(),
+                               " chunks and ", handshake_.kv_bytes(), " bytes, the trailer ",
+                               t.chunk_count(), " and ", t.kv_bytes())));
+  }
+  for (size_t l = 0; l < rows_left_.size(); ++l) {
+    if (rows_left_[l] != 0) {
+      return Fail("corrupt", absl::DataLossError(absl::StrCat("layer ", l, " is missing ",
+                                                              rows_left_[l], " of its K/V rows")));
+    }
+  }
+  if (auto st = RebuildReadyGroups(); !st.ok()) return Fail("resume", st);
+  if (!pending_.empty()) {
+    return Fail("resume", absl::InternalError("groups left unrebuilt after every anchor arrived"));
+  }
+  auto r = ctx_.engine->Resume(*session_.kv, session_.tokens,
+                               /*replay=*/session_.mode == MigrationMode::kTokenReplay);
+  if (!r.ok()) return Fail("resume", r.status());
+  if (session_.mode == MigrationMode::kReconstruct) {
+    figures_.rebuild_seconds += r->rebuild_seconds;  // what still ran on the device
+  }
+  figures_.prefill_seconds = r->prefill_seconds;
+  session_.logits = std::move(r->logits);
+  figures_.recovery_seconds = Now() - started_;
+  resumed_ = std::move(session_);
+  stage_ = Stage::kResumed;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> MigrationReceiver::OnCommit() {
+  if (!ctx_.adopt) {
+    return Fail("protocol", absl::FailedPreconditionError("this receiver adopts no sessions"));
+  }
+  auto id = ctx_.adopt(*std::move(resumed_));
+  resumed_.reset();
+  if (!id.ok()) {
+    return Fail(
+        id.status().code() == absl::StatusCode::kDeadlineExceeded ? "timeout" : "session_limit",
+        id.status());
+  }
+  stage_ = Stage::kCommitted;
+  return id;
+}
+
+}  // namespace riskkv

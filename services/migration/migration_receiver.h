@@ -1,0 +1,126 @@
+// The target's side of one migration as a state machine with no transport inside: feed it every
+// frame in order (handshake, KV chunks, trailer, commit); it answers with the reply to send
+// (accepted, resumed, committed). The node carries frames and replies over a gRPC stream; tests
+// feed a MigrationSender's frames in memory.
+//
+// Nothing it builds is visible before the commit: then `adopt` registers the resumed session.
+// Every error leaves the receiver failed (the caller drops it and ends the stream with the
+// error); failure_reason() names the kind for metrics.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/engine/engine.h"
+#include "common/model/sampler.h"
+#include "common/recovery/predictor_bank.h"
+#include "riskkv/v1/migration.pb.h"
+#include "riskkv/v1/retention_policy.pb.h"
+#include "services/migration/migration_mode.h"
+
+namespace riskkv {
+
+// A session rebuilt from a stream, ready to decode on.
+struct ResumedSession {
+  MigrationMode mode = MigrationMode::kFullKv;
+  std::unique_ptr<KvStore> kv;  // rows [0, tokens.size())
+  std::vector<int32_t> tokens;
+  std::optional<Sampler> sampler;  // restored from the handshake
+  std::vector<float> logits;       // of the next token, after feeding the last one
+};
+
+// What the target needs to accept migrations.
+struct TargetContext {
+  Engine* engine = nullptr;
+  std::string model_fingerprint;
+  const v1::RetentionPolicy* policy = nullptr;   // for RECONSTRUCT
+  const PredictorBank* bank = nullptr;           // the policy's bank
+  const EnginePredictors* predictors = nullptr;  // `bank` prepared for `engine`
+  int64_t capacity = 0;                          // KV rows of the resumed session (0: context)
+  // This node's measured speeds, reported to the source in `accepted` (0: not measured).
+  double prefill_seconds_per_token = 0;
+  double rebuild_seconds_per_token = 0;
+  // Registers the session when the commit arrives and returns its id. Its error fails the
+  // commit (ResourceExhausted: the session limit; DeadlineExceeded: too late).
+  std::function<absl::StatusOr<std::string>(ResumedSession session)> adopt;
+};
+
+// Where the time of a resume went, for the node's metrics and speed estimates.
+struct ResumeFigures {
+  int64_t history_tokens = 0;
+  int64_t kv_bytes_received = 0;
+  double rebuild_seconds = 0.0;   // RECONSTRUCT
+  double prefill_seconds = 0.0;   // TOKEN_REPLAY
+  double recovery_seconds = 0.0;  // handshake received to first token ready
+};
+
+class MigrationReceiver {
+ public:
+  explicit MigrationReceiver(TargetContext context);
+
+  // The next frame of the stream, and the reply to send for it, if any:
+  // - handshake: checked before any KV moves; replies `accepted`. FailedPrecondition names what
+  //   does not match (protocol version, model fingerprint, policy id or version, bank, layer
+  //   list); InvalidArgument for a malformed handshake (session state, sizes, dtype, mode) or a
+  //   session that does not fit. A first frame of another kind is InvalidArgument.
+  // - chunk: DataLoss for a CRC mismatch; InvalidArgument for a chunk out of sequence, for a
+  //   layer not announced, rows outside the history, a wrong payload size or rows sent twice.
+  //   Groups are rebuilt as soon as their anchors are complete.
+  // - trailer: DataLoss when the totals disagree or announced rows are missing; then rebuilds
+  //   what remains, replays the history (TOKEN_REPLAY), feeds the last token; replies `resumed`.
+  // - commit: after the trailer only; calls `adopt` and replies `committed` with the id.
+  // A second handshake, a chunk or trailer outside the chunk phase and anything after the
+  // trailer but a commit are FailedPrecondition; a commit before the trailer and an empty frame
+  // InvalidArgument.
+  absl::StatusOr<std::optional<v1::ReceiveReply>> OnFrame(const v1::MigrationFrame& frame);
+
+  // The stream ended early: the label failure_reason() then gives ("truncated" before the
+  // trailer, "not_committed" after it). Nothing was applied.
+  void OnStreamEnd();
+
+  // Why the receiver failed, for metrics: "protocol", "handshake", "corrupt", "bad_chunk",
+  // "resume", "session_limit", "timeout", "truncated", "not_committed"; empty while it has not.
+  const std::string& failure_reason() const { return failure_; }
+  // The mode the handshake named, once it parsed.
+  std::optional<MigrationMode> mode() const { return mode_; }
+  bool committed() const { return stage_ == Stage::kCommitted; }
+  // Set once the session resumed (trailer accepted).
+  const ResumeFigures& figures() const { return figures_; }
+  // The resumed session between the trailer and the commit (tests look inside).
+  const ResumedSession* resumed() const { return resumed_ ? &*resumed_ : nullptr; }
+
+ private:
+  enum class Stage { kHandshake, kChunks, kResumed, kCommitted, kFailed };
+  absl::Status OnHandshake(const v1::MigrationHandshake& handshake);
+  absl::Status OnChunk(const v1::KvChunk& chunk);
+  absl::Status OnTrailer(const v1::MigrationTrailer& trailer);
+  absl::StatusOr<std::string> OnCommit();
+  absl::Status RebuildReadyGroups();
+  absl::Status Fail(const char* reason, absl::Status status);
+
+  TargetContext ctx_;
+  Stage stage_ = Stage::kHandshake;
+  std::string failure_;
+  std::optional<MigrationMode> mode_;
+  v1::MigrationHandshake handshake_;
+  ResumedSession session_;
+  std::optional<ResumedSession> resumed_;
+  ResumeFigures figures_;
+  double started_ = 0;  // steady-clock seconds at the handshake
+  int64_t history_ = 0;
+  int64_t row_bytes_ = 0;  // one token's K (or V) of one layer on the wire
+  DType wire_dtype_ = DType::kF16;
+  int64_t next_sequence_ = 0;
+  uint32_t crc_of_crcs_ = 0;
+  std::vector<std::vector<bool>> rows_done_;  // [layer * 2 + values][row]
+  std::vector<int64_t> rows_left_;            // per layer: K and V rows still missing
+  std::vector<bool> announced_;               // per layer
+  std::vector<const FoldedGroup*> pending_;   // groups not yet rebuilt
+};
+
+}  // namespace riskkv

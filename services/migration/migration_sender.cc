@@ -1,0 +1,151 @@
+// The source's side of a migration (see migration_sender.h).
+#include "services/migration/migration_sender.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/crc32c.h"
+#include "common/base/status_macros.h"
+#include "services/migration/wire.h"
+#include "services/session_codec.h"
+
+namespace riskkv {
+
+MigrationSender::MigrationSender(SessionView session, SendOptions options, HandOver* hand_over)
+    : session_(session), options_(std::move(options)), hand_over_(hand_over) {}
+
+absl::Status MigrationSender::Fail(absl::Status status) {
+  Abort();
+  return status;
+}
+
+void MigrationSender::Abort() {
+  if (state_ == State::kCommitted || state_ == State::kFailed) return;
+  if (state_ == State::kAwaitCommitted && hand_over_ != nullptr) hand_over_->Restore();
+  state_ = State::kFailed;
+}
+
+absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
+  if (state_ != State::kStart) {
+    return absl::FailedPreconditionError("the handshake was already built");
+  }
+  const SessionView& s = session_;
+  if (s.kv == nullptr || s.sampler == nullptr || s.tokens.empty()) {
+    return Fail(
+        absl::InvalidArgumentError("a session to migrate needs a KV store, a sampler and tokens"));
+  }
+  const auto history = static_cast<int64_t>(s.tokens.size()) - 1;
+  if (s.kv->n_tokens() != history && s.kv->n_tokens() != history + 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("session cache holds ", s.kv->n_tokens(),
+                                                        " rows for ", s.tokens.size(), " tokens")));
+  }
+  if (options_.mode == MigrationMode::kReconstruct && options_.policy == nullptr) {
+    return Fail(absl::FailedPreconditionError("RECONSTRUCT needs a retention policy"));
+  }
+  const int64_t row = s.kv->row_bytes();
+  if (options_.max_chunk_bytes < row) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "max_chunk_bytes ", options_.max_chunk_bytes, " is less than one row (", row, " bytes)")));
+  }
+  v1::MigrationHandshake& h = handshake_;
+  h.set_protocol_version(kMigrationProtocolVersion);
+  h.set_model_fingerprint(options_.model_fingerprint);
+  h.set_mode(ToProto(options_.mode));
+  if (options_.mode == MigrationMode::kReconstruct) {
+    h.set_policy_id(options_.policy->policy_id());
+    h.set_policy_version(options_.policy->version());
+    h.set_predictor_bank_sha256(options_.policy->predictor_bank_sha256());
+  }
+  h.set_kv_dtype(DtypeToProto(s.kv->dtype()));
+  const std::vector<int32_t> layers =
+      SendOrder(options_.mode, s.kv->engine().config().n_layers, options_.policy);
+  for (int32_t l : layers) h.add_layers(l);
+  h.set_history_tokens(history);
+  *h.mutable_session() = EncodeDecodingState(s.tokens, *s.sampler);
+  rows_per_chunk_ = RowsPerChunk(options_.max_chunk_bytes, row);
+  const int64_t chunks_per_tensor =
+      history == 0 ? 0 : (history + rows_per_chunk_ - 1) / rows_per_chunk_;
+  h.set_chunk_count(2 * chunks_per_tensor * static_cast<int64_t>(layers.size()));
+  h.set_kv_bytes(2 * history * row * static_cast<int64_t>(layers.size()));
+  state_ = State::kAwaitAccepted;
+  v1::MigrationFrame frame;
+  *frame.mutable_handshake() = h;
+  return frame;
+}
+
+absl::Status MigrationSender::OnReply(const v1::ReceiveReply& reply) {
+  switch (state_) {
+    case State::kAwaitAccepted:
+      if (!reply.has_accepted()) break;
+      accepted_ = reply.accepted();
+      state_ = State::kStreaming;
+      return absl::OkStatus();
+    case State::kAwaitResumed:
+      if (!reply.has_resumed()) break;
+      resumed_ = reply.resumed();
+      state_ = State::kResumed;
+      return absl::OkStatus();
+    case State::kAwaitCommitted:
+      if (!reply.has_committed()) break;
+      target_session_id_ = reply.committed().session_id();
+      state_ = State::kCommitted;
+      return absl::OkStatus();
+    default:
+      break;
+  }
+  return Fail(absl::FailedPreconditionError("the target answered out of protocol"));
+}
+
+absl::StatusOr<std::optional<v1::MigrationFrame>> MigrationSender::NextFrame() {
+  if (state_ == State::kAwaitResumed) return std::nullopt;
+  if (state_ != State::kStreaming) {
+    return absl::FailedPreconditionError("no frames to send before the target accepted");
+  }
+  const int64_t history = handshake_.history_tokens();
+  if (first_row_ >= history && history > 0) {  // the tensor is done: the next one
+    first_row_ = 0;
+    if (values_) ++layer_index_;
+    values_ = !values_;
+  }
+  v1::MigrationFrame frame;
+  if (history == 0 || layer_index_ >= handshake_.layers_size()) {
+    frame.mutable_trailer()->set_chunk_count(sequence_);
+    frame.mutable_trailer()->set_kv_bytes(bytes_);
+    frame.mutable_trailer()->set_crc32c(crc_of_crcs_);
+    state_ = State::kAwaitResumed;
+    return frame;
+  }
+  const int32_t layer = handshake_.layers(layer_index_);
+  const int64_t n = std::min(rows_per_chunk_, history - first_row_);
+  const int64_t row = session_.kv->row_bytes();
+  rows_.resize(static_cast<size_t>(n * row));
+  if (auto st = session_.kv->ReadRows(layer, values_, first_row_, n,
+                                      reinterpret_cast<uint8_t*>(rows_.data()));
+      !st.ok()) {
+    return Fail(st);
+  }
+  v1::KvChunk* c = frame.mutable_chunk();
+  c->set_sequence(sequence_++);
+  c->set_layer(layer);
+  c->set_values(values_);
+  c->set_first_token(first_row_);
+  c->set_token_count(n);
+  const uint32_t crc = Crc32c({reinterpret_cast<const uint8_t*>(rows_.data()), rows_.size()});
+  c->set_data(rows_);
+  c->set_crc32c(crc);
+  crc_of_crcs_ = ExtendWithCrc(crc_of_crcs_, crc);
+  bytes_ += n * row;
+  first_row_ += n;
+  return frame;
+}
+
+absl::StatusOr<v1::MigrationFrame> MigrationSender::Commit() {
+  if (state_ != State::kResumed) {
+    return absl::FailedPreconditionError("a commit before the target resumed the session");
+  }
+  if (hand_over_ != nullptr) hand_over_->Withdraw();
+  state_ = State::kAwaitCommitted;
+  v1::MigrationFrame frame;
+  frame.mutable_commit();
+  return frame;
+}
+
+}  // namespace riskkv

@@ -1,0 +1,118 @@
+// The source's side of one migration as a state machine with no transport inside: it builds the
+// handshake, reads the target's replies, emits the KV chunks in sending order and the trailer,
+// then commits the hand-over, withdrawing the session from service and putting it back when the
+// target does not confirm. The node carries its frames over a gRPC stream; tests carry them in
+// memory to a MigrationReceiver.
+//
+//   Handshake() -> frame        state kStart -> kAwaitAccepted
+//   OnReply(accepted)           -> kStreaming
+//   NextFrame() ... -> chunks, then the trailer, then nullopt      -> kAwaitResumed
+//   OnReply(resumed)            -> kResumed
+//   Commit() -> frame (HandOver::Withdraw)                         -> kAwaitCommitted
+//   OnReply(committed)          -> kCommitted (the target serves the session)
+//
+// Any error, and Abort(), moves to kFailed; from kAwaitCommitted that calls HandOver::Restore
+// first, so a failed migration always leaves the session on the source, intact.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/engine/engine.h"
+#include "common/model/sampler.h"
+#include "riskkv/v1/migration.pb.h"
+#include "riskkv/v1/retention_policy.pb.h"
+#include "services/migration/migration_mode.h"
+
+namespace riskkv {
+
+// The source's view of a session at the moment it migrates.
+struct SessionView {
+  const KvStore* kv = nullptr;       // rows [0, tokens.size() - 1) hold the history's KV (a row
+                                     // for the last token too is allowed and not sent)
+  std::span<const int32_t> tokens;   // every token so far; the last one not fed yet
+  const Sampler* sampler = nullptr;  // parameters and RNG state
+};
+
+struct SendOptions {
+  MigrationMode mode = MigrationMode::kFullKv;
+  std::string model_fingerprint;
+  const v1::RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
+  int64_t max_chunk_bytes = 256 << 10;          // payload bound of one chunk (>= one row)
+};
+
+// Takes the session out of service at the commit and puts it back if the target does not
+// confirm. Both are called at most once each, Restore only after Withdraw.
+class HandOver {
+ public:
+  virtual ~HandOver() = default;
+  virtual void Withdraw() = 0;
+  virtual void Restore() = 0;
+};
+
+class MigrationSender {
+ public:
+  enum class State {
+    kStart,
+    kAwaitAccepted,
+    kStreaming,
+    kAwaitResumed,
+    kResumed,
+    kAwaitCommitted,
+    kCommitted,
+    kFailed
+  };
+
+  // `session` (its store, tokens and sampler) and `hand_over` must stay valid and unchanged
+  // while the sender runs; `hand_over` may be null (nothing to withdraw).
+  MigrationSender(SessionView session, SendOptions options, HandOver* hand_over);
+
+  // The first frame. InvalidArgument when the view is inconsistent (no store, sampler or tokens;
+  // not tokens - 1 or tokens rows; max_chunk_bytes under one row); FailedPrecondition for
+  // RECONSTRUCT without a policy.
+  absl::StatusOr<v1::MigrationFrame> Handshake();
+  // A reply from the target: `accepted` in kAwaitAccepted, `resumed` in kAwaitResumed,
+  // `committed` in kAwaitCommitted. Any other reply is FailedPrecondition ("out of protocol").
+  absl::Status OnReply(const v1::ReceiveReply& reply);
+  // In kStreaming: the next chunk (rows read from the store), then the trailer; after the
+  // trailer nullopt, and the sender waits for `resumed`. Errors reading the store are returned.
+  absl::StatusOr<std::optional<v1::MigrationFrame>> NextFrame();
+  // In kResumed: the commit frame; the session is withdrawn from service first.
+  absl::StatusOr<v1::MigrationFrame> Commit();
+  // The transport failed or the caller gave up: kFailed, restoring a withdrawn session. A no-op
+  // once committed.
+  void Abort();
+
+  State state() const { return state_; }
+  // After Handshake / the matching replies.
+  const v1::MigrationHandshake& handshake() const { return handshake_; }
+  const v1::HandshakeAccepted& accepted() const { return accepted_; }
+  const v1::Resumed& resumed() const { return resumed_; }
+  const std::string& target_session_id() const { return target_session_id_; }
+
+ private:
+  absl::Status Fail(absl::Status status);
+
+  const SessionView session_;
+  const SendOptions options_;
+  HandOver* const hand_over_;
+  State state_ = State::kStart;
+  v1::MigrationHandshake handshake_;
+  v1::HandshakeAccepted accepted_;
+  v1::Resumed resumed_;
+  std::string target_session_id_;
+  // Streaming position: index into handshake_.layers(), keys then values, first row.
+  int layer_index_ = 0;
+  bool values_ = false;
+  int64_t first_row_ = 0;
+  int64_t rows_per_chunk_ = 1;
+  int64_t sequence_ = 0;
+  int64_t bytes_ = 0;
+  uint32_t crc_of_crcs_ = 0;
+  std::string rows_;  // the chunk being read, reused
+};
+
+}  // namespace riskkv

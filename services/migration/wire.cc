@@ -1,0 +1,57 @@
+// The migration stream's shared rules (see wire.h).
+#include "services/migration/wire.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/crc32c.h"
+#include "common/recovery/retention_policy.h"
+
+namespace riskkv {
+
+std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers,
+                               const v1::RetentionPolicy* policy) {
+  std::vector<int32_t> order;
+  if (mode == MigrationMode::kTokenReplay) return order;
+  if (mode == MigrationMode::kFullKv || policy == nullptr) {
+    for (int32_t l = 0; l < n_layers; ++l) order.push_back(l);
+    return order;
+  }
+  std::set<int32_t> sent;
+  for (const LayerGroup& g : RebuiltGroups(*policy)) {
+    for (int32_t a : g.anchors) {
+      if (sent.insert(a).second) order.push_back(a);
+    }
+  }
+  for (int32_t l : policy->kept_layers()) {
+    if (sent.insert(l).second) order.push_back(l);
+  }
+  return order;
+}
+
+int64_t RowsPerChunk(int64_t max_chunk_bytes, int64_t row_bytes) {
+  return std::max<int64_t>(1, max_chunk_bytes / row_bytes);
+}
+
+uint32_t ExtendWithCrc(uint32_t acc, uint32_t crc) {
+  uint8_t le[4] = {static_cast<uint8_t>(crc), static_cast<uint8_t>(crc >> 8),
+                   static_cast<uint8_t>(crc >> 16), static_cast<uint8_t>(crc >> 24)};
+  return Crc32cExtend(acc, le);
+}
+
+v1::KvDtype DtypeToProto(DType dtype) { return dtype == DType::kF16 ? v1::KV_F16 : v1::KV_F32; }
+
+absl::StatusOr<DType> DtypeFromProto(v1::KvDtype d) {
+  switch (d) {
+    case v1::KV_F32:
+      return DType::kF32;
+    case v1::KV_F16:
+      return DType::kF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_dtype ", static_cast<int>(d), " is not KV_F32 or KV_F16"));
+  }
+}
+
+}  // namespace riskkv

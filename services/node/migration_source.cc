@@ -1,0 +1,85 @@
+// The source role's transport (see migration_source.h).
+#include "services/node/migration_source.h"
+
+#include "riskkv/v1/node.grpc.pb.h"
+#include "services/grpc_status.h"
+
+namespace riskkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendOutcome* out) {
+  *out = {};
+  auto cancelled = [&] { return link.cancelled && link.cancelled(); };
+  absl::StatusOr<v1::MigrationFrame> handshake = sender.Handshake();
+  if (!handshake.ok()) return handshake.status();
+  auto channel = grpc::CreateChannel(
+      link.target, link.credentials ? link.credentials : grpc::InsecureChannelCredentials());
+  auto stub = v1::Node::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(link.deadline);
+  auto stream = stub->Receive(&ctx);
+  // Ends the stream after a failure on this side; `cancel` when the target may still be waiting
+  // for frames.
+  auto finish = [&](const std::string& what, bool cancel = true) {
+    sender.Abort();
+    if (cancel) ctx.TryCancel();
+    const grpc::Status st = stream->Finish();
+    if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) {
+      return absl::Status(FromGrpc(st).code(), what + ": " + st.error_message());
+    }
+    return absl::UnavailableError(what);
+  };
+  v1::ReceiveReply reply;
+  if (!stream->Write(*handshake) || !stream->Read(&reply)) {
+    sender.Abort();
+    stream->WritesDone();
+    const grpc::Status st = stream->Finish();
+    out->refused = st.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+    return absl::Status(st.ok() ? absl::StatusCode::kUnavailable : FromGrpc(st).code(),
+                        "target " + link.target + " refused the handshake: " +
+                            (st.ok() ? std::string("stream closed") : st.error_message()));
+  }
+  if (!sender.OnReply(reply).ok()) return finish("target answered the handshake out of protocol");
+  const auto t0 = Clock::now();
+  while (true) {
+    if (cancelled()) return finish("the caller cancelled the migration");
+    absl::StatusOr<std::optional<v1::MigrationFrame>> frame = sender.NextFrame();
+    if (!frame.ok()) return finish(std::string(frame.status().message()));
+    if (!frame->has_value()) break;
+    const v1::MigrationFrame& f = **frame;
+    if (f.has_chunk() && link.limiter != nullptr) {
+      link.limiter->Acquire(static_cast<int64_t>(f.chunk().data().size()));
+    }
+    if (!stream->Write(f)) return finish("the stream to the target broke", /*cancel=*/false);
+  }
+  out->send_seconds = Since(t0);
+  if (!stream->Read(&reply) || !sender.OnReply(reply).ok()) {
+    return finish("target did not resume the session");
+  }
+  out->resumed = true;
+  out->transfer_seconds = Since(t0);
+  if (cancelled()) return finish("the caller cancelled the migration");
+  // Second phase: stop serving here, then hand over. Once the target said `committed` it serves
+  // the session, whatever happens to the stream; without it the session comes back.
+  absl::StatusOr<v1::MigrationFrame> commit = sender.Commit();
+  if (!commit.ok()) return finish(std::string(commit.status().message()));
+  const bool committed = stream->Write(*commit) && stream->WritesDone() && stream->Read(&reply) &&
+                         sender.OnReply(reply).ok();
+  const grpc::Status st = stream->Finish();
+  if (!committed) {
+    sender.Abort();
+    return absl::Status(st.ok() ? absl::StatusCode::kUnavailable : FromGrpc(st).code(),
+                        "target did not confirm the hand-over" +
+                            (st.ok() ? std::string() : ": " + st.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace riskkv

@@ -1,0 +1,39 @@
+// The source role's transport: a MigrationSender carried over the target's Receive stream, with
+// the node's link rate limit on every chunk and the caller's cancellation honoured between
+// frames.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "services/migration/migration_sender.h"
+#include "services/node/rate_limiter.h"
+
+namespace riskkv {
+
+struct SourceLink {
+  std::string target;                                     // the target node's address
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
+  RateLimiter* limiter = nullptr;                         // null: unlimited
+  std::chrono::system_clock::time_point deadline;
+  std::function<bool()> cancelled;  // the caller gave up (may be null)
+};
+
+struct SendOutcome {
+  bool refused = false;         // the target turned the handshake down: nothing moved
+  bool resumed = false;         // the target resumed the session (the KV crossed)
+  double send_seconds = 0;      // first chunk to trailer written: the wire alone
+  double transfer_seconds = 0;  // first chunk to the target's `resumed`
+};
+
+// Runs `sender` until the target committed (OK) or the migration failed; on failure the sender
+// has put a withdrawn session back. The target's own status (it may have closed the stream with
+// a precise reason) wins over this side's.
+absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendOutcome* outcome);
+
+}  // namespace riskkv

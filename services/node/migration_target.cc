@@ -1,0 +1,101 @@
+// The target role's transport (see migration_target.h).
+#include "services/node/migration_target.h"
+
+#include <chrono>
+
+#include "services/grpc_status.h"
+#include "services/migration/migration_receiver.h"
+
+namespace riskkv {
+
+grpc::Status ReceiveMigration(
+    const TargetSide& side, grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream,
+    ReceiveWatchdog& watchdog) {
+  const auto start = std::chrono::steady_clock::now();
+  NodeMetrics* metrics = side.metrics;
+  v1::MigrationFrame f;
+  if (!stream->Read(&f)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the stream carried no handshake");
+  }
+  watchdog.Touch();
+  auto fail = [&](const std::string& reason, const absl::Status& s) {
+    if (metrics) {
+      metrics->Failure("target", reason);
+      metrics->Migration("target", "unknown", "failed", 0);
+    }
+    return ToGrpc(s);
+  };
+  if (auto room = side.sessions->CheckRoom(); !room.ok()) return fail("session_limit", room);
+  const Retention* r = side.retention.get();
+  TargetContext ctx{
+      .engine = side.engine,
+      .model_fingerprint = side.model_fingerprint,
+      .policy = r ? &r->policy : nullptr,
+      .bank = r ? r->bank.get() : nullptr,
+      .predictors = r ? r->predictors.get() : nullptr,
+      .capacity = side.capacity,
+      .prefill_seconds_per_token = side.planner->measured_prefill_seconds_per_token(),
+      .rebuild_seconds_per_token = side.planner->measured_rebuild_seconds_per_token()};
+  ctx.adopt = [&](ResumedSession resumed) -> absl::StatusOr<std::string> {
+    // From here the session is registered: the deadline may no longer cancel the call.
+    if (!watchdog.Disarm()) {
+      return absl::DeadlineExceededError("the node's receive deadline passed");
+    }
+    auto s = std::make_unique<NodeSession>();
+    s->kv = std::move(resumed.kv);
+    s->tokens = std::move(resumed.tokens);
+    s->sampler = std::move(resumed.sampler);
+    // The first decode step already ran: its logits give the next token.
+    s->pending_logits = std::move(resumed.logits);
+    return side.sessions->Add(std::move(s));
+  };
+  MigrationReceiver rx(std::move(ctx));
+  while (true) {
+    watchdog.Busy();  // checking a handshake or a complete anchor set may start work here
+    auto reply = rx.OnFrame(f);
+    watchdog.Touch();
+    if (!reply.ok()) {
+      if (rx.failure_reason() != "handshake") return fail(rx.failure_reason(), reply.status());
+      if (metrics) {
+        metrics->Failure("target", "handshake");
+        metrics->Migration("target", rx.mode() ? MigrationModeName(*rx.mode()) : "unknown",
+                           "refused", 0);
+      }
+      return ToGrpc(reply.status());
+    }
+    if (reply->has_value() && (*reply)->has_resumed()) {
+      const ResumeFigures& fig = rx.figures();
+      if (fig.prefill_seconds > 0)
+        side.planner->MeasurePrefill(fig.prefill_seconds, fig.history_tokens);
+      if (fig.rebuild_seconds > 0)
+        side.planner->MeasureRebuild(fig.rebuild_seconds, fig.history_tokens);
+    }
+    if (reply->has_value() && !stream->Write(**reply) && rx.committed()) {
+      // The source cannot learn that we took the session over, so it keeps serving it.
+      side.sessions->Erase((*reply)->committed().session_id());
+      return fail("not_committed", absl::AbortedError("the commit confirmation could not be sent"));
+    }
+    if (rx.committed()) break;
+    if (!stream->Read(&f)) {
+      rx.OnStreamEnd();
+      return fail(rx.failure_reason(),
+                  absl::AbortedError(rx.failure_reason() == "not_committed"
+                                         ? "the source did not commit; the resumed session was "
+                                           "dropped"
+                                         : "the stream ended before its trailer; nothing was "
+                                           "applied"));
+    }
+  }
+  if (metrics) {
+    const char* mode = MigrationModeName(*rx.mode());
+    const ResumeFigures& fig = rx.figures();
+    metrics->Migration(
+        "target", mode, "ok",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    metrics->Recovery(mode, fig.recovery_seconds);
+    if (fig.rebuild_seconds > 0) metrics->Rebuild(fig.rebuild_seconds);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace riskkv

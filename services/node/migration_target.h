@@ -1,0 +1,36 @@
+// The target role's transport: one Receive stream fed through a MigrationReceiver, with the
+// watchdog that cuts off a stalled source, the session limit, and the resumed session
+// registered in the session table at the commit.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "common/engine/engine.h"
+#include "riskkv/v1/node.grpc.pb.h"
+#include "services/node/mode_planner.h"
+#include "services/node/node_metrics.h"
+#include "services/node/receive_watchdog.h"
+#include "services/node/retention.h"
+#include "services/node/session_table.h"
+
+namespace riskkv {
+
+struct TargetSide {
+  Engine* engine = nullptr;
+  std::string model_fingerprint;
+  std::shared_ptr<const Retention> retention;  // a snapshot for this migration (may be null)
+  int64_t capacity = 0;
+  SessionTable* sessions = nullptr;
+  ModePlanner* planner = nullptr;  // hears this node's rebuild and prefill speeds
+  NodeMetrics* metrics = nullptr;  // may be null
+};
+
+// Runs one admitted Receive call to its end; `watchdog` hears of every frame and is disarmed
+// before the session is registered.
+grpc::Status ReceiveMigration(
+    const TargetSide& side, grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream,
+    ReceiveWatchdog& watchdog);
+
+}  // namespace riskkv
