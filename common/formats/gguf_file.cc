@@ -2,14 +2,8 @@
 // size before touching the bytes, so a truncated or hostile file yields a Status, never a crash.
 #include "common/formats/gguf_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -18,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/base/strings.h"
 
 namespace riskkv {
 namespace {
@@ -37,9 +32,6 @@ constexpr uint64_t kMinKvBytes = 8 + 4 + 1;  // key length, value type, 1-byte v
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 
 using Type = GgufValue::Type;
-
-// Debian's Abseil is built with its own string_view, which StrCat does not take a std one for.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // Per metadata value type, indexed by its id: name, and encoded size (for strings the 8-byte
 // length prefix, for arrays the element-type field: lower bounds used to bound counts).
@@ -100,7 +92,8 @@ GgmlType LookupGgmlType(uint32_t id) {
 // the file, the current context (which entry is being parsed), what was read and its offset.
 class GgufParser {
  public:
-  GgufParser(GgufFile& file, const uint8_t* base) : f_(file), base_(base), size_(file.size_) {}
+  explicit GgufParser(GgufFile& file)
+      : f_(file), base_(file.mapping_.data()), size_(file.mapping_.size()) {}
 
   absl::Status Parse();
 
@@ -137,7 +130,7 @@ class GgufParser {
                    absl::StrCat("string length ", len, " exceeds the ", remaining(),
                                 " bytes left in the file (file size ", size_, ")"));
     }
-    std::string s(reinterpret_cast<const char*>(base_ + pos_), len);
+    std::string s(AsChars(base_ + pos_, len));
     pos_ += len;
     return s;
   }
@@ -450,41 +443,11 @@ absl::Status GgufParser::Parse() {
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(msg);
-    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-    return absl::InvalidArgumentError(msg);
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  file->size_ = static_cast<uint64_t>(st.st_size);
-  if (file->size_ > 0) {
-    // MAP_PRIVATE + PROT_READ: the weights are never written, and pages stay shared with the cache.
-    void* m = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(err)));
-    }
-    file->map_ = m;
-  }
-  ::close(fd);
   // An empty file maps nothing; the parser then reports the missing magic.
-  static const uint8_t kEmpty = 0;
-  const uint8_t* base = file->map_ ? static_cast<const uint8_t*>(file->map_) : &kEmpty;
-  GgufParser parser(*file, base);
+  ASSIGN_OR_RETURN(file->mapping_, MappedFile::Open(path));
+  GgufParser parser(*file);
   RETURN_IF_ERROR(parser.Parse());
   return file;
-}
-
-GgufFile::~GgufFile() {
-  if (map_ != nullptr) ::munmap(map_, size_);
 }
 
 const GgufValue* GgufFile::Find(std::string_view key) const {
@@ -502,7 +465,7 @@ namespace {
 absl::StatusOr<const GgufValue*> Lookup(const GgufFile& f, std::string_view key) {
   const GgufValue* v = f.Find(key);
   if (v == nullptr) {
-    return absl::NotFoundError(absl::StrCat(f.path(), ": no metadata key '", Sv(key), "'"));
+    return absl::NotFoundError(absl::StrCat(f.path(), ": no metadata key '", AbslView(key), "'"));
   }
   return v;
 }
@@ -511,7 +474,7 @@ absl::Status WrongType(const GgufFile& f, std::string_view key, const GgufValue&
                        absl::string_view want) {
   std::string have = TypeName(v.type);
   if (v.type == Type::kArray) have = absl::StrCat("array of ", TypeName(v.array_type));
-  return absl::InvalidArgumentError(absl::StrCat(f.path(), ": metadata key '", Sv(key),
+  return absl::InvalidArgumentError(absl::StrCat(f.path(), ": metadata key '", AbslView(key),
                                                  "' has type ", have, ", expected ", want));
 }
 
@@ -524,7 +487,7 @@ absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const {
   const int64_t s = std::get<int64_t>(v->scalar);
   if (s < 0) {
     return absl::OutOfRangeError(
-        absl::StrCat(path_, ": metadata key '", Sv(key), "' = ", s, " is negative"));
+        absl::StrCat(path_, ": metadata key '", AbslView(key), "' = ", s, " is negative"));
   }
   return static_cast<uint64_t>(s);
 }
@@ -535,8 +498,8 @@ absl::StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
   if (const auto* s = std::get_if<int64_t>(&v->scalar)) return *s;
   const uint64_t u = std::get<uint64_t>(v->scalar);
   if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return absl::OutOfRangeError(
-        absl::StrCat(path_, ": metadata key '", Sv(key), "' = ", u, " does not fit in int64"));
+    return absl::OutOfRangeError(absl::StrCat(path_, ": metadata key '", AbslView(key), "' = ", u,
+                                              " does not fit in int64"));
   }
   return static_cast<int64_t>(u);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/mapped_file.h"
 #include "common/model/tensor_view.h"
 
 namespace riskkv {
@@ -51,13 +52,12 @@ class GgufFile {
   // past the end of the file, unsupported tensor type with its ggml id and name, ...).
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
 
-  ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
 
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
-  uint64_t file_size() const { return size_; }
+  uint64_t file_size() const { return mapping_.size(); }
 
   // Metadata lookup. Typed getters fail with NotFound when the key is absent and
   // InvalidArgument when it has another type (integer getters accept any integer type whose
@@ -83,8 +83,7 @@ class GgufFile {
   GgufFile() = default;
   std::string path_;
   uint32_t version_ = 0;
-  uint64_t size_ = 0;
-  void* map_ = nullptr;
+  MappedFile mapping_;  // tensor data points into it
   std::vector<std::pair<std::string, GgufValue>> metadata_;
   std::vector<TensorView> tensors_;
   // Name -> index into metadata_ / tensors_; std::less<> allows lookup by string_view.

@@ -2,14 +2,8 @@
 // entry against the data section, so a truncated or hostile file yields a Status, never a crash.
 #include "common/formats/safetensors_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -57,8 +51,8 @@ bool ParseDType(const std::string& s, DTypeInfo& out) {
 
 class SafetensorsParser {
  public:
-  SafetensorsParser(SafetensorsFile& file, const uint8_t* base)
-      : f_(file), base_(base), size_(file.size_) {}
+  explicit SafetensorsParser(SafetensorsFile& file)
+      : f_(file), base_(file.mapping_.data()), size_(file.mapping_.size()) {}
 
   absl::Status Parse();
 
@@ -242,41 +236,11 @@ absl::Status SafetensorsParser::Parse() {
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(msg);
-    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-    return absl::InvalidArgumentError(msg);
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  file->size_ = static_cast<uint64_t>(st.st_size);
-  if (file->size_ > 0) {
-    // MAP_PRIVATE + PROT_READ: the weights are never written, and pages stay shared with the cache.
-    void* m = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(err)));
-    }
-    file->map_ = m;
-  }
-  ::close(fd);
   // An empty file maps nothing; the parser rejects it before reading.
-  static const uint8_t kEmpty = 0;
-  const uint8_t* base = file->map_ ? static_cast<const uint8_t*>(file->map_) : &kEmpty;
-  SafetensorsParser parser(*file, base);
+  ASSIGN_OR_RETURN(file->mapping_, MappedFile::Open(path));
+  SafetensorsParser parser(*file);
   RETURN_IF_ERROR(parser.Parse());
   return file;
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, size_);
 }
 
 const TensorView* SafetensorsFile::FindTensor(std::string_view name) const {

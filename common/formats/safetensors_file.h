@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/mapped_file.h"
 #include "common/model/tensor_view.h"
 
 namespace riskkv {
@@ -21,7 +22,6 @@ class SafetensorsFile {
   // non-overlapping). Unsupported dtypes (e.g. I64 or F8) are an error naming the tensor.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
 
-  ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
@@ -35,8 +35,7 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   std::string path_;
-  uint64_t size_ = 0;
-  void* map_ = nullptr;
+  MappedFile mapping_;  // tensor data points into it
   std::vector<TensorView> tensors_;
   std::vector<std::pair<std::string, std::string>> metadata_;
   // Name -> index into tensors_; std::less<> allows lookup by string_view.

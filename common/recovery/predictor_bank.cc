@@ -3,23 +3,20 @@
 // built by the same code and have the same content hash.
 #include "common/recovery/predictor_bank.h"
 
-#include <fcntl.h>
 #include <openssl/evp.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/atomic_file.h"
+#include "common/base/mapped_file.h"
 #include "common/base/status_macros.h"
+#include "common/base/strings.h"
 
 namespace riskkv {
 namespace {
@@ -44,9 +41,6 @@ constexpr int32_t kMaxLayerId = 1 << 20;
 
 uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-// Debian's Abseil has its own string_view, which StrCat does not take a std one for.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 struct MdCtxFree {
   void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
 };
@@ -69,10 +63,10 @@ absl::StatusOr<std::string> Sha256(const uint8_t* data, uint64_t size, uint64_t 
   if (!ok || EVP_DigestFinal_ex(ctx.get(), digest, &len) != 1 || len != kChecksumBytes) {
     return absl::InternalError("predictor bank: SHA-256 failed (OpenSSL)");
   }
-  return std::string(reinterpret_cast<const char*>(digest), len);
+  return std::string(AsChars(digest, len));
 }
 
-std::string Hex(std::string_view bytes) { return absl::BytesToHexString(Sv(bytes)); }
+std::string Hex(std::string_view bytes) { return absl::BytesToHexString(AbslView(bytes)); }
 
 // Target and anchor ids of the groups so far: what both FromFits and the parser require. A bank
 // does not know the model's depth, so only the id ceiling bounds the layers here.
@@ -109,13 +103,10 @@ class ImageWriter {
 struct PredictorBank::Storage {
   const uint8_t* data = nullptr;
   uint64_t size = 0;
-  void* map = nullptr;
+  MappedFile mapped;
   uint8_t* owned = nullptr;
 
-  ~Storage() {
-    if (map != nullptr) ::munmap(map, size);
-    std::free(owned);
-  }
+  ~Storage() { std::free(owned); }
 };
 
 // Sequential reader over the image, limited to [0, end). Errors name the source, the field and
@@ -127,7 +118,7 @@ class PredictorBank::Parser {
 
   absl::Status Error(absl::string_view what, uint64_t at, absl::string_view problem) const {
     return absl::InvalidArgumentError(
-        absl::StrCat(Sv(source_), ": ", what, " at byte offset ", at, ": ", problem));
+        absl::StrCat(AbslView(source_), ": ", what, " at byte offset ", at, ": ", problem));
   }
 
   template <typename T>
@@ -159,7 +150,7 @@ PredictorBank::~PredictorBank() = default;
 absl::Status PredictorBank::Load(std::string_view source, std::string_view expected_fingerprint) {
   const uint8_t* base = storage_->data;
   const uint64_t size = storage_->size;
-  const absl::string_view src = Sv(source);
+  const absl::string_view src = AbslView(source);
 
   // Magic, version and length come first, so a foreign, newer or truncated file is reported as
   // such rather than as a checksum mismatch.
@@ -189,8 +180,7 @@ absl::Status PredictorBank::Load(std::string_view source, std::string_view expec
         " bytes but its header (byte offset ", kFileBytesOffset, ") says ", file_bytes));
   }
   ASSIGN_OR_RETURN(const std::string checksum, Sha256(base, size, kChecksumOffset, kChecksumBytes));
-  const std::string_view stored(reinterpret_cast<const char*>(base + kChecksumOffset),
-                                kChecksumBytes);
+  const std::string_view stored = AsChars(base + kChecksumOffset, kChecksumBytes);
   if (stored != checksum) {
     return absl::DataLossError(absl::StrCat(src, ": checksum mismatch (byte offset ",
                                             kChecksumOffset, "): stored ", Hex(stored),
@@ -215,7 +205,7 @@ absl::Status PredictorBank::Load(std::string_view source, std::string_view expec
                    absl::StrCat(fp_len, " is outside [1, ", kMaxFingerprintBytes,
                                 "] or past the header's end at byte ", header_bytes));
   }
-  fingerprint_.assign(reinterpret_cast<const char*>(base + p.pos()), fp_len);
+  fingerprint_.assign(AsChars(base + p.pos(), fp_len));
   p.Seek(AlignUp(p.pos() + fp_len, 8));
   if (p.pos() > header_bytes ||
       (n_groups > 0 && (n_groups > kMaxGroups || p.remaining() / kMinGroupBytes < n_groups))) {
@@ -330,9 +320,9 @@ absl::Status PredictorBank::Load(std::string_view source, std::string_view expec
                    absl::StrCat("the last block ends here but the file has ", size, " bytes"));
   }
   if (!expected_fingerprint.empty() && expected_fingerprint != fingerprint_) {
-    return absl::FailedPreconditionError(absl::StrCat(src, ": the bank was calibrated for model ",
-                                                      Sv(fingerprint_), ", not for this model (",
-                                                      Sv(expected_fingerprint), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(src, ": the bank was calibrated for model ", AbslView(fingerprint_),
+                     ", not for this model (", AbslView(expected_fingerprint), ")"));
   }
   ASSIGN_OR_RETURN(const std::string whole, Sha256(base, size));
   content_hash_ = Hex(whole);
@@ -502,77 +492,15 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::Open(
   auto bank = std::unique_ptr<PredictorBank>(new PredictorBank());
   bank->storage_ = std::make_unique<Storage>();
   Storage& st = *bank->storage_;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string msg =
-        absl::StrCat(path, ": cannot open predictor bank: ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(msg);
-    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-    return absl::InvalidArgumentError(msg);
-  }
-  struct stat sb;
-  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  st.size = static_cast<uint64_t>(sb.st_size);
-  static const uint8_t kEmpty = 0;
-  st.data = &kEmpty;  // an empty file maps nothing; Load reports it as truncated
-  if (st.size > 0) {
-    void* m = ::mmap(nullptr, st.size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(err)));
-    }
-    st.map = m;
-    st.data = static_cast<const uint8_t*>(m);
-  }
-  ::close(fd);
+  ASSIGN_OR_RETURN(st.mapped, MappedFile::Open(path));
+  st.data = st.mapped.data();  // an empty file maps nothing; Load reports it as truncated
+  st.size = st.mapped.size();
   RETURN_IF_ERROR(bank->Load(path, expected_fingerprint));
   return bank;
 }
 
 absl::Status PredictorBank::Write(const std::string& path) const {
-  const std::string tmp = absl::StrCat(path, ".tmp");
-  auto fail = [&](absl::string_view what, int err) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    const std::string msg =
-        absl::StrCat(path, ": cannot write predictor bank: ", what, ": ", std::strerror(err));
-    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-    if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(msg);
-    return absl::InternalError(msg);
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return fail(absl::StrCat("open ", tmp), errno);
-  uint64_t done = 0;
-  while (done < storage_->size) {
-    const ssize_t n = ::write(fd, storage_->data + done, storage_->size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return fail(absl::StrCat("write ", tmp), err);
-    }
-    done += static_cast<uint64_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return fail(absl::StrCat("fsync ", tmp), err);
-  }
-  if (::close(fd) != 0) return fail(absl::StrCat("close ", tmp), errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename", errno);
-  // Make the rename itself durable; best effort, the bank is complete either way.
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = std::filesystem::path(".");
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, AsChars(storage_->data, storage_->size));
 }
 
 const FoldedGroup* PredictorBank::FindGroupForLayer(int32_t layer) const {

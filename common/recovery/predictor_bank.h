@@ -61,8 +61,8 @@ class PredictorBank {
   PredictorBank(const PredictorBank&) = delete;
   PredictorBank& operator=(const PredictorBank&) = delete;
 
-  // Writes the bank to `path.tmp`, flushes it to disk and renames it over `path`, so `path`
-  // holds either its old content or the whole new bank.
+  // Replaces `path` with the bank in one step (WriteFileAtomically), so `path` holds either its
+  // old content or the whole new bank, also after a crash. Errors as WriteFileAtomically's.
   absl::Status Write(const std::string& path) const;
 
   const std::string& model_fingerprint() const { return fingerprint_; }

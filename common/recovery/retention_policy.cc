@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/atomic_file.h"
 #include "common/base/status_macros.h"
 
 namespace riskkv {
@@ -73,17 +74,11 @@ absl::Status ValidatePolicy(const v1::RetentionPolicy& p, int32_t n_layers) {
 }
 
 absl::Status WritePolicy(const v1::RetentionPolicy& policy, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out || !policy.SerializeToOstream(&out)) {
-      return absl::InternalError("cannot write retention policy to " + tmp);
-    }
+  std::string bytes;
+  if (!policy.SerializeToString(&bytes)) {
+    return absl::InternalError("cannot serialize the retention policy for " + path);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError("cannot rename " + tmp + " to " + path + ": " + ec.message());
-  return absl::OkStatus();
+  return WriteFileAtomically(path, bytes);
 }
 
 absl::Status ValidatePolicyForModel(const v1::RetentionPolicy& policy, int32_t n_layers,

@@ -8,12 +8,9 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
+#include "common/base/strings.h"
 
 namespace riskkv::tokenizer_internal {
-
-// This Abseil build has its own string_view type; StrCat and hash lookups need it spelled out.
-inline absl::string_view AbslView(std::string_view s) { return {s.data(), s.size()}; }
 
 // OK when `text` is well-formed UTF-8 (no overlong forms, surrogates, or code points past
 // U+10FFFF); otherwise InvalidArgument naming the first bad byte offset.

@@ -7,10 +7,10 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/atomic_file.h"
+#include "common/base/status_macros.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/retention_policy.h"
-#include "common/base/status_macros.h"
-#include "common/base/atomic_file.h"
 
 namespace riskkv {
 namespace {
@@ -76,25 +76,22 @@ absl::StatusOr<v1::RetentionPolicy> PolicyStore::Put(v1::RetentionPolicy p, std:
   if (!bank.empty()) {
     // Loading checks the bank whole (format, checksum, model fingerprint) and gives its content
     // hash, which must be the one the policy names; only then does it get its name.
-    const fs::path incoming = TemporaryPathFor((fs::path(dir_) / "banks" / "incoming").string());
-    RETURN_IF_ERROR(WriteFileAtomically(incoming, bank));
-    auto parsed = PredictorBank::Open(incoming.string(), p.model_fingerprint());
-    absl::Status bad;
+    // A bank that fails the checks is never committed: the writer removes its temporary.
+    ASSIGN_OR_RETURN(
+        AtomicFileWriter incoming,
+        AtomicFileWriter::Create((fs::path(dir_) / "banks" / (sha + ".rkvbank")).string()));
+    RETURN_IF_ERROR(incoming.Append(bank));
+    auto parsed = PredictorBank::Open(incoming.temp_path(), p.model_fingerprint());
     if (!parsed.ok()) {
-      bad = absl::InvalidArgumentError("the bank does not load for this policy: " +
-                                       std::string(parsed.status().message()));
-    } else if ((*parsed)->content_hash() != sha) {
-      bad = absl::InvalidArgumentError("the bank's SHA-256 is " + (*parsed)->content_hash() +
-                                       ", the policy names " + sha);
+      return absl::InvalidArgumentError("the bank does not load for this policy: " +
+                                        std::string(parsed.status().message()));
     }
-    std::error_code ec;
-    if (!bad.ok()) {
-      fs::remove(incoming, ec);
-      return bad;
+    if ((*parsed)->content_hash() != sha) {
+      return absl::InvalidArgumentError("the bank's SHA-256 is " + (*parsed)->content_hash() +
+                                        ", the policy names " + sha);
     }
     parsed->reset();
-    fs::rename(incoming, fs::path(dir_) / "banks" / (sha + ".rkvbank"), ec);
-    if (ec) return absl::InternalError("cannot store the bank: " + ec.message());
+    RETURN_IF_ERROR(incoming.Commit());
   }
   std::lock_guard lock(mu_);
   if (!bank.empty()) banks_.insert(sha);

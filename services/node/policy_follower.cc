@@ -237,14 +237,14 @@ absl::StatusOr<std::shared_ptr<const PredictorBank>> PolicyFollower::Bank(
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + Seconds(options_.bank_timeout_seconds));
   if (!SetActive(&fetch_, &ctx)) return absl::CancelledError("the node is stopping");
-  const std::string tmp = TemporaryPathFor(path);
+  // A writer that is not committed removes its temporary, on every return below.
+  absl::StatusOr<AtomicFileWriter> out = AtomicFileWriter::Create(path);
+  if (!out.ok()) {
+    SetActive(&fetch_, nullptr);
+    return out.status();
+  }
   absl::Status status;
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      SetActive(&fetch_, nullptr);
-      return absl::PermissionDeniedError("cannot write " + tmp);
-    }
     v1::GetBankRequest req;
     req.set_sha256(sha256);
     auto reader = stub.GetBank(&ctx, req);
@@ -253,41 +253,34 @@ absl::StatusOr<std::shared_ptr<const PredictorBank>> PolicyFollower::Bank(
     while (reader->Read(&chunk)) {
       total += static_cast<int64_t>(chunk.data().size());
       if (total > options_.max_bank_bytes) {
-        ctx.TryCancel();
         status = absl::ResourceExhaustedError(absl::StrCat(
             "bank ", sha256, " is larger than the limit of ", options_.max_bank_bytes, " bytes"));
+      } else {
+        status = out->Append(chunk.data());
+      }
+      if (!status.ok()) {
+        ctx.TryCancel();
         break;
       }
-      out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
     }
     const grpc::Status st = reader->Finish();
-    out.close();
     if (status.ok() && !st.ok()) {
       status = absl::Status(FromGrpc(st).code(),
                             "fetching bank " + sha256 + " failed: " + st.error_message());
     }
-    if (status.ok() && !out) status = absl::InternalError("cannot write " + tmp);
   }
   SetActive(&fetch_, nullptr);
-  auto fail = [&](absl::Status s) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    return s;
-  };
-  if (!status.ok()) return fail(status);
-  auto bank = PredictorBank::Open(tmp, options_.model_fingerprint);
+  if (!status.ok()) return status;
+  auto bank = PredictorBank::Open(out->temp_path(), options_.model_fingerprint);
   if (!bank.ok()) {
-    return fail(absl::InvalidArgumentError("the control plane's bank " + sha256 +
-                                           " does not load: " + bank.status().ToString()));
+    return absl::InvalidArgumentError("the control plane's bank " + sha256 +
+                                      " does not load: " + bank.status().ToString());
   }
   if ((*bank)->content_hash() != sha256) {
-    return fail(absl::DataLossError("the control plane sent bank bytes with SHA-256 " +
-                                    (*bank)->content_hash() + " for " + sha256));
+    return absl::DataLossError("the control plane sent bank bytes with SHA-256 " +
+                               (*bank)->content_hash() + " for " + sha256);
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);  // the mapping stays valid under the new name
-  if (ec)
-    return fail(absl::InternalError("cannot cache the bank as " + path + ": " + ec.message()));
+  RETURN_IF_ERROR(out->Commit());  // the mapping stays valid under the new name
   return std::shared_ptr<const PredictorBank>(std::move(*bank));
 }
 
