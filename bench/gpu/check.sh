@@ -106,6 +106,7 @@ run_gtest() {  # binary [gtest filter]
 }
 run_gtest cuda_ops_test
 if [ -n "$MODEL" ]; then run_gtest gpu_model_test; else run_gtest gpu_model_test '-*smollm2*'; fi
+run_gtest engine_test
 
 if [ -n "$PY" ]; then
   for part in flags gpu; do  # the GPU part exits 77 (skipped) where the nodes found no GPU

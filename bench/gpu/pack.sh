@@ -17,7 +17,7 @@ HOME_DIR=${RISKKV_HOME:-$HOME/.cache/riskkv}
 MODEL=$HOME_DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf
 note() { echo "[pack] $*" >&2; }
 
-TARGETS=(riskkv_cuda cuda_ops_test gpu_model_test riskkv-gpu-bench riskkv-node riskkvctl
+TARGETS=(riskkv_cuda cuda_ops_test gpu_model_test engine_test riskkv-gpu-bench riskkv-node riskkvctl
   riskkv-calibrate)
 note "building ${TARGETS[*]} (preset image-cuda: x86-64-v3, sm_80 and sm_90)"
 deploy/build.sh image-cuda "${TARGETS[@]}"
@@ -31,7 +31,8 @@ testdata=build/release/testdata
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib .gpu/testdata
 cp "$B/kernels/cuda/libriskkv_cuda.so" "$B/kernels/cuda/libriskkv_cuda_probe.so" \
   "$B/tests/kernels/cuda_ops_test" \
-  "$B/tests/common/gpu_model_test" "$B/bench/riskkv-gpu-bench" "$B/services/riskkv-node" \
+  "$B/tests/common/model/gpu_model_test" "$B/tests/common/engine/engine_test" \
+  "$B/bench/riskkv-gpu-bench" "$B/services/riskkv-node" \
   "$B/services/riskkvctl" "$B/services/riskkv-calibrate" .gpu/bin/
 skip='/(libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt)\.so'
 ldd .gpu/bin/* | awk '/=> \// {print $3}' | sort -u | { grep -v -E "$skip" || true; } |
