@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/crc32c.h"
+#include "common/base/status_macros.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/retention_policy.h"
-#include "common/base/status_macros.h"
 #include "services/session_codec.h"
 
 namespace riskkv {
@@ -87,7 +87,7 @@ absl::StatusOr<MigrationMode> FromProto(v1::MigrationMode mode) {
 }
 
 std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers,
-                               const v1::RetentionPolicy* policy) {
+                               const RetentionPolicy* policy) {
   std::vector<int32_t> order;
   if (mode == MigrationMode::kTokenReplay) return order;
   if (mode == MigrationMode::kFullKv || policy == nullptr) {
@@ -95,12 +95,12 @@ std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers,
     return order;
   }
   std::set<int32_t> sent;
-  for (const LayerGroup& g : RebuiltGroups(*policy)) {
+  for (const LayerGroup& g : policy->rebuilt_groups) {
     for (int32_t a : g.anchors) {
       if (sent.insert(a).second) order.push_back(a);
     }
   }
-  for (int32_t l : policy->kept_layers()) {
+  for (int32_t l : policy->kept_layers) {
     if (sent.insert(l).second) order.push_back(l);
   }
   return order;
@@ -129,9 +129,9 @@ absl::StatusOr<v1::MigrationHandshake> MakeHandshake(const SessionView& s,
   h.set_model_fingerprint(options.model_fingerprint);
   h.set_mode(ToProto(options.mode));
   if (options.mode == MigrationMode::kReconstruct) {
-    h.set_policy_id(options.policy->policy_id());
-    h.set_policy_version(options.policy->version());
-    h.set_predictor_bank_sha256(options.policy->predictor_bank_sha256());
+    h.set_policy_id(options.policy->policy_id);
+    h.set_policy_version(options.policy->version);
+    h.set_predictor_bank_sha256(options.policy->predictor_bank_sha256);
   }
   h.set_kv_dtype(s.cache->dtype() == DType::kF16 ? v1::KV_F16 : v1::KV_F32);
   const std::vector<int32_t> layers = SendOrder(options.mode, s.cache->n_layers(), options.policy);
@@ -225,28 +225,23 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   // The layers must be exactly what this node expects for the mode.
   std::vector<int32_t> expected;
   if (session_.mode == MigrationMode::kReconstruct) {
-    const v1::RetentionPolicy* p = ctx_.policy;
+    const RetentionPolicy* p = ctx_.policy;
     // A policy that rebuilds nothing (its gate fell back to exact KV) needs no bank.
-    if (p == nullptr || (ctx_.bank == nullptr && p->rebuilt_groups_size() > 0)) {
+    if (p == nullptr ||
+        (!p->rebuilt_groups.empty() && (ctx_.bank == nullptr || ctx_.groups == nullptr ||
+                                        ctx_.groups->size() != p->rebuilt_groups.size()))) {
       return refuse("this node has no retention policy and bank for RECONSTRUCT");
     }
-    if (h.policy_id() != p->policy_id() || h.policy_version() != p->version()) {
+    if (h.policy_id() != p->policy_id || h.policy_version() != p->version) {
       return refuse(absl::StrCat("policy ", h.policy_id(), " version ", h.policy_version(),
-                                 " is not this node's ", p->policy_id(), " version ",
-                                 p->version()));
+                                 " is not this node's ", p->policy_id, " version ", p->version));
     }
-    const std::string mine = ctx_.bank ? ctx_.bank->content_hash() : p->predictor_bank_sha256();
+    const std::string mine = ctx_.bank ? ctx_.bank->content_hash() : p->predictor_bank_sha256;
     if (h.predictor_bank_sha256() != mine) {
       return refuse("predictor bank " + h.predictor_bank_sha256() + " is not this node's " +
                     (mine.empty() ? std::string("(none)") : mine));
     }
-    for (const LayerGroup& g : RebuiltGroups(*p)) {
-      const FoldedGroup* fg = ctx_.bank->FindGroupForLayer(g.targets.front());
-      if (fg == nullptr || fg->group != g) {
-        return refuse("the bank has no predictor for group " + g.ToString());
-      }
-      pending_.push_back(fg);
-    }
+    if (ctx_.groups != nullptr) pending_.assign(ctx_.groups->begin(), ctx_.groups->end());
   }
   expected = SendOrder(session_.mode, c.n_layers, ctx_.policy);
   std::vector<int32_t> got(h.layers().begin(), h.layers().end());

@@ -21,11 +21,11 @@
 #include "common/model/gpu_model.h"
 #include "common/model/kv_cache.h"
 #include "common/model/model.h"
+#include "common/model/sampler.h"
 #include "common/recovery/gpu_rebuild.h"
 #include "common/recovery/predictor_bank.h"
-#include "common/model/sampler.h"
+#include "common/recovery/retention_policy.h"
 #include "riskkv/v1/migration.pb.h"
-#include "riskkv/v1/retention_policy.pb.h"
 
 namespace riskkv {
 
@@ -48,14 +48,13 @@ struct SessionView {
 // anchors of rebuilt groups first, group by group in layer order, so the target can rebuild each
 // group as soon as its anchors have arrived; the other kept layers follow in ascending order.
 // FULL_KV sends every layer in ascending order; TOKEN_REPLAY none.
-std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers,
-                               const v1::RetentionPolicy* policy);
+std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers, const RetentionPolicy* policy);
 
 struct SendOptions {
   MigrationMode mode = MigrationMode::kFullKv;
   std::string model_fingerprint;
-  const v1::RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
-  int64_t max_chunk_bytes = 256 << 10;          // payload bound of one chunk (>= one row)
+  const RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
+  int64_t max_chunk_bytes = 256 << 10;      // payload bound of one chunk (>= one row)
 };
 
 // The handshake for `session` (checks the view is consistent: tokens - 1 or tokens cache rows).
@@ -72,9 +71,11 @@ absl::Status SendKv(const SessionView& session, const v1::MigrationHandshake& ha
 struct TargetContext {
   Model* model = nullptr;
   std::string model_fingerprint;
-  const v1::RetentionPolicy* policy = nullptr;  // for RECONSTRUCT
-  const PredictorBank* bank = nullptr;          // the policy's bank
-  int64_t capacity = 0;                         // KV rows of the resumed session (0: context)
+  const RetentionPolicy* policy = nullptr;  // for RECONSTRUCT
+  const PredictorBank* bank = nullptr;      // the policy's bank
+  // The bank's predictor for each of the policy's rebuilt groups, in its order (Retention::groups).
+  const std::vector<const FoldedGroup*>* groups = nullptr;
+  int64_t capacity = 0;  // KV rows of the resumed session (0: context)
   // Held while the receiver runs the model (rebuild, prefill, first decode step), when the model
   // is shared with other work; receiving and checking chunks does not take it.
   std::mutex* model_mutex = nullptr;

@@ -61,7 +61,7 @@ NodeService::NodeService(Model& model, NodeOptions options, NodeMetrics* metrics
 }
 
 void NodeService::SetRetention(std::shared_ptr<const Retention> retention) {
-  const double version = retention ? static_cast<double>(retention->policy.version()) : 0;
+  const double version = retention ? static_cast<double>(retention->policy.version) : 0;
   if (options_.gpu != nullptr && retention && retention->bank && !retention->gpu_predictors) {
     // The bank's maps go to the GPU once per version; without them the node refuses RECONSTRUCT
     // (the handshake names why) and AUTO moves on to another mode.
@@ -441,7 +441,7 @@ std::vector<MigrationMode> NodeService::RankModes(const Session& s, const Retent
                                                        {replay, MigrationMode::kTokenReplay}};
   double recon = -1;
   if (retention != nullptr) {
-    recon = 2 * history * row * retention->policy.kept_layers_size() / rate + history * rebuild;
+    recon = 2 * history * row * retention->policy.kept_layers.size() / rate + history * rebuild;
     est.insert(est.begin(), {recon, MigrationMode::kReconstruct});
   }
   std::stable_sort(est.begin(), est.end(),
@@ -757,7 +757,8 @@ grpc::Status NodeService::ReceiveAdmitted(
   const std::shared_ptr<const Retention> retention = this->retention();
   MigrationReceiver rx({&model_, options_.model_fingerprint,
                         retention ? &retention->policy : nullptr,
-                        retention ? retention->bank.get() : nullptr, options_.capacity, &model_mu_,
+                        retention ? retention->bank.get() : nullptr,
+                        retention ? &retention->groups : nullptr, options_.capacity, &model_mu_,
                         options_.gpu, retention ? retention->gpu_predictors.get() : nullptr});
   watchdog.Busy();
   const absl::Status checked = rx.OnFrame(f);

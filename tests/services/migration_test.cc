@@ -35,10 +35,18 @@ class Migration : public ::testing::Test {
     auto tiny = testing::MakeTinyPolicy(*model_, *fingerprint_);
     ASSERT_EQ(tiny.bank->groups().size(), 2u);
     bank_ = tiny.bank.release();
-    policy_ = new v1::RetentionPolicy(tiny.policy);
-    ASSERT_EQ(policy_->kept_layers_size(), 4);
+    policy_ = new RetentionPolicy(tiny.policy);
+    ASSERT_EQ(policy_->kept_layers.size(), 4u);
+    // Matched once, as a node's Retention is.
+    groups_ = new std::vector<const FoldedGroup*>();
+    for (const LayerGroup& g : policy_->rebuilt_groups) {
+      groups_->push_back(bank_->FindGroupForLayer(g.targets.front()));
+      ASSERT_NE(groups_->back(), nullptr);
+      ASSERT_EQ(groups_->back()->group, g);
+    }
   }
   static void TearDownTestSuite() {
+    delete groups_;
     delete policy_;
     delete bank_;
     delete fingerprint_;
@@ -87,7 +95,7 @@ class Migration : public ::testing::Test {
     return frames;
   }
 
-  static TargetContext Target() { return {model_, *fingerprint_, policy_, bank_, 128}; }
+  static TargetContext Target() { return {model_, *fingerprint_, policy_, bank_, groups_, 128}; }
 
   // Feeds every frame; returns the first error or the resumed session.
   static absl::StatusOr<ResumedSession> Receive(const std::vector<v1::MigrationFrame>& frames,
@@ -111,12 +119,14 @@ class Migration : public ::testing::Test {
   static Model* model_;
   static std::string* fingerprint_;
   static PredictorBank* bank_;
-  static v1::RetentionPolicy* policy_;
+  static RetentionPolicy* policy_;
+  static std::vector<const FoldedGroup*>* groups_;  // policy_'s groups in bank_
 };
 Model* Migration::model_ = nullptr;
 std::string* Migration::fingerprint_ = nullptr;
 PredictorBank* Migration::bank_ = nullptr;
-v1::RetentionPolicy* Migration::policy_ = nullptr;
+RetentionPolicy* Migration::policy_ = nullptr;
+std::vector<const FoldedGroup*>* Migration::groups_ = nullptr;
 
 TEST_F(Migration, FullKvResumesBitIdenticallyGreedyAndSampled) {
   for (float temperature : {0.0f, 0.9f}) {
