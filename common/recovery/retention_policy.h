@@ -79,6 +79,7 @@ struct RetentionPolicy {
 // with '.', '_' or '-'.
 absl::Status ValidatePolicyId(const std::string& id);
 
+// Binary, as it is: checks happen when a policy is read.
 absl::Status WritePolicy(const RetentionPolicy& policy, const std::string& path);
 
 // Reads and checks a policy file as ParsePolicy (policy_codec.h) does, naming the file in errors;
