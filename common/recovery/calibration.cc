@@ -6,11 +6,11 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/recovery/features.h"
 #include "common/recovery/fold.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/ridge.h"
-#include "common/base/status_macros.h"
 
 namespace riskkv {
 namespace {

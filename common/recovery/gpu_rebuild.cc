@@ -2,8 +2,8 @@
 #include "common/recovery/gpu_rebuild.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/recovery/features.h"
 #include "common/base/status_macros.h"
+#include "common/recovery/features.h"
 
 namespace riskkv {
 

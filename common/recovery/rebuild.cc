@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/recovery/features.h"
 #include "common/base/status_macros.h"
+#include "common/recovery/features.h"
 
 namespace riskkv {
 

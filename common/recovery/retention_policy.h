@@ -1,42 +1,94 @@
-// Reading and writing retention policy files (riskkv.v1.RetentionPolicy, binary protobuf),
-// with validation against the model they claim to describe. This module owns the format; the
-// rest of the engine sees RetentionPolicy's plain accessors only.
+// A model's retention policy: which layers a migration sends exact and which the target rebuilds,
+// with the measurements that justify the choice, and its files. Stored as riskkv.v1.RetentionPolicy
+// (binary protobuf, converted in policy_codec.h only), so the engine sees this plain struct and
+// never a proto type.
 #pragma once
 
-#include <memory>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/recovery/layer_group.h"
-#include "riskkv/v1/retention_policy.pb.h"
 
 namespace riskkv {
 
-// Structural checks: format version, non-empty fingerprint and bank hash, a known gate,
-// epsilon >= 0, kept + rebuilt layers partitioning [0, n_layers), groups valid (consecutive
-// targets, anchors kept), saved bytes <= total bytes.
-absl::Status ValidatePolicy(const v1::RetentionPolicy& policy, int32_t n_layers);
+inline constexpr uint32_t kRetentionPolicyFormatVersion = 1;
 
-// ValidatePolicy (InvalidArgument), then, when expected_fingerprint is non-empty, a policy for
-// other weights is FailedPrecondition naming both fingerprints.
-absl::Status ValidatePolicyForModel(const v1::RetentionPolicy& policy, int32_t n_layers,
-                                    const std::string& expected_fingerprint);
+struct RetentionPolicy {
+  // Mean per-request NLL increase with a paired 95% bootstrap interval.
+  struct DeltaNll {
+    double mean = 0.0;
+    double ci_low = 0.0;
+    double ci_high = 0.0;
+    int32_t requests = 0;  // requests the figures are over
+
+    bool operator==(const DeltaNll&) const = default;
+  };
+
+  struct GroupRisk {
+    LayerGroup group;
+    DeltaNll delta_nll;  // this group alone rebuilt, every other layer exact
+
+    bool operator==(const GroupRisk&) const = default;
+  };
+
+  // One configuration on the ordered path, measured on the selection (validation) requests.
+  struct PathPoint {
+    int32_t groups = 0;                // the first `groups` groups of the risk ranking rebuilt
+    double kv_omitted_fraction = 0.0;  // of the KV bytes, not sent
+    DeltaNll delta_nll;
+    double gate_statistic = 0.0;  // what the gate compared with epsilon
+    bool passed = false;          // within the gate's budget
+
+    bool operator==(const PathPoint&) const = default;
+  };
+
+  uint32_t format_version = kRetentionPolicyFormatVersion;  // of the stored form
+  std::string model_fingerprint;     // ModelFingerprint(): the policy applies to these weights only
+  std::string policy_id;             // see ValidatePolicyId
+  uint64_t version = 0;              // increases with every update of policy_id
+  double epsilon = 0.0;              // budget on the mean NLL increase
+  std::string gate;                  // "mean", "upper90" or "stable-split"
+  std::vector<int32_t> kept_layers;  // sent exact, ascending
+  std::vector<LayerGroup> rebuilt_groups;  // rebuilt on the target
+  std::vector<GroupRisk> singleton_risks;  // every candidate, in ranking order
+  std::vector<PathPoint> path;             // joint configurations measured along the ranking
+  int64_t kv_bytes_per_token = 0;          // all layers, K and V, at the KV dtype
+  int64_t kv_bytes_saved_per_token = 0;    // of which not sent
+  std::string predictor_bank_sha256;       // content hash of the bank the rebuild needs
+  DeltaNll test_delta_nll;                 // the chosen configuration on held-out test requests
+  int32_t history_tokens = 0;              // H of the calibration requests
+  int32_t eval_tokens = 0;                 // T of the calibration requests
+  std::string kv_dtype;  // "f32" or "f16": the dtype the byte counts assume; empty: unknown
+
+  // "ID vN", for messages.
+  std::string Name() const;
+
+  // Structural checks against a model of `n_layers` layers (InvalidArgument naming the field):
+  // format version, non-empty fingerprint and id, a known gate, epsilon >= 0, groups valid
+  // (consecutive targets, anchors not rebuilt), kept and rebuilt layers partitioning
+  // [0, n_layers), a hex SHA-256 bank hash when groups are rebuilt or a hash is given, a known
+  // KV dtype, token counts >= 0 and saved bytes <= total bytes.
+  absl::Status Validate(int32_t n_layers) const;
+
+  bool operator==(const RetentionPolicy&) const = default;
+};
 
 // A policy id names files and directories: 1-128 characters of [A-Za-z0-9._-], not starting
 // with '.', '_' or '-'.
 absl::Status ValidatePolicyId(const std::string& id);
 
-absl::Status WritePolicy(const v1::RetentionPolicy& policy, const std::string& path);
+// Binary, as it is: checks happen when a policy is read.
+absl::Status WritePolicy(const RetentionPolicy& policy, const std::string& path);
 
-// Reads and validates; a policy for other weights (fingerprint mismatch) is FailedPrecondition
-// naming both fingerprints. Empty expected_fingerprint skips that check.
-absl::StatusOr<v1::RetentionPolicy> ReadPolicy(const std::string& path, int32_t n_layers,
-                                               const std::string& expected_fingerprint);
+// Reads and checks a policy file as ParsePolicy (policy_codec.h) does, naming the file in errors;
+// NotFound when it cannot be opened. Validation happens here, once: what comes back is a policy
+// for the model described by n_layers and expected_fingerprint (see PolicyFromProto).
+absl::StatusOr<RetentionPolicy> ReadPolicy(const std::string& path, int32_t n_layers,
+                                           const std::string& expected_fingerprint);
 
 // Protobuf text format, for people.
-std::string PolicyToText(const v1::RetentionPolicy& policy);
-
-// The rebuilt groups as engine types.
-std::vector<LayerGroup> RebuiltGroups(const v1::RetentionPolicy& policy);
+std::string PolicyToText(const RetentionPolicy& policy);
 
 }  // namespace riskkv

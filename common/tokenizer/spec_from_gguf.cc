@@ -5,8 +5,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/formats/gguf_file.h"
 #include "common/base/status_macros.h"
+#include "common/formats/gguf_file.h"
 #include "common/tokenizer/spec_util.h"
 #include "common/tokenizer/tokenizer.h"
 

@@ -9,11 +9,11 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/retention_policy.h"
-#include "common/base/status_macros.h"
 #include "services/calibrate/report.h"
 #include "services/progress.h"
 
@@ -483,59 +483,47 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationR
   return PredictorBank::FromFits(res.fingerprint, res.options.bank_dtype, fits);
 }
 
-v1::RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank_sha256) {
+RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank_sha256) {
   const CalibrateOptions& o = res.options;
-  v1::RetentionPolicy p;
-  p.set_format_version(1);
-  p.set_model_fingerprint(res.fingerprint);
-  p.set_policy_id(o.policy_id);
-  p.set_version(o.policy_version);
-  p.set_epsilon(o.epsilon);
-  p.set_gate(GateName(o.gate));
-  auto to_proto = [](const LayerGroup& g, v1::LayerGroup* out) {
-    for (int32_t l : g.targets) out->add_targets(l);
-    for (int32_t l : g.anchors) out->add_anchors(l);
+  RetentionPolicy p;
+  p.model_fingerprint = res.fingerprint;
+  p.policy_id = o.policy_id;
+  p.version = o.policy_version;
+  p.epsilon = o.epsilon;
+  p.gate = GateName(o.gate);
+  auto delta = [](const Measured& m) {
+    return RetentionPolicy::DeltaNll{m.ci95.mean, m.ci95.lo, m.ci95.hi,
+                                     static_cast<int32_t>(m.deltas.size())};
   };
-  auto to_delta = [](const Measured& m, v1::DeltaNll* out) {
-    out->set_mean(m.ci95.mean);
-    out->set_ci_low(m.ci95.lo);
-    out->set_ci_high(m.ci95.hi);
-    out->set_requests(static_cast<int32_t>(m.deltas.size()));
-  };
-  const std::vector<LayerGroup> chosen = res.ChosenGroups();
+  p.rebuilt_groups = res.ChosenGroups();
   std::vector<bool> rebuilt(res.config.n_layers, false);
   int rebuilt_layers = 0;
-  for (const LayerGroup& g : chosen) {
-    to_proto(g, p.add_rebuilt_groups());
+  for (const LayerGroup& g : p.rebuilt_groups) {
     for (int32_t l : g.targets) rebuilt[l] = true, ++rebuilt_layers;
   }
   for (int32_t l = 0; l < res.config.n_layers; ++l) {
-    if (!rebuilt[l]) p.add_kept_layers(l);
+    if (!rebuilt[l]) p.kept_layers.push_back(l);
   }
-  for (int g : res.ranking) {
-    auto* risk = p.add_singleton_risks();
-    to_proto(res.groups[g], risk->mutable_group());
-    to_delta(res.singleton[g], risk->mutable_delta_nll());
-  }
+  for (int g : res.ranking) p.singleton_risks.push_back({res.groups[g], delta(res.singleton[g])});
   const GateDecision& d = res.gates[static_cast<int>(o.gate)].decision;
   for (size_t k = 0; k < res.path.size(); ++k) {
-    auto* pt = p.add_path();
-    pt->set_groups(static_cast<int32_t>(k + 1));
-    pt->set_kv_omitted_fraction(res.path[k].kv_fraction);
-    to_delta(res.path[k].validation, pt->mutable_delta_nll());
+    RetentionPolicy::PathPoint pt;
+    pt.groups = static_cast<int32_t>(k + 1);
+    pt.kv_omitted_fraction = res.path[k].kv_fraction;
+    pt.delta_nll = delta(res.path[k].validation);
     if (k < d.statistic.size()) {
-      pt->set_gate_statistic(d.statistic[k]);
-      pt->set_passed(d.passed[k]);
+      pt.gate_statistic = d.statistic[k];
+      pt.passed = d.passed[k];
     }
+    p.path.push_back(pt);
   }
-  p.set_kv_bytes_per_token(res.kv_bytes_per_token);
-  p.set_kv_bytes_saved_per_token(res.kv_bytes_per_token * rebuilt_layers / res.config.n_layers);
-  p.set_predictor_bank_sha256(bank_sha256);
-  to_delta(res.chosen >= 0 ? res.path[res.chosen].test : res.test_exact,
-           p.mutable_test_delta_nll());
-  p.set_history_tokens(static_cast<int32_t>(o.history));
-  p.set_eval_tokens(static_cast<int32_t>(o.eval));
-  p.set_kv_dtype(o.kv_dtype == DType::kF16 ? "f16" : "f32");
+  p.kv_bytes_per_token = res.kv_bytes_per_token;
+  p.kv_bytes_saved_per_token = res.kv_bytes_per_token * rebuilt_layers / res.config.n_layers;
+  p.predictor_bank_sha256 = bank_sha256;
+  p.test_delta_nll = delta(res.chosen >= 0 ? res.path[res.chosen].test : res.test_exact);
+  p.history_tokens = static_cast<int32_t>(o.history);
+  p.eval_tokens = static_cast<int32_t>(o.eval);
+  p.kv_dtype = o.kv_dtype == DType::kF16 ? "f16" : "f32";
   return p;
 }
 
@@ -552,8 +540,8 @@ absl::Status WriteOutputs(const CalibrationResult& res, const std::string& dir) 
   } else {
     std::filesystem::remove(out / "bank.rkvbank", ec);
   }
-  const v1::RetentionPolicy policy = MakePolicy(res, hash);
-  RETURN_IF_ERROR(ValidatePolicy(policy, static_cast<int32_t>(res.config.n_layers)));
+  const RetentionPolicy policy = MakePolicy(res, hash);
+  RETURN_IF_ERROR(policy.Validate(static_cast<int32_t>(res.config.n_layers)));
   RETURN_IF_ERROR(WritePolicy(policy, (out / "policy.pb").string()));
   auto write_text = [&](const std::string& name, const std::string& content) -> absl::Status {
     const auto path = out / name;

@@ -23,7 +23,7 @@
 #include "common/recovery/layer_group.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/quality_gate.h"
-#include "riskkv/v1/retention_policy.pb.h"
+#include "common/recovery/retention_policy.h"
 #include "services/calibrate/corpus.h"
 
 namespace riskkv {
@@ -166,7 +166,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
 
 // The retention policy for the chosen configuration; bank_sha256 is the content hash of the
 // bank of its groups (empty when nothing is rebuilt).
-v1::RetentionPolicy MakePolicy(const CalibrationResult& result, const std::string& bank_sha256);
+RetentionPolicy MakePolicy(const CalibrationResult& result, const std::string& bank_sha256);
 
 // The bank of the chosen configuration's groups, or nullptr when nothing is rebuilt.
 absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationResult& result);

@@ -385,7 +385,7 @@ std::vector<std::pair<std::string, std::string>> RenderCharts(const CalibrationR
   return charts;
 }
 
-std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& policy,
+std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& policy,
                          const PredictorBank* bank) {
   const CalibrateOptions& o = r.options;
   const ModelConfig& c = r.config;
@@ -401,8 +401,8 @@ std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& 
         F("rebuild %d of %lld layers (%.1f%% of the KV omitted, %lld of %lld bytes per token "
           "not sent). Held-out test: &#916;NLL %s, &#916;PPL %+.3f%%.</p>",
           r.path[r.chosen].layers, static_cast<long long>(c.n_layers), omitted,
-          static_cast<long long>(policy.kv_bytes_saved_per_token()),
-          static_cast<long long>(policy.kv_bytes_per_token()), Ci(chosen_test).c_str(),
+          static_cast<long long>(policy.kv_bytes_saved_per_token),
+          static_cast<long long>(policy.kv_bytes_per_token), Ci(chosen_test).c_str(),
           DeltaPplPercent(chosen_test));
   } else {
     h += "no configuration on the path passes; the policy keeps every layer exact.</p>";
@@ -423,8 +423,8 @@ std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& 
                          static_cast<long long>(r.corpus.dropped), o.min_prose));
   row("request", F("%lld history tokens (H) + %lld scored tokens (T)",
                    static_cast<long long>(o.history), static_cast<long long>(o.eval)));
-  row("policy", Esc(policy.policy_id()) +
-                    F(" version %llu", static_cast<unsigned long long>(policy.version())));
+  row("policy",
+      Esc(policy.policy_id) + F(" version %llu", static_cast<unsigned long long>(policy.version)));
   row("bank", bank ? F("%s, %.3f MiB of maps, sha256 <code>", DTypeName(bank->dtype()),
                        Mib(bank->bytes())) +
                          bank->content_hash() + "</code>"
@@ -606,11 +606,11 @@ std::string RenderReport(const CalibrationResult& r, const v1::RetentionPolicy& 
     total += s;
   }
   h += F("<tr><th class='l'>total</th><th>%.1f</th></tr></table>", total);
-  h += "<h2>Retention policy</h2><pre>" + Esc(policy.DebugString()) + "</pre></body></html>\n";
+  h += "<h2>Retention policy</h2><pre>" + Esc(PolicyToText(policy)) + "</pre></body></html>\n";
   return h;
 }
 
-std::string ResultToJson(const CalibrationResult& r, const v1::RetentionPolicy& policy) {
+std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& policy) {
   using nlohmann::json;
   auto measured = [](const Measured& m) {
     return json{{"mean", m.ci95.mean},
@@ -682,9 +682,9 @@ std::string ResultToJson(const CalibrationResult& r, const v1::RetentionPolicy& 
                             {"folded_f32_bytes", r.storage[g].folded_f32_bytes},
                             {"folded_f16_bytes", r.storage[g].folded_f16_bytes}});
   }
-  j["kv_bytes_per_token"] = policy.kv_bytes_per_token();
-  j["kv_bytes_saved_per_token"] = policy.kv_bytes_saved_per_token();
-  j["predictor_bank_sha256"] = policy.predictor_bank_sha256();
+  j["kv_bytes_per_token"] = policy.kv_bytes_per_token;
+  j["kv_bytes_saved_per_token"] = policy.kv_bytes_saved_per_token;
+  j["predictor_bank_sha256"] = policy.predictor_bank_sha256;
   for (const auto& [name, s] : r.phase_seconds) j["phase_seconds"][name] = s;
   return j.dump(2) + "\n";
 }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/recovery/predictor_bank.h"
-#include "riskkv/v1/retention_policy.pb.h"
+#include "common/recovery/retention_policy.h"
 #include "services/calibrate/calibrate.h"
 
 namespace riskkv {
@@ -17,9 +17,9 @@ namespace riskkv {
 std::vector<std::pair<std::string, std::string>> RenderCharts(const CalibrationResult& result);
 
 // `bank` is the chosen configuration's bank (nullptr when nothing is rebuilt).
-std::string RenderReport(const CalibrationResult& result, const v1::RetentionPolicy& policy,
+std::string RenderReport(const CalibrationResult& result, const RetentionPolicy& policy,
                          const PredictorBank* bank);
 
-std::string ResultToJson(const CalibrationResult& result, const v1::RetentionPolicy& policy);
+std::string ResultToJson(const CalibrationResult& result, const RetentionPolicy& policy);
 
 }  // namespace riskkv

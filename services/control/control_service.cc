@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/ascii.h"
+#include "common/recovery/policy_codec.h"
 #include "services/grpc_status.h"
 
 namespace riskkv {
@@ -31,7 +32,7 @@ grpc::Status ControlService::PutPolicy(grpc::ServerContext*, const v1::PutPolicy
   }
   if (!p.ok()) return ToGrpc(p.status());
   CountPolicies();
-  *reply->mutable_policy() = *p;
+  *reply->mutable_policy() = PolicyToProto(*p);
   return grpc::Status::OK;
 }
 
@@ -39,7 +40,7 @@ grpc::Status ControlService::GetPolicy(grpc::ServerContext*, const v1::GetPolicy
                                        v1::PolicyRecord* reply) {
   auto p = store_.Get(req->policy_id(), req->version());
   if (!p.ok()) return ToGrpc(p.status());
-  *reply->mutable_policy() = *p;
+  *reply->mutable_policy() = PolicyToProto(*p);
   return grpc::Status::OK;
 }
 
@@ -87,9 +88,9 @@ grpc::Status ControlService::Watch(grpc::ServerContext* ctx, const v1::WatchRequ
     auto p = store_.WaitNewer(req->policy_id(), known, 500);
     if (!p) continue;
     v1::PolicyRecord r;
-    *r.mutable_policy() = *p;
+    *r.mutable_policy() = PolicyToProto(*p);
     if (!writer->Write(r)) break;
-    known = p->version();
+    known = p->version;
   }
   if (metrics_) metrics_->AddWatchers(-1);
   return grpc::Status::OK;

@@ -1,14 +1,13 @@
 // The control plane's store (see policy_store.h).
 #include "services/control/policy_store.h"
 
-#include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/atomic_file.h"
 #include "common/base/status_macros.h"
+#include "common/recovery/policy_codec.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/retention_policy.h"
 
@@ -18,18 +17,6 @@ namespace {
 namespace fs = std::filesystem;
 
 }  // namespace
-
-absl::Status ValidateStandalonePolicy(const v1::RetentionPolicy& p) {
-  int32_t n = 0;
-  for (int32_t l : p.kept_layers()) n = std::max(n, l + 1);
-  for (const auto& g : p.rebuilt_groups()) {
-    for (int32_t l : g.targets()) n = std::max(n, l + 1);
-    for (int32_t l : g.anchors()) n = std::max(n, l + 1);
-  }
-  if (n == 0) return absl::InvalidArgumentError("retention policy: it lists no layers");
-  if (n > 4096) return absl::InvalidArgumentError("retention policy: layer ids above 4095");
-  return ValidatePolicy(p, n);
-}
 
 absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Open(const std::string& dir) {
   std::error_code ec;
@@ -48,15 +35,9 @@ absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Open(const std::string
     if (!idir.is_directory()) continue;
     for (const auto& f : fs::directory_iterator(idir.path())) {
       if (f.path().extension() != ".pb") continue;
-      std::ifstream in(f.path(), std::ios::binary);
-      v1::RetentionPolicy p;
-      if (!p.ParseFromIstream(&in)) {
-        return absl::DataLossError(f.path().string() + " is not a retention policy");
-      }
-      if (auto s = ValidateStandalonePolicy(p); !s.ok()) {
-        return absl::DataLossError(f.path().string() + ": " + std::string(s.message()));
-      }
-      store->policies_[p.policy_id()][p.version()] = p;
+      auto p = ReadPolicy(f.path().string(), 0, "");  // no model: the layers the policy implies
+      if (!p.ok()) return absl::DataLossError(p.status().message());
+      store->policies_[p->policy_id][p->version] = *std::move(p);
     }
   }
   return store;
@@ -67,12 +48,12 @@ uint64_t PolicyStore::Latest(const std::string& id) const {
   return it == policies_.end() || it->second.empty() ? 0 : it->second.rbegin()->first;
 }
 
-absl::StatusOr<v1::RetentionPolicy> PolicyStore::Put(v1::RetentionPolicy p, std::string_view bank) {
-  RETURN_IF_ERROR(ValidatePolicyId(p.policy_id()));
-  const uint64_t requested = p.version();
-  p.set_version(1);  // validated with a placeholder; the real one is assigned below
-  RETURN_IF_ERROR(ValidateStandalonePolicy(p));
-  const std::string& sha = p.predictor_bank_sha256();
+absl::StatusOr<RetentionPolicy> PolicyStore::Put(const v1::RetentionPolicy& policy,
+                                                 std::string_view bank) {
+  RETURN_IF_ERROR(ValidatePolicyId(policy.policy_id()));
+  ASSIGN_OR_RETURN(RetentionPolicy p, PolicyFromProto(policy, 0, ""));  // no model at hand
+  const uint64_t requested = p.version;
+  const std::string& sha = p.predictor_bank_sha256;
   if (!bank.empty()) {
     // Loading checks the bank whole (format, checksum, model fingerprint) and gives its content
     // hash, which must be the one the policy names; only then does it get its name.
@@ -81,7 +62,7 @@ absl::StatusOr<v1::RetentionPolicy> PolicyStore::Put(v1::RetentionPolicy p, std:
         AtomicFileWriter incoming,
         AtomicFileWriter::Create((fs::path(dir_) / "banks" / (sha + ".rkvbank")).string()));
     RETURN_IF_ERROR(incoming.Append(bank));
-    auto parsed = PredictorBank::Open(incoming.temp_path(), p.model_fingerprint());
+    auto parsed = PredictorBank::Open(incoming.temp_path(), p.model_fingerprint);
     if (!parsed.ok()) {
       return absl::InvalidArgumentError("the bank does not load for this policy: " +
                                         std::string(parsed.status().message()));
@@ -95,31 +76,30 @@ absl::StatusOr<v1::RetentionPolicy> PolicyStore::Put(v1::RetentionPolicy p, std:
   }
   std::lock_guard lock(mu_);
   if (!bank.empty()) banks_.insert(sha);
-  if (p.rebuilt_groups_size() > 0 && !banks_.count(sha)) {
+  if (!p.rebuilt_groups.empty() && !banks_.count(sha)) {
     return absl::FailedPreconditionError(
         "the policy needs bank " + sha +
         ", which the store does not hold: send it with the policy");
   }
-  const uint64_t next = Latest(p.policy_id()) + 1;
+  const uint64_t next = Latest(p.policy_id) + 1;
   if (requested != 0 && requested != next) {
-    return absl::FailedPreconditionError(absl::StrCat("policy ", p.policy_id(), " version ",
+    return absl::FailedPreconditionError(absl::StrCat("policy ", p.policy_id, " version ",
                                                       requested,
                                                       " is stale or skips ahead; the "
                                                       "next version is ",
                                                       next));
   }
-  p.set_version(next);
-  const fs::path idir = fs::path(dir_) / "policies" / p.policy_id();
+  p.version = next;
+  const fs::path idir = fs::path(dir_) / "policies" / p.policy_id;
   std::error_code ec;
   fs::create_directories(idir, ec);
   RETURN_IF_ERROR(WritePolicy(p, (idir / absl::StrCat(next, ".pb")).string()));
-  policies_[p.policy_id()][next] = p;
+  policies_[p.policy_id][next] = p;
   changed_.notify_all();
   return p;
 }
 
-absl::StatusOr<v1::RetentionPolicy> PolicyStore::Get(const std::string& id,
-                                                     uint64_t version) const {
+absl::StatusOr<RetentionPolicy> PolicyStore::Get(const std::string& id, uint64_t version) const {
   std::lock_guard lock(mu_);
   auto it = policies_.find(id);
   if (it == policies_.end()) return absl::NotFoundError("no policy '" + id + "'");
@@ -135,12 +115,12 @@ std::vector<v1::PolicySummary> PolicyStore::List() const {
   std::lock_guard lock(mu_);
   std::vector<v1::PolicySummary> out;
   for (const auto& [id, versions] : policies_) {
-    const v1::RetentionPolicy& p = versions.rbegin()->second;
+    const RetentionPolicy& p = versions.rbegin()->second;
     v1::PolicySummary s;
     s.set_policy_id(id);
-    s.set_latest_version(p.version());
-    s.set_model_fingerprint(p.model_fingerprint());
-    s.set_predictor_bank_sha256(p.predictor_bank_sha256());
+    s.set_latest_version(p.version);
+    s.set_model_fingerprint(p.model_fingerprint);
+    s.set_predictor_bank_sha256(p.predictor_bank_sha256);
     out.push_back(s);
   }
   return out;
@@ -152,8 +132,8 @@ absl::StatusOr<std::string> PolicyStore::BankPath(const std::string& sha256) con
   return (fs::path(dir_) / "banks" / (sha256 + ".rkvbank")).string();
 }
 
-std::optional<v1::RetentionPolicy> PolicyStore::WaitNewer(const std::string& id, uint64_t known,
-                                                          int64_t timeout_ms) const {
+std::optional<RetentionPolicy> PolicyStore::WaitNewer(const std::string& id, uint64_t known,
+                                                      int64_t timeout_ms) const {
   std::unique_lock lock(mu_);
   changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
                     [&] { return Latest(id) > known; });

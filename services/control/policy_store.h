@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/recovery/retention_policy.h"
 #include "riskkv/v1/control.pb.h"
 #include "riskkv/v1/retention_policy.pb.h"
 
@@ -24,22 +25,24 @@ namespace riskkv {
 
 class PolicyStore {
  public:
-  // Creates DIR when missing and loads what it holds; a malformed file is an error naming it.
+  // Creates DIR when missing and loads what it holds, checking each policy as PolicyFromProto
+  // does for a reader without a model; a malformed file is DataLoss naming it.
   static absl::StatusOr<std::unique_ptr<PolicyStore>> Open(const std::string& dir);
 
-  // Validates and stores a new version (see PutPolicyRequest). InvalidArgument for a malformed
-  // policy, a policy id unfit for a file name, or bank bytes that do not hash to the policy's
-  // bank or do not parse as a bank for its model; FailedPrecondition when the policy needs a
-  // bank the store does not hold, or names a version other than latest + 1.
-  absl::StatusOr<v1::RetentionPolicy> Put(v1::RetentionPolicy policy, std::string_view bank);
+  // Validates (PolicyFromProto without a model: the one check a policy gets here) and stores a
+  // new version (see PutPolicyRequest); returns it as stored, numbered. InvalidArgument for a
+  // malformed policy, a policy id unfit for a file name, or bank bytes that do not hash to the
+  // policy's bank or do not parse as a bank for its model; FailedPrecondition when the policy
+  // needs a bank the store does not hold, or names a version other than latest + 1.
+  absl::StatusOr<RetentionPolicy> Put(const v1::RetentionPolicy& policy, std::string_view bank);
   // NotFound for an unknown id or version.
-  absl::StatusOr<v1::RetentionPolicy> Get(const std::string& id, uint64_t version) const;
+  absl::StatusOr<RetentionPolicy> Get(const std::string& id, uint64_t version) const;
   std::vector<v1::PolicySummary> List() const;
   // The path of a stored bank; NotFound otherwise.
   absl::StatusOr<std::string> BankPath(const std::string& sha256) const;
   // The latest version of `id` newer than `known`, waiting up to `timeout_ms` for one.
-  std::optional<v1::RetentionPolicy> WaitNewer(const std::string& id, uint64_t known,
-                                               int64_t timeout_ms) const;
+  std::optional<RetentionPolicy> WaitNewer(const std::string& id, uint64_t known,
+                                           int64_t timeout_ms) const;
 
  private:
   explicit PolicyStore(std::string dir) : dir_(std::move(dir)) {}
@@ -48,12 +51,8 @@ class PolicyStore {
   std::string dir_;
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
-  std::map<std::string, std::map<uint64_t, v1::RetentionPolicy>> policies_;
+  std::map<std::string, std::map<uint64_t, RetentionPolicy>> policies_;
   std::set<std::string> banks_;
 };
-
-// Checks a policy on its own (the control plane has no model): its layers must partition
-// [0, n) for the n its layer ids imply.
-absl::Status ValidateStandalonePolicy(const v1::RetentionPolicy& policy);
 
 }  // namespace riskkv

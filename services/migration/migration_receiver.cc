@@ -118,28 +118,23 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   }
   // The layers must be exactly what this node expects for the mode.
   if (session_.mode == MigrationMode::kReconstruct) {
-    const v1::RetentionPolicy* p = ctx_.policy;
+    const RetentionPolicy* p = ctx_.policy;
     // A policy that rebuilds nothing (its gate fell back to exact KV) needs no bank.
-    if (p == nullptr || (ctx_.bank == nullptr && p->rebuilt_groups_size() > 0)) {
+    if (p == nullptr ||
+        (!p->rebuilt_groups.empty() && (ctx_.bank == nullptr || ctx_.groups == nullptr ||
+                                        ctx_.groups->size() != p->rebuilt_groups.size()))) {
       return Refuse("this node has no retention policy and bank for RECONSTRUCT");
     }
-    if (h.policy_id() != p->policy_id() || h.policy_version() != p->version()) {
+    if (h.policy_id() != p->policy_id || h.policy_version() != p->version) {
       return Refuse(absl::StrCat("policy ", h.policy_id(), " version ", h.policy_version(),
-                                 " is not this node's ", p->policy_id(), " version ",
-                                 p->version()));
+                                 " is not this node's ", p->policy_id, " version ", p->version));
     }
-    const std::string mine = ctx_.bank ? ctx_.bank->content_hash() : p->predictor_bank_sha256();
+    const std::string mine = ctx_.bank ? ctx_.bank->content_hash() : p->predictor_bank_sha256;
     if (h.predictor_bank_sha256() != mine) {
       return Refuse("predictor bank " + h.predictor_bank_sha256() + " is not this node's " +
                     (mine.empty() ? std::string("(none)") : mine));
     }
-    for (const LayerGroup& g : RebuiltGroups(*p)) {
-      const FoldedGroup* fg = ctx_.bank->FindGroupForLayer(g.targets.front());
-      if (fg == nullptr || fg->group != g) {
-        return Refuse("the bank has no predictor for group " + g.ToString());
-      }
-      pending_.push_back(fg);
-    }
+    if (ctx_.groups != nullptr) pending_.assign(ctx_.groups->begin(), ctx_.groups->end());
     if (!pending_.empty() &&
         (ctx_.predictors == nullptr || &ctx_.predictors->bank() != ctx_.bank)) {
       return Refuse("this node's predictor bank is not loaded on its " +

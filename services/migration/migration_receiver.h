@@ -19,8 +19,8 @@
 #include "common/engine/engine.h"
 #include "common/model/sampler.h"
 #include "common/recovery/predictor_bank.h"
+#include "common/recovery/retention_policy.h"
 #include "riskkv/v1/migration.pb.h"
-#include "riskkv/v1/retention_policy.pb.h"
 #include "services/migration/migration_mode.h"
 
 namespace riskkv {
@@ -38,8 +38,11 @@ struct ResumedSession {
 struct TargetContext {
   Engine* engine = nullptr;
   std::string model_fingerprint;
-  const v1::RetentionPolicy* policy = nullptr;   // for RECONSTRUCT
-  const PredictorBank* bank = nullptr;           // the policy's bank
+  const RetentionPolicy* policy = nullptr;  // for RECONSTRUCT
+  const PredictorBank* bank = nullptr;      // the policy's bank
+  // The bank's predictor for each of the policy's rebuilt groups, in its order (matched once,
+  // when the policy and bank were paired).
+  const std::vector<const FoldedGroup*>* groups = nullptr;
   const EnginePredictors* predictors = nullptr;  // `bank` prepared for `engine`
   int64_t capacity = 0;                          // KV rows of the resumed session (0: context)
   // This node's measured speeds, reported to the source in `accepted` (0: not measured).

@@ -50,9 +50,9 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
   h.set_model_fingerprint(options_.model_fingerprint);
   h.set_mode(ToProto(options_.mode));
   if (options_.mode == MigrationMode::kReconstruct) {
-    h.set_policy_id(options_.policy->policy_id());
-    h.set_policy_version(options_.policy->version());
-    h.set_predictor_bank_sha256(options_.policy->predictor_bank_sha256());
+    h.set_policy_id(options_.policy->policy_id);
+    h.set_policy_version(options_.policy->version);
+    h.set_predictor_bank_sha256(options_.policy->predictor_bank_sha256);
   }
   h.set_kv_dtype(DtypeToProto(s.kv->dtype()));
   const std::vector<int32_t> layers =

@@ -23,8 +23,8 @@
 #include "absl/status/statusor.h"
 #include "common/engine/engine.h"
 #include "common/model/sampler.h"
+#include "common/recovery/retention_policy.h"
 #include "riskkv/v1/migration.pb.h"
-#include "riskkv/v1/retention_policy.pb.h"
 #include "services/migration/migration_mode.h"
 
 namespace riskkv {
@@ -40,8 +40,8 @@ struct SessionView {
 struct SendOptions {
   MigrationMode mode = MigrationMode::kFullKv;
   std::string model_fingerprint;
-  const v1::RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
-  int64_t max_chunk_bytes = 256 << 10;          // payload bound of one chunk (>= one row)
+  const RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
+  int64_t max_chunk_bytes = 256 << 10;      // payload bound of one chunk (>= one row)
 };
 
 // Takes the session out of service at the commit and puts it back if the target does not

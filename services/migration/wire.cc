@@ -11,7 +11,7 @@
 namespace riskkv {
 
 std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers,
-                               const v1::RetentionPolicy* policy) {
+                               const RetentionPolicy* policy) {
   std::vector<int32_t> order;
   if (mode == MigrationMode::kTokenReplay) return order;
   if (mode == MigrationMode::kFullKv || policy == nullptr) {
@@ -19,12 +19,12 @@ std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers,
     return order;
   }
   std::set<int32_t> sent;
-  for (const LayerGroup& g : RebuiltGroups(*policy)) {
+  for (const LayerGroup& g : policy->rebuilt_groups) {
     for (int32_t a : g.anchors) {
       if (sent.insert(a).second) order.push_back(a);
     }
   }
-  for (int32_t l : policy->kept_layers()) {
+  for (int32_t l : policy->kept_layers) {
     if (sent.insert(l).second) order.push_back(l);
   }
   return order;

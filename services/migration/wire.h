@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/recovery/retention_policy.h"
 #include "kernels/dtype.h"
 #include "riskkv/v1/migration.pb.h"
-#include "riskkv/v1/retention_policy.pb.h"
 #include "services/migration/migration_mode.h"
 
 namespace riskkv {
@@ -24,8 +24,7 @@ inline constexpr uint32_t kMigrationProtocolVersion = 1;
 // anchors of rebuilt groups first, group by group in layer order, so the target can rebuild each
 // group as soon as its anchors have arrived; the other kept layers follow in ascending order.
 // FULL_KV sends every layer in ascending order; TOKEN_REPLAY none.
-std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers,
-                               const v1::RetentionPolicy* policy);
+std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers, const RetentionPolicy* policy);
 
 // Rows per chunk for a layer whose K (or V) row has `row_bytes` bytes.
 int64_t RowsPerChunk(int64_t max_chunk_bytes, int64_t row_bytes);

@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
       spdlog::warn("riskkv-node: ignoring the cached policy: {}", cached.status().ToString());
     } else if (*cached) {
       spdlog::info("riskkv-node: policy {} v{} from the cache in {}", fo.policy_id,
-                   (*cached)->policy.version(), fo.cache_dir);
+                   (*cached)->policy.version, fo.cache_dir);
       options.retention = *cached;
     }
   }
@@ -217,9 +217,7 @@ int main(int argc, char** argv) {
       "riskkv-node: {} ({}) on {}, policy {}, listening on port {} (advertised as {}), metrics "
       "on port {}",
       (*model)->config().name, fingerprint->substr(0, 12), backend_note,
-      retention ? retention->policy.policy_id() + " v" + std::to_string(retention->policy.version())
-                : std::string("none"),
-      port, advertise, metrics_port);
+      retention ? retention->policy.Name() : std::string("none"), port, advertise, metrics_port);
   // Last: scripts waiting for the port file find the log line and the info metric in place.
   riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file),
                         std::to_string(port) + " " + std::to_string(metrics_port));

@@ -32,6 +32,7 @@ grpc::Status ReceiveMigration(
       .model_fingerprint = side.model_fingerprint,
       .policy = r ? &r->policy : nullptr,
       .bank = r ? r->bank.get() : nullptr,
+      .groups = r ? &r->groups : nullptr,
       .predictors = r ? r->predictors.get() : nullptr,
       .capacity = side.capacity,
       .prefill_seconds_per_token = side.planner->measured_prefill_seconds_per_token(),

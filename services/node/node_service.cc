@@ -54,7 +54,7 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
 }
 
 void NodeService::SetRetention(std::shared_ptr<const Retention> retention) {
-  const double version = retention ? static_cast<double>(retention->policy.version()) : 0;
+  const double version = retention ? static_cast<double>(retention->policy.version) : 0;
   if (retention && retention->bank &&
       (!retention->predictors || &retention->predictors->engine() != &engine_)) {
     // The bank is prepared for the engine once per version (on a GPU its maps go to the
@@ -248,7 +248,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
         planner_.Rank({.history_tokens = static_cast<int64_t>(s.tokens.size()) - 1,
                        .row_bytes = s.kv->row_bytes(),
                        .n_layers = engine_.config().n_layers,
-                       .kept_layers = r ? static_cast<int64_t>(r->policy.kept_layers_size()) : -1,
+                       .kept_layers = r ? static_cast<int64_t>(r->policy.kept_layers.size()) : -1,
                        .target = req->target_address()});
     attempts = std::move(plan.modes);
     reason = std::move(plan.reason);

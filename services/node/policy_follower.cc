@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/atomic_file.h"
 #include "common/base/status_macros.h"
+#include "common/recovery/policy_codec.h"
 #include "common/recovery/retention_policy.h"
 #include "services/grpc_status.h"
 #include "spdlog/spdlog.h"
@@ -78,18 +79,26 @@ absl::StatusOr<std::shared_ptr<const Retention>> PolicyFollower::LoadCache() {
   const std::string path = PolicyPath();
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::shared_ptr<const Retention>();
-  ASSIGN_OR_RETURN(v1::RetentionPolicy policy,
+  ASSIGN_OR_RETURN(RetentionPolicy policy,
                    ReadPolicy(path, options_.n_layers, options_.model_fingerprint));
-  if (policy.policy_id() != options_.policy_id) {
-    return absl::InvalidArgumentError(path + " holds policy '" + policy.policy_id() + "', not '" +
+  if (policy.policy_id != options_.policy_id) {
+    return absl::InvalidArgumentError(path + " holds policy '" + policy.policy_id + "', not '" +
                                       options_.policy_id + "'");
   }
   const std::string bank_path =
-      policy.rebuilt_groups_size() > 0 ? BankPath(policy.predictor_bank_sha256()) : "";
-  ASSIGN_OR_RETURN(auto retention,
-                   LoadRetention(path, bank_path, options_.n_layers, options_.model_fingerprint));
+      policy.rebuilt_groups.empty() ? "" : BankPath(policy.predictor_bank_sha256);
+  std::unique_ptr<PredictorBank> bank;
+  if (!bank_path.empty()) {
+    ASSIGN_OR_RETURN(bank, PredictorBank::Open(bank_path, options_.model_fingerprint));
+  }
+  auto retention = MakeRetention(std::move(policy), std::move(bank));
+  if (!retention.ok()) {
+    return absl::Status(retention.status().code(),
+                        path + (bank_path.empty() ? "" : " with " + bank_path) + ": " +
+                            std::string(retention.status().message()));
+  }
   std::lock_guard lock(mu_);
-  version_ = retention->policy.version();
+  version_ = (*retention)->policy.version;
   return retention;
 }
 
@@ -291,16 +300,16 @@ absl::Status PolicyFollower::Accept(v1::Control::Stub& stub, const v1::Retention
                                       options_.policy_id + ")");
   }
   // Checked before the bank is fetched: a policy for other weights costs no download.
-  if (auto s = ValidatePolicyForModel(policy, options_.n_layers, options_.model_fingerprint);
-      !s.ok()) {
-    return absl::Status(s.code(), name + ": " + std::string(s.message()));
+  auto checked = PolicyFromProto(policy, options_.n_layers, options_.model_fingerprint);
+  if (!checked.ok()) {
+    return absl::Status(checked.status().code(),
+                        name + ": " + std::string(checked.status().message()));
   }
   std::shared_ptr<const PredictorBank> bank;  // none for a policy that rebuilds nothing
   if (policy.rebuilt_groups_size() > 0) {
     ASSIGN_OR_RETURN(bank, Bank(stub, policy.predictor_bank_sha256()));
   }
-  ASSIGN_OR_RETURN(auto retention, MakeRetention(policy, std::move(bank), options_.n_layers,
-                                                 options_.model_fingerprint));
+  ASSIGN_OR_RETURN(auto retention, MakeRetention(*std::move(checked), std::move(bank)));
   RETURN_IF_ERROR(WriteFileAtomically(PolicyPath(), policy.SerializeAsString()));
   {
     std::lock_guard lock(mu_);
@@ -318,9 +327,10 @@ void PolicyFollower::PruneBanks(const std::string& keep) {
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(fs::path(options_.cache_dir) / "policies", ec)) {
     if (f.path().extension() != ".pb") continue;
-    std::ifstream in(f.path(), std::ios::binary);
-    v1::RetentionPolicy p;
-    if (p.ParseFromIstream(&in)) named.insert(p.predictor_bank_sha256());
+    // Other ids' policies may be for other models, so none is checked against this one's.
+    if (auto p = ReadPolicy(f.path().string(), 0, ""); p.ok()) {
+      named.insert(p->predictor_bank_sha256);
+    }
   }
   for (const auto& f : fs::directory_iterator(fs::path(options_.cache_dir) / "banks", ec)) {
     if (f.path().extension() == ".rkvbank" && !named.count(f.path().stem().string())) {

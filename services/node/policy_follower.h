@@ -65,8 +65,9 @@ class PolicyFollower {
  private:
   PolicyFollower(PolicyFollowerOptions options, Apply apply, NodeMetrics* metrics);
   void Run();
-  // Checks a pushed version, fetches its bank, caches both and applies it. Unavailable (or
-  // DeadlineExceeded) when the control plane went away mid-way: the caller reconnects.
+  // Checks a pushed version (the one validation it gets), fetches its bank, caches both and
+  // applies it. Unavailable (or DeadlineExceeded) when the control plane went away mid-way: the
+  // caller reconnects.
   absl::Status Accept(v1::Control::Stub& stub, const v1::RetentionPolicy& policy);
   absl::StatusOr<std::shared_ptr<const PredictorBank>> Bank(v1::Control::Stub& stub,
                                                             const std::string& sha256);

@@ -7,29 +7,26 @@
 namespace riskkv {
 
 absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
-    v1::RetentionPolicy policy, std::shared_ptr<const PredictorBank> bank, int32_t n_layers,
-    const std::string& fingerprint) {
-  const std::string name = "policy " + policy.policy_id() + " v" + std::to_string(policy.version());
-  if (auto s = ValidatePolicyForModel(policy, n_layers, fingerprint); !s.ok()) {
-    return absl::Status(s.code(), name + ": " + std::string(s.message()));
-  }
+    RetentionPolicy policy, std::shared_ptr<const PredictorBank> bank) {
+  const std::string name = "policy " + policy.Name();
+  auto r = std::make_shared<Retention>();
   if (bank == nullptr) {
-    if (policy.rebuilt_groups_size() > 0) {
+    if (!policy.rebuilt_groups.empty()) {
       return absl::InvalidArgumentError(name + " rebuilds layers and comes without its bank " +
-                                        policy.predictor_bank_sha256());
+                                        policy.predictor_bank_sha256);
     }
-  } else if (bank->content_hash() != policy.predictor_bank_sha256()) {
-    return absl::InvalidArgumentError(name + " needs bank " + policy.predictor_bank_sha256() +
+  } else if (bank->content_hash() != policy.predictor_bank_sha256) {
+    return absl::InvalidArgumentError(name + " needs bank " + policy.predictor_bank_sha256 +
                                       ", got " + bank->content_hash());
   }
-  for (const LayerGroup& g : RebuiltGroups(policy)) {
+  for (const LayerGroup& g : policy.rebuilt_groups) {
     const FoldedGroup* fg = bank->FindGroupForLayer(g.targets.front());
     if (fg == nullptr || fg->group != g) {
       return absl::InvalidArgumentError(name + ": bank " + bank->content_hash() +
                                         " has no predictor for group " + g.ToString());
     }
+    r->groups.push_back(fg);
   }
-  auto r = std::make_shared<Retention>();
   r->policy = std::move(policy);
   r->bank = std::move(bank);
   return std::shared_ptr<const Retention>(std::move(r));
@@ -39,12 +36,12 @@ absl::StatusOr<std::shared_ptr<const Retention>> LoadRetention(const std::string
                                                                const std::string& bank_path,
                                                                int32_t n_layers,
                                                                const std::string& fingerprint) {
-  ASSIGN_OR_RETURN(v1::RetentionPolicy policy, ReadPolicy(policy_path, n_layers, fingerprint));
+  ASSIGN_OR_RETURN(RetentionPolicy policy, ReadPolicy(policy_path, n_layers, fingerprint));
   std::unique_ptr<PredictorBank> bank;
   if (!bank_path.empty()) {
     ASSIGN_OR_RETURN(bank, PredictorBank::Open(bank_path, fingerprint));
   }
-  auto r = MakeRetention(std::move(policy), std::move(bank), n_layers, fingerprint);
+  auto r = MakeRetention(std::move(policy), std::move(bank));
   if (!r.ok()) {
     return absl::Status(r.status().code(), policy_path +
                                                (bank_path.empty() ? "" : " with " + bank_path) +

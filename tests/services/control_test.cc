@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/model/model_fingerprint.h"
+#include "common/recovery/policy_codec.h"
 #include "services/control/control_service.h"
 #include "services/control/policy_store.h"
 #include "tests/services/tiny_policy.h"
@@ -53,22 +54,25 @@ TEST_F(Control, StoresVersionsAndBanksAndSurvivesARestart) {
   {
     auto store = PolicyStore::Open(dir_.string());
     ASSERT_TRUE(store.ok()) << store.status();
-    auto v1 = (*store)->Put(tiny_->policy, *bank_bytes_);
+    auto v1 = (*store)->Put(PolicyToProto(tiny_->policy), *bank_bytes_);
     ASSERT_TRUE(v1.ok()) << v1.status();
-    EXPECT_EQ(v1->version(), 1u);
-    v1::RetentionPolicy next = tiny_->policy;
-    next.set_epsilon(0.01);
-    auto v2 = (*store)->Put(next, "");  // the store already holds the bank
+    EXPECT_EQ(v1->version, 1u);
+    RetentionPolicy next = tiny_->policy;
+    next.epsilon = 0.01;
+    auto v2 = (*store)->Put(PolicyToProto(next), "");  // the store already holds the bank
     ASSERT_TRUE(v2.ok()) << v2.status();
-    EXPECT_EQ(v2->version(), 2u);
+    EXPECT_EQ(v2->version, 2u);
   }
   auto store = PolicyStore::Open(dir_.string());
   ASSERT_TRUE(store.ok()) << store.status();
   auto latest = (*store)->Get("tiny", 0);
   ASSERT_TRUE(latest.ok());
-  EXPECT_EQ(latest->version(), 2u);
-  EXPECT_EQ(latest->epsilon(), 0.01);
-  EXPECT_EQ((*store)->Get("tiny", 1)->epsilon(), tiny_->policy.epsilon());
+  EXPECT_EQ(latest->version, 2u);
+  EXPECT_EQ(latest->epsilon, 0.01);
+  // Read back from its file whole: groups, quality data and all.
+  RetentionPolicy first = tiny_->policy;
+  first.version = 1;
+  EXPECT_EQ(*(*store)->Get("tiny", 1), first);
   EXPECT_EQ((*store)->Get("tiny", 3).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ((*store)->Get("other", 0).status().code(), absl::StatusCode::kNotFound);
   const auto list = (*store)->List();
@@ -89,39 +93,54 @@ TEST_F(Control, BankPutsCutShortByACrashAreRemovedAtOpen) {
   EXPECT_FALSE(fs::exists(dead));
 }
 
+TEST_F(Control, AMalformedStoredPolicyIsDataLossNamingItsFile) {
+  RetentionPolicy p = tiny_->policy;
+  p.version = 1;
+  p.kept_layers.push_back(1);  // both kept and rebuilt
+  const fs::path file = dir_ / "policies" / "tiny" / "1.pb";
+  fs::create_directories(file.parent_path());
+  ASSERT_TRUE(WritePolicy(p, file.string()).ok());
+  auto store = PolicyStore::Open(dir_.string());
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(store.status().message().find(file.string() + ": retention policy: "),
+            std::string_view::npos)
+      << store.status();
+}
+
 TEST_F(Control, BadPutsAreRefusedAndChangeNothing) {
   auto store = *PolicyStore::Open(dir_.string());
-  auto expect = [&](v1::RetentionPolicy p, std::string_view bank, absl::StatusCode code,
+  auto expect = [&](const RetentionPolicy& p, std::string_view bank, absl::StatusCode code,
                     const std::string& needle) {
-    auto r = store->Put(std::move(p), bank);
+    auto r = store->Put(PolicyToProto(p), bank);
     ASSERT_FALSE(r.ok()) << needle;
     EXPECT_EQ(r.status().code(), code) << r.status();
     EXPECT_NE(r.status().message().find(needle), std::string_view::npos) << r.status();
   };
   expect(tiny_->policy, "", absl::StatusCode::kFailedPrecondition, "does not hold");
-  v1::RetentionPolicy p = tiny_->policy;
-  p.set_policy_id("../escape");
+  RetentionPolicy p = tiny_->policy;
+  p.policy_id = "../escape";
   expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "policy_id");
   p = tiny_->policy;
-  p.add_kept_layers(1);  // both kept and rebuilt
+  p.kept_layers.push_back(1);  // both kept and rebuilt
   expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "both kept and rebuilt");
   std::string corrupt = *bank_bytes_;
   corrupt[100] ^= 1;
   expect(tiny_->policy, corrupt, absl::StatusCode::kInvalidArgument, "does not load");
   p = tiny_->policy;
-  p.set_predictor_bank_sha256(std::string(64, 'b'));  // a sound bank, but not the one named
+  p.predictor_bank_sha256 = std::string(64, 'b');  // a sound bank, but not the one named
   expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "the bank's SHA-256 is");
   p = tiny_->policy;
-  p.set_model_fingerprint(std::string(64, 'a'));  // a bank for another model
+  p.model_fingerprint = std::string(64, 'a');  // a bank for another model
   expect(p, *bank_bytes_, absl::StatusCode::kInvalidArgument, "does not load");
   EXPECT_TRUE(store->List().empty());
 
-  ASSERT_TRUE(store->Put(tiny_->policy, *bank_bytes_).ok());
+  ASSERT_TRUE(store->Put(PolicyToProto(tiny_->policy), *bank_bytes_).ok());
   p = tiny_->policy;
-  p.set_version(1);  // stale: the next version is 2
+  p.version = 1;  // stale: the next version is 2
   expect(p, "", absl::StatusCode::kFailedPrecondition, "next version is 2");
-  p.set_version(2);
-  EXPECT_TRUE(store->Put(p, "").ok());
+  p.version = 2;
+  EXPECT_TRUE(store->Put(PolicyToProto(p), "").ok());
 }
 
 TEST_F(Control, ServiceServesBanksAndPushesNewVersionsToWatchers) {
@@ -137,13 +156,25 @@ TEST_F(Control, ServiceServesBanksAndPushesNewVersionsToWatchers) {
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
 
   v1::PutPolicyRequest put;
-  *put.mutable_policy() = tiny_->policy;
+  *put.mutable_policy() = PolicyToProto(tiny_->policy);
   put.set_bank(*bank_bytes_);
   v1::PolicyRecord rec;
   {
     grpc::ClientContext ctx;
     ASSERT_TRUE(stub->PutPolicy(&ctx, put, &rec).ok());
     EXPECT_EQ(rec.policy().version(), 1u);
+  }
+  {
+    // What a client gets is what was put, numbered.
+    grpc::ClientContext ctx;
+    v1::GetPolicyRequest get;
+    get.set_policy_id("tiny");
+    ASSERT_TRUE(stub->GetPolicy(&ctx, get, &rec).ok());
+    auto got = PolicyFromProto(rec.policy(), 0, "");
+    ASSERT_TRUE(got.ok()) << got.status();
+    RetentionPolicy put_one = tiny_->policy;
+    put_one.version = 1;
+    EXPECT_EQ(*got, put_one);
   }
   // A watcher that knows nothing gets version 1 at once, then version 2 when it is put.
   grpc::ClientContext wctx;
@@ -157,7 +188,7 @@ TEST_F(Control, ServiceServesBanksAndPushesNewVersionsToWatchers) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     grpc::ClientContext ctx;
     v1::PutPolicyRequest again;
-    *again.mutable_policy() = tiny_->policy;
+    *again.mutable_policy() = PolicyToProto(tiny_->policy);
     again.mutable_policy()->set_epsilon(0.02);
     v1::PolicyRecord r;
     EXPECT_TRUE(stub->PutPolicy(&ctx, again, &r).ok());

@@ -61,10 +61,18 @@ class Migration : public ::testing::Test {
     ASSERT_EQ(tiny.bank->groups().size(), 2u);
     bank_ = new std::shared_ptr<const PredictorBank>(std::move(tiny.bank));
     predictors_ = new std::shared_ptr<const EnginePredictors>(*engine_->LoadPredictors(*bank_));
-    policy_ = new v1::RetentionPolicy(tiny.policy);
-    ASSERT_EQ(policy_->kept_layers_size(), 4);
+    policy_ = new RetentionPolicy(tiny.policy);
+    ASSERT_EQ(policy_->kept_layers.size(), 4u);
+    // Matched once, as a node's Retention is.
+    groups_ = new std::vector<const FoldedGroup*>();
+    for (const LayerGroup& g : policy_->rebuilt_groups) {
+      groups_->push_back((*bank_)->FindGroupForLayer(g.targets.front()));
+      ASSERT_NE(groups_->back(), nullptr);
+      ASSERT_EQ(groups_->back()->group, g);
+    }
   }
   static void TearDownTestSuite() {
+    delete groups_;
     delete policy_;
     delete predictors_;
     delete bank_;
@@ -125,6 +133,7 @@ class Migration : public ::testing::Test {
             .model_fingerprint = *fingerprint_,
             .policy = policy_,
             .bank = bank_->get(),
+            .groups = groups_,
             .predictors = predictors_->get(),
             .capacity = 128};
   }
@@ -162,14 +171,16 @@ class Migration : public ::testing::Test {
   static std::string* fingerprint_;
   static std::shared_ptr<const PredictorBank>* bank_;
   static std::shared_ptr<const EnginePredictors>* predictors_;
-  static v1::RetentionPolicy* policy_;
+  static RetentionPolicy* policy_;
+  static std::vector<const FoldedGroup*>* groups_;  // policy_'s groups in bank_
 };
 Model* Migration::model_ = nullptr;
 CpuEngine* Migration::engine_ = nullptr;
 std::string* Migration::fingerprint_ = nullptr;
 std::shared_ptr<const PredictorBank>* Migration::bank_ = nullptr;
 std::shared_ptr<const EnginePredictors>* Migration::predictors_ = nullptr;
-v1::RetentionPolicy* Migration::policy_ = nullptr;
+RetentionPolicy* Migration::policy_ = nullptr;
+std::vector<const FoldedGroup*>* Migration::groups_ = nullptr;
 
 TEST_F(Migration, FullKvResumesBitIdenticallyGreedyAndSampled) {
   for (float temperature : {0.0f, 0.9f}) {

@@ -42,9 +42,13 @@ class Nodes : public ::testing::Test {
     ASSERT_TRUE(m.ok());
     fingerprint_ = new std::string(*ModelFingerprint(**m));
     tiny_ = new testing::TinyPolicy(testing::MakeTinyPolicy(**m, *fingerprint_));
-    auto r = MakeRetention(tiny_->policy, std::move(tiny_->bank),
-                           static_cast<int32_t>((*m)->config().n_layers), *fingerprint_);
+    auto r = MakeRetention(tiny_->policy, std::move(tiny_->bank));
     ASSERT_TRUE(r.ok()) << r.status();
+    // The bank's predictors, matched to the policy's groups once and in its order.
+    ASSERT_EQ((*r)->groups.size(), tiny_->policy.rebuilt_groups.size());
+    for (size_t g = 0; g < (*r)->groups.size(); ++g) {
+      ASSERT_EQ((*r)->groups[g]->group, tiny_->policy.rebuilt_groups[g]);
+    }
     retention_ = new std::shared_ptr<const Retention>(*r);
   }
   static void TearDownTestSuite() {
@@ -354,8 +358,8 @@ TEST_F(Nodes, ReconstructKeepsThePolicysMeasuredNll) {
   // Offline and served paths run the same f32 arithmetic over f32 KV on the same rows.
   constexpr double kTolerance = 1e-5;
   auto a = Start(true), b = Start(true);
-  const v1::RetentionPolicy& p = (*retention_)->policy;
-  ASSERT_EQ(p.test_delta_nll().requests(), static_cast<int>(tiny_->test_requests.size()));
+  const RetentionPolicy& p = (*retention_)->policy;
+  ASSERT_EQ(p.test_delta_nll.requests, static_cast<int>(tiny_->test_requests.size()));
   double sum = 0;
   for (size_t r = 0; r < tiny_->test_requests.size(); ++r) {
     const Request& q = tiny_->test_requests[r];
@@ -374,8 +378,8 @@ TEST_F(Nodes, ReconstructKeepsThePolicysMeasuredNll) {
   }
   // Each request matching, so does their mean (the policy's recorded figure); printed only.
   std::printf("mean dNLL %+.6f; the policy's: %+.6f [95%% CI up to %+.6f]\n",
-              sum / static_cast<double>(tiny_->test_requests.size()), p.test_delta_nll().mean(),
-              p.test_delta_nll().ci_high());
+              sum / static_cast<double>(tiny_->test_requests.size()), p.test_delta_nll.mean,
+              p.test_delta_nll.ci_high);
 }
 
 TEST_F(Nodes, ARetentionSwapAppliesToLaterMigrations) {
@@ -387,10 +391,9 @@ TEST_F(Nodes, ARetentionSwapAppliesToLaterMigrations) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("no retention policy"), std::string::npos) << s.error_message();
   // B receives a newer version of the policy (same bank): A's version 3 no longer matches.
-  v1::RetentionPolicy newer = (*retention_)->policy;
-  newer.set_version(4);
-  auto v4 = MakeRetention(newer, (*retention_)->bank,
-                          static_cast<int32_t>(b->model->config().n_layers), *fingerprint_);
+  RetentionPolicy newer = (*retention_)->policy;
+  newer.version = 4;
+  auto v4 = MakeRetention(newer, (*retention_)->bank);
   ASSERT_TRUE(v4.ok()) << v4.status();
   b->service->SetRetention(*v4);
   EXPECT_NE(b->Metrics().find("riskkv_policy_version{model=\"tiny\"} 4"), std::string::npos);
@@ -416,11 +419,10 @@ TEST_F(Nodes, ARetentionSwapAppliesToLaterMigrations) {
   EXPECT_GT(reply.kv_bytes_omitted(), 0);
   // A policy whose gate fell back to exact KV rebuilds nothing and needs no bank: RECONSTRUCT
   // then sends every layer.
-  v1::RetentionPolicy exact = testing::KeepingEveryLayer(
+  RetentionPolicy exact = testing::KeepingEveryLayer(
       (*retention_)->policy, static_cast<int32_t>(a->model->config().n_layers));
-  exact.set_version(5);
-  auto v5 = MakeRetention(exact, nullptr, static_cast<int32_t>(a->model->config().n_layers),
-                          *fingerprint_);
+  exact.version = 5;
+  auto v5 = MakeRetention(exact, nullptr);
   ASSERT_TRUE(v5.ok()) << v5.status();
   a->service->SetRetention(*v5);
   b->service->SetRetention(*v5);
@@ -430,9 +432,7 @@ TEST_F(Nodes, ARetentionSwapAppliesToLaterMigrations) {
   EXPECT_EQ(reply.mode(), v1::RECONSTRUCT);
   EXPECT_EQ(reply.kv_bytes_omitted(), 0);
   // ... but a policy that rebuilds layers does.
-  EXPECT_FALSE(MakeRetention((*retention_)->policy, nullptr,
-                             static_cast<int32_t>(a->model->config().n_layers), *fingerprint_)
-                   .ok());
+  EXPECT_FALSE(MakeRetention((*retention_)->policy, nullptr).ok());
 
   // A node without a policy asked for RECONSTRUCT falls back instead of failing.
   auto c = Start(false);

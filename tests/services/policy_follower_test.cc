@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "common/model/model_fingerprint.h"
+#include "common/recovery/policy_codec.h"
 #include "services/control/control_service.h"
 #include "services/control/policy_store.h"
 #include "tests/services/tiny_policy.h"
@@ -67,8 +69,8 @@ class ControlPlane {
 // A control plane that pushes one version and answers GetBank with the given bytes.
 class FakeControl final : public v1::Control::Service {
  public:
-  FakeControl(v1::RetentionPolicy policy, std::string bank_bytes)
-      : policy_(std::move(policy)), bank_(std::move(bank_bytes)) {}
+  FakeControl(const RetentionPolicy& policy, std::string bank_bytes)
+      : policy_(PolicyToProto(policy)), bank_(std::move(bank_bytes)) {}
   grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest*,
                      grpc::ServerWriter<v1::PolicyRecord>* writer) override {
     ctx->AddInitialMetadata(kWatchMetadataKey, "1");
@@ -80,11 +82,14 @@ class FakeControl final : public v1::Control::Service {
   }
   grpc::Status GetBank(grpc::ServerContext*, const v1::GetBankRequest*,
                        grpc::ServerWriter<v1::BankChunk>* writer) override {
+    ++bank_requests;
     v1::BankChunk c;
     c.set_data(bank_);
     writer->Write(c);
     return grpc::Status::OK;
   }
+
+  std::atomic<int> bank_requests = 0;
 
  private:
   v1::RetentionPolicy policy_;
@@ -166,16 +171,16 @@ class Follower : public ::testing::Test {
   }
   // Stores version 1 with its bank, starts `control` and lets a follower cache it.
   void FillCacheWithVersion1(ControlPlane& control) {
-    ASSERT_TRUE(control.store().Put(Policy(0.01), *bank_bytes_).ok());
+    ASSERT_TRUE(control.store().Put(PolicyToProto(Policy(0.01)), *bank_bytes_).ok());
     control.Start();
     auto first = Follow(Options(control.address()));
     first->follower->Start();
     ASSERT_TRUE(first->WaitFor([&] { return first->follower->version() == 1; }));
   }
-  static v1::RetentionPolicy Policy(double epsilon) {
-    v1::RetentionPolicy p = tiny_->policy;
-    p.set_version(0);
-    p.set_epsilon(epsilon);
+  static RetentionPolicy Policy(double epsilon) {
+    RetentionPolicy p = tiny_->policy;
+    p.version = 0;
+    p.epsilon = epsilon;
     return p;
   }
 
@@ -192,7 +197,7 @@ std::string* Follower::bank_bytes_ = nullptr;
 
 TEST_F(Follower, AppliesEveryPushedVersionAndCachesIt) {
   ControlPlane control(dir_ / "store");
-  ASSERT_TRUE(control.store().Put(Policy(0.01), *bank_bytes_).ok());
+  ASSERT_TRUE(control.store().Put(PolicyToProto(Policy(0.01)), *bank_bytes_).ok());
   control.Start();
   auto w = Follow(Options(control.address()));
   auto cached = w->follower->LoadCache();
@@ -206,14 +211,19 @@ TEST_F(Follower, AppliesEveryPushedVersionAndCachesIt) {
   EXPECT_TRUE(fs::exists(dir_ / "cache" / "banks" / (sha + ".rkvbank")));
 
   // A new version put while the node runs reaches it.
-  ASSERT_TRUE(control.store().Put(Policy(0.02), "").ok());
+  ASSERT_TRUE(control.store().Put(PolicyToProto(Policy(0.02)), "").ok());
   ASSERT_TRUE(w->WaitFor([&] { return w->follower->version() == 2; }));
   {
     std::lock_guard lock(w->mu);
     ASSERT_EQ(w->applied.size(), 2u);
-    EXPECT_EQ(w->applied[0]->policy.version(), 1u);
-    EXPECT_EQ(w->applied[1]->policy.version(), 2u);
-    EXPECT_EQ(w->applied[1]->policy.epsilon(), 0.02);
+    EXPECT_EQ(w->applied[0]->policy.version, 1u);
+    EXPECT_EQ(w->applied[1]->policy.version, 2u);
+    EXPECT_EQ(w->applied[1]->policy.epsilon, 0.02);
+    // Arrived whole over the Watch, quality data included.
+    RetentionPolicy second = Policy(0.02);
+    second.version = 2;
+    EXPECT_EQ(w->applied[1]->policy, second);
+    EXPECT_EQ(w->applied[1]->groups.size(), second.rebuilt_groups.size());
     EXPECT_EQ(w->applied[1]->bank->content_hash(), sha);
   }
   EXPECT_TRUE(w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"applied\"} 2"));
@@ -235,7 +245,7 @@ TEST_F(Follower, ServesTheCacheWhileTheControlPlaneIsDownAndCatchesUpWhenItRetur
   auto cached = w->follower->LoadCache();
   ASSERT_TRUE(cached.ok()) << cached.status();
   ASSERT_NE(*cached, nullptr);
-  EXPECT_EQ((*cached)->policy.version(), 1u);
+  EXPECT_EQ((*cached)->policy.version, 1u);
   EXPECT_EQ((*cached)->bank->content_hash(), tiny_->bank->content_hash());
   w->follower->Start();
   std::this_thread::sleep_for(std::chrono::milliseconds(400));  // a few failed reconnections
@@ -243,20 +253,20 @@ TEST_F(Follower, ServesTheCacheWhileTheControlPlaneIsDownAndCatchesUpWhenItRetur
   EXPECT_TRUE(w->Has("riskkv_control_connected{model=\"tiny\"} 0"));
 
   // Meanwhile a version 2 was stored; once the control plane is back the node catches up.
-  ASSERT_TRUE(control.store().Put(Policy(0.03), "").ok());
+  ASSERT_TRUE(control.store().Put(PolicyToProto(Policy(0.03)), "").ok());
   control.Start();
   ASSERT_TRUE(w->WaitFor([&] { return w->follower->version() == 2; }));
   EXPECT_TRUE(w->WaitFor([&] { return w->Has("riskkv_control_connected{model=\"tiny\"} 1"); }));
   std::lock_guard lock(w->mu);
   ASSERT_EQ(w->applied.size(), 1u);
-  EXPECT_EQ(w->applied[0]->policy.epsilon(), 0.03);
+  EXPECT_EQ(w->applied[0]->policy.epsilon, 0.03);
 }
 
 TEST_F(Follower, APolicyThatRebuildsNothingNeedsNoBank) {
   ControlPlane control(dir_ / "store");
-  const v1::RetentionPolicy exact =
+  const RetentionPolicy exact =
       testing::KeepingEveryLayer(Policy(0.01), static_cast<int32_t>(model_->config().n_layers));
-  ASSERT_TRUE(control.store().Put(exact, "").ok());
+  ASSERT_TRUE(control.store().Put(PolicyToProto(exact), "").ok());
   control.Start();
   auto w = Follow(Options(control.address()));
   w->follower->Start();
@@ -270,7 +280,7 @@ TEST_F(Follower, APolicyThatRebuildsNothingNeedsNoBank) {
   auto cached = Follow(Options(control.address()))->follower->LoadCache();
   ASSERT_TRUE(cached.ok()) << cached.status();
   ASSERT_NE(*cached, nullptr);
-  EXPECT_EQ((*cached)->policy.kept_layers_size(), exact.kept_layers_size());
+  EXPECT_EQ((*cached)->policy.kept_layers, exact.kept_layers);
 }
 
 TEST_F(Follower, RefusesAVersionForAnotherModelAndKeepsTheOneInUse) {
@@ -281,28 +291,28 @@ TEST_F(Follower, RefusesAVersionForAnotherModelAndKeepsTheOneInUse) {
   // Version 1 is for other weights (a bank fitted under another fingerprint).
   const std::string other(64, 'a');
   auto foreign = testing::MakeTinyPolicy(*model_, other, 0);
-  ASSERT_TRUE(control.store().Put(foreign.policy, FileBytes(*foreign.bank)).ok());
+  ASSERT_TRUE(control.store().Put(PolicyToProto(foreign.policy), FileBytes(*foreign.bank)).ok());
   ASSERT_TRUE(w->WaitFor([&] {
     return w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"rejected\"} 1");
   }));
   EXPECT_EQ(w->follower->version(), 0u);
   EXPECT_FALSE(fs::exists(dir_ / "cache" / "policies" / "tiny.pb"));
   // Version 2 is this model's.
-  ASSERT_TRUE(control.store().Put(Policy(0.01), *bank_bytes_).ok());
+  ASSERT_TRUE(control.store().Put(PolicyToProto(Policy(0.01)), *bank_bytes_).ok());
   ASSERT_TRUE(w->WaitFor([&] { return w->follower->version() == 2; }));
   std::lock_guard lock(w->mu);
   ASSERT_EQ(w->applied.size(), 1u);
-  EXPECT_EQ(w->applied[0]->policy.model_fingerprint(), *fingerprint_);
+  EXPECT_EQ(w->applied[0]->policy.model_fingerprint, *fingerprint_);
 }
 
 TEST_F(Follower, RefusesBankBytesThatAreCorruptOrDoNotHashToTheirName) {
-  v1::RetentionPolicy p = tiny_->policy;
-  p.set_version(1);
+  RetentionPolicy p = tiny_->policy;
+  p.version = 1;
   std::string corrupt = *bank_bytes_;
   corrupt[corrupt.size() / 2] ^= 0x5a;
   // A valid bank for this model, but not the one the policy names.
   auto f16 = testing::MakeTinyPolicy(*model_, *fingerprint_, 0, DType::kF16);
-  ASSERT_NE(f16.bank->content_hash(), p.predictor_bank_sha256());
+  ASSERT_NE(f16.bank->content_hash(), p.predictor_bank_sha256);
   struct Case {
     std::string bytes, expect;
   };
@@ -327,6 +337,29 @@ TEST_F(Follower, RefusesBankBytesThatAreCorruptOrDoNotHashToTheirName) {
     EXPECT_TRUE(fs::is_empty(dir_ / "cache" / "banks")) << c.expect;
     EXPECT_FALSE(fs::exists(dir_ / "cache" / "policies" / "tiny.pb"));
   }
+}
+
+TEST_F(Follower, RefusesAMalformedVersionBeforeFetchingItsBank) {
+  RetentionPolicy p = tiny_->policy;
+  p.version = 1;
+  p.kept_layers.push_back(1);  // both kept and rebuilt
+  FakeControl fake(p, *bank_bytes_);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&fake);
+  auto server = b.BuildAndStart();
+  ASSERT_GT(port, 0);
+  auto w = Follow(Options("127.0.0.1:" + std::to_string(port)));
+  w->follower->Start();
+  ASSERT_TRUE(w->WaitFor([&] {
+    return w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"rejected\"} 1");
+  }));
+  EXPECT_EQ(w->follower->version(), 0u);
+  EXPECT_EQ(fake.bank_requests, 0);
+  w->follower->Stop();
+  server->Shutdown(std::chrono::system_clock::now());
+  EXPECT_FALSE(fs::exists(dir_ / "cache" / "policies" / "tiny.pb"));
 }
 
 TEST_F(Follower, ACorruptCacheIsReportedAndHealedFromTheControlPlane) {

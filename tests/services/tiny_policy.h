@@ -11,13 +11,13 @@
 #include "common/recovery/calibration.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/quality_gate.h"
-#include "riskkv/v1/retention_policy.pb.h"
+#include "common/recovery/retention_policy.h"
 
 namespace riskkv::testing {
 
 struct TinyPolicy {
   std::unique_ptr<PredictorBank> bank;
-  v1::RetentionPolicy policy;
+  RetentionPolicy policy;  // validated for the tiny model, as a reader would have
   // Held-out requests and the NLL change rebuilding costs each (rebuilt - exact), measured
   // offline as riskkv-calibrate does; the policy's test_delta_nll summarises them.
   std::vector<Request> test_requests;
@@ -38,24 +38,22 @@ inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint, u
   auto bank = PredictorBank::FromFits(fingerprint, bank_dtype, *fits);
   EXPECT_TRUE(bank.ok()) << bank.status();
   out.bank = std::move(*bank);
-  v1::RetentionPolicy& p = out.policy;
-  p.set_format_version(1);
-  p.set_model_fingerprint(fingerprint);
-  p.set_policy_id("tiny");
-  p.set_version(version);
-  p.set_gate("upper90");
+  RetentionPolicy& p = out.policy;
+  p.model_fingerprint = fingerprint;
+  p.policy_id = "tiny";
+  p.version = version;
+  p.gate = "upper90";
+  p.rebuilt_groups = *groups;
   std::vector<bool> rebuilt(model.config().n_layers, false);
   for (const auto& g : *groups) {
-    auto* pg = p.add_rebuilt_groups();
-    for (int32_t l : g.targets) pg->add_targets(l), rebuilt[l] = true;
-    for (int32_t l : g.anchors) pg->add_anchors(l);
+    for (int32_t l : g.targets) rebuilt[l] = true;
   }
   for (int32_t l = 0; l < model.config().n_layers; ++l) {
-    if (!rebuilt[l]) p.add_kept_layers(l);
+    if (!rebuilt[l]) p.kept_layers.push_back(l);
   }
-  p.set_predictor_bank_sha256(out.bank->content_hash());
-  p.set_history_tokens(48);
-  p.set_eval_tokens(16);
+  p.predictor_bank_sha256 = out.bank->content_hash();
+  p.history_tokens = 48;
+  p.eval_tokens = 16;
   std::vector<int32_t> held_out(4 * 64);
   for (size_t i = 0; i < held_out.size(); ++i) {
     held_out[i] = static_cast<int32_t>((i * 71 + 13) % 500);
@@ -69,19 +67,17 @@ inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint, u
   }
   auto ci = BootstrapMeanInterval(out.test_deltas, 0.95);
   EXPECT_TRUE(ci.ok()) << ci.status();
-  p.mutable_test_delta_nll()->set_mean(ci->mean);
-  p.mutable_test_delta_nll()->set_ci_low(ci->lo);
-  p.mutable_test_delta_nll()->set_ci_high(ci->hi);
-  p.mutable_test_delta_nll()->set_requests(static_cast<int32_t>(out.test_deltas.size()));
+  p.test_delta_nll = {ci->mean, ci->lo, ci->hi, static_cast<int32_t>(out.test_deltas.size())};
+  EXPECT_TRUE(p.Validate(static_cast<int32_t>(model.config().n_layers)).ok());
   return out;
 }
 
 // `policy` as its gate falling back to exact KV would leave it: every layer kept, no bank.
-inline v1::RetentionPolicy KeepingEveryLayer(v1::RetentionPolicy policy, int32_t n_layers) {
-  policy.clear_rebuilt_groups();
-  policy.clear_kept_layers();
-  for (int32_t l = 0; l < n_layers; ++l) policy.add_kept_layers(l);
-  policy.clear_predictor_bank_sha256();
+inline RetentionPolicy KeepingEveryLayer(RetentionPolicy policy, int32_t n_layers) {
+  policy.rebuilt_groups.clear();
+  policy.kept_layers.clear();
+  for (int32_t l = 0; l < n_layers; ++l) policy.kept_layers.push_back(l);
+  policy.predictor_bank_sha256.clear();
   return policy;
 }
 

@@ -317,7 +317,7 @@ TEST_F(GpuRebuild, RecoveryFromRetainedLayersMatchesTheCpuPath) {
     ASSERT_TRUE(preds_->Rebuild(**session, g, 0, history).ok());
   }
   std::vector<int32_t> rest;
-  for (int32_t l : tiny_.policy.kept_layers()) rest.push_back(l);
+  for (int32_t l : tiny_.policy.kept_layers) rest.push_back(l);
   ASSERT_TRUE((*session)->UploadFrom(**source, rest).ok());
   auto got = gpu_->Decode(tokens.back(), **session);
   ASSERT_TRUE(got.ok()) << got.status();

@@ -1,4 +1,5 @@
-// Retention policy files: round trip, text form, and every structural check.
+// Retention policies: the struct's round trip through its proto and its files, the text form,
+// every structural check, and validation on every way in (proto, bytes, file).
 #include "common/recovery/retention_policy.h"
 
 #include <gtest/gtest.h>
@@ -6,39 +7,55 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/recovery/policy_codec.h"
+
 namespace riskkv {
 namespace {
 
 // SmolLM2-shaped: 30 layers, two groups rebuilt (L1-2 <- L0,L3 and L4-5 <- L3,L6).
-v1::RetentionPolicy Valid() {
-  v1::RetentionPolicy p;
-  p.set_format_version(1);
-  p.set_model_fingerprint(std::string(64, 'a'));
-  p.set_policy_id("smollm2-135m");
-  p.set_version(3);
-  p.set_epsilon(0.005);
-  p.set_gate("upper90");
+RetentionPolicy Valid() {
+  RetentionPolicy p;
+  p.model_fingerprint = std::string(64, 'a');
+  p.policy_id = "smollm2-135m";
+  p.version = 3;
+  p.epsilon = 0.005;
+  p.gate = "upper90";
   for (int l = 0; l < 30; ++l) {
-    if (l != 1 && l != 2 && l != 4 && l != 5) p.add_kept_layers(l);
+    if (l != 1 && l != 2 && l != 4 && l != 5) p.kept_layers.push_back(l);
   }
-  for (auto [t0, a0] : {std::pair{1, 0}, std::pair{4, 3}}) {
-    auto* g = p.add_rebuilt_groups();
-    g->add_targets(t0);
-    g->add_targets(t0 + 1);
-    g->add_anchors(a0);
-    g->add_anchors(a0 + 3);
-  }
-  auto* risk = p.add_singleton_risks();
-  *risk->mutable_group() = p.rebuilt_groups(0);
-  risk->mutable_delta_nll()->set_mean(0.0012);
-  risk->mutable_delta_nll()->set_requests(64);
-  auto* point = p.add_path();
-  point->set_groups(2);
-  point->set_kv_omitted_fraction(4.0 / 30);
-  point->set_passed(true);
-  p.set_kv_bytes_per_token(30 * 2 * 192 * 2);
-  p.set_kv_bytes_saved_per_token(4 * 2 * 192 * 2);
-  p.set_predictor_bank_sha256(std::string(64, 'b'));
+  p.rebuilt_groups = {{{1, 2}, {0, 3}}, {{4, 5}, {3, 6}}};
+  p.singleton_risks = {{p.rebuilt_groups[0], {.mean = 0.0012, .requests = 64}}};
+  p.path = {{.groups = 2, .kv_omitted_fraction = 4.0 / 30, .delta_nll = {}, .passed = true}};
+  p.kv_bytes_per_token = 30 * 2 * 192 * 2;
+  p.kv_bytes_saved_per_token = 4 * 2 * 192 * 2;
+  p.predictor_bank_sha256 = std::string(64, 'b');
+  return p;
+}
+
+// Valid() with every field away from its default, quality data included, so a field the
+// conversion drops or swaps shows.
+RetentionPolicy EveryField() {
+  RetentionPolicy p = Valid();
+  p.singleton_risks = {
+      {{{1, 2}, {0, 3}}, {.mean = 0.0012, .ci_low = -0.0003, .ci_high = 0.0031, .requests = 64}},
+      {{{4, 5}, {3, 6}}, {.mean = 0.0025, .ci_low = 0.0007, .ci_high = 0.0049, .requests = 64}},
+  };
+  p.path = {
+      {.groups = 1,
+       .kv_omitted_fraction = 2.0 / 30,
+       .delta_nll = {.mean = 0.0011, .ci_low = -0.0002, .ci_high = 0.0029, .requests = 32},
+       .gate_statistic = 0.0024,
+       .passed = true},
+      {.groups = 2,
+       .kv_omitted_fraction = 4.0 / 30,
+       .delta_nll = {.mean = 0.0036, .ci_low = 0.0012, .ci_high = 0.0061, .requests = 32},
+       .gate_statistic = 0.0057,
+       .passed = false},
+  };
+  p.test_delta_nll = {.mean = 0.0009, .ci_low = -0.0004, .ci_high = 0.0022, .requests = 128};
+  p.history_tokens = 480;
+  p.eval_tokens = 32;
+  p.kv_dtype = "f16";
   return p;
 }
 
@@ -46,78 +63,162 @@ std::string TempPath(const char* name) {
   return (std::filesystem::temp_directory_path() / name).string();
 }
 
-TEST(RetentionPolicy, RoundTripsAndPrints) {
-  const v1::RetentionPolicy p = Valid();
-  ASSERT_TRUE(ValidatePolicy(p, 30).ok());
+TEST(RetentionPolicy, RoundTripsEveryFieldThroughProtoAndBytes) {
+  const RetentionPolicy p = EveryField();
+  ASSERT_TRUE(p.Validate(30).ok());
+  const v1::RetentionPolicy proto = PolicyToProto(p);
+  EXPECT_EQ(proto.format_version(), 1u);
+  EXPECT_EQ(proto.rebuilt_groups_size(), 2);
+  EXPECT_EQ(proto.path(1).delta_nll().ci_high(), 0.0061);
+  auto back = ParsePolicy(proto.SerializeAsString(), 30, std::string(64, 'a'));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, p);
+  // Field by field too, so a failure says which one.
+  EXPECT_EQ(back->kept_layers, p.kept_layers);
+  EXPECT_EQ(back->rebuilt_groups, p.rebuilt_groups);
+  EXPECT_EQ(back->singleton_risks, p.singleton_risks);
+  EXPECT_EQ(back->path, p.path);
+  EXPECT_EQ(back->test_delta_nll, p.test_delta_nll);
+  EXPECT_EQ(back->kv_dtype, "f16");
+  EXPECT_EQ(back->history_tokens, 480);
+  EXPECT_EQ(back->eval_tokens, 32);
+  // And what the proto reads back as is what it was written from.
+  EXPECT_EQ(PolicyToProto(*back).SerializeAsString(), proto.SerializeAsString());
+  auto from_proto = PolicyFromProto(proto, 30, "");
+  ASSERT_TRUE(from_proto.ok()) << from_proto.status();
+  EXPECT_EQ(*from_proto, p);
+}
+
+TEST(RetentionPolicy, RoundTripsThroughAFileAndPrints) {
+  const RetentionPolicy p = EveryField();
   const std::string path = TempPath("riskkv_policy_test.pb");
   ASSERT_TRUE(WritePolicy(p, path).ok());
   auto back = ReadPolicy(path, 30, std::string(64, 'a'));
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->SerializeAsString(), p.SerializeAsString());
-  const std::vector<LayerGroup> groups = RebuiltGroups(*back);
-  ASSERT_EQ(groups.size(), 2u);
-  EXPECT_EQ(groups[1], (LayerGroup{{4, 5}, {3, 6}}));
+  EXPECT_EQ(*back, p);
+  ASSERT_EQ(back->rebuilt_groups.size(), 2u);
+  EXPECT_EQ(back->rebuilt_groups[1], (LayerGroup{{4, 5}, {3, 6}}));
+  EXPECT_EQ(back->Name(), "smollm2-135m v3");
   const std::string text = PolicyToText(p);
   EXPECT_NE(text.find("gate: \"upper90\""), std::string::npos);
   EXPECT_NE(text.find("policy_id: \"smollm2-135m\""), std::string::npos);
+  EXPECT_NE(text.find("gate_statistic: 0.0057"), std::string::npos) << text;
 }
 
-TEST(RetentionPolicy, RejectsAPolicyForOtherWeights) {
+TEST(RetentionPolicy, RejectsAPolicyForOtherWeightsOnEveryRead) {
+  const std::string other(64, 'c');
+  auto expect_other = [&](const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find(other), std::string::npos) << s;
+    EXPECT_NE(s.message().find(std::string(64, 'a')), std::string::npos) << s;
+  };
+  const v1::RetentionPolicy proto = PolicyToProto(Valid());
+  expect_other(PolicyFromProto(proto, 30, other).status());
+  expect_other(ParsePolicy(proto.SerializeAsString(), 30, other).status());
   const std::string path = TempPath("riskkv_policy_other.pb");
   ASSERT_TRUE(WritePolicy(Valid(), path).ok());
-  auto r = ReadPolicy(path, 30, std::string(64, 'c'));
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find(std::string(64, 'c')), std::string::npos);
+  const absl::Status s = ReadPolicy(path, 30, other).status();
+  expect_other(s);
+  EXPECT_NE(s.message().find(path), std::string::npos) << s;
+  // Without an expected fingerprint the check is skipped.
+  EXPECT_TRUE(ReadPolicy(path, 30, "").ok());
 }
 
 TEST(RetentionPolicy, RejectsGarbageAndMissingFiles) {
   const std::string path = TempPath("riskkv_policy_garbage.pb");
   std::ofstream(path, std::ios::binary) << "\xff\xff\xff garbage";
-  EXPECT_EQ(ReadPolicy(path, 30, "").status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status s = ReadPolicy(path, 30, "").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(path + ": not a riskkv.v1.RetentionPolicy"), std::string::npos) << s;
+  EXPECT_EQ(ParsePolicy("\xff\xff\xff garbage", 30, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReadPolicy(TempPath("riskkv_no_such_policy.pb"), 30, "").status().code(),
             absl::StatusCode::kNotFound);
 }
 
+struct Case {
+  const char* what;
+  void (*mutate)(RetentionPolicy*);
+};
+const Case kMalformed[] = {
+    {"format_version", [](RetentionPolicy* p) { p->format_version = 2; }},
+    {"model_fingerprint", [](RetentionPolicy* p) { p->model_fingerprint.clear(); }},
+    {"policy_id", [](RetentionPolicy* p) { p->policy_id.clear(); }},
+    {"gate", [](RetentionPolicy* p) { p->gate = "median"; }},
+    {"epsilon", [](RetentionPolicy* p) { p->epsilon = -0.1; }},
+    {"predictor_bank_sha256", [](RetentionPolicy* p) { p->predictor_bank_sha256 = "x"; }},
+    {"predictor_bank_sha256",
+     [](RetentionPolicy* p) { p->predictor_bank_sha256 = std::string(61, 'a') + "/.."; }},
+    {"both kept and rebuilt", [](RetentionPolicy* p) { p->kept_layers.push_back(1); }},
+    {"cover", [](RetentionPolicy* p) { p->kept_layers.pop_back(); }},
+    {"anchor",
+     [](RetentionPolicy* p) {
+       p->rebuilt_groups[1].targets = {3, 4};
+     }},  // rebuilds 3
+    {"KV byte counts", [](RetentionPolicy* p) { p->kv_bytes_saved_per_token = 1 << 30; }},
+    {"kv_dtype", [](RetentionPolicy* p) { p->kv_dtype = "bf16"; }},
+    {"history_tokens", [](RetentionPolicy* p) { p->history_tokens = -1; }},
+};
+
 TEST(RetentionPolicy, StructuralChecks) {
-  struct Case {
-    const char* what;
-    void (*mutate)(v1::RetentionPolicy*);
-  };
-  const Case cases[] = {
-      {"format_version", [](v1::RetentionPolicy* p) { p->set_format_version(2); }},
-      {"model_fingerprint", [](v1::RetentionPolicy* p) { p->clear_model_fingerprint(); }},
-      {"policy_id", [](v1::RetentionPolicy* p) { p->clear_policy_id(); }},
-      {"gate", [](v1::RetentionPolicy* p) { p->set_gate("median"); }},
-      {"epsilon", [](v1::RetentionPolicy* p) { p->set_epsilon(-0.1); }},
-      {"predictor_bank_sha256", [](v1::RetentionPolicy* p) { p->set_predictor_bank_sha256("x"); }},
-      {"predictor_bank_sha256",
-       [](v1::RetentionPolicy* p) { p->set_predictor_bank_sha256(std::string(61, 'a') + "/.."); }},
-      {"both kept and rebuilt", [](v1::RetentionPolicy* p) { p->add_kept_layers(1); }},
-      {"cover", [](v1::RetentionPolicy* p) { p->mutable_kept_layers()->RemoveLast(); }},
-      {"anchor",
-       [](v1::RetentionPolicy* p) {  // anchor 3 rebuilt by a group
-         p->mutable_rebuilt_groups(1)->set_targets(0, 3);
-         p->mutable_rebuilt_groups(1)->set_targets(1, 4);
-       }},
-      {"KV byte counts", [](v1::RetentionPolicy* p) { p->set_kv_bytes_saved_per_token(1 << 30); }},
-      {"kv_dtype", [](v1::RetentionPolicy* p) { p->set_kv_dtype("bf16"); }},
-      {"history_tokens", [](v1::RetentionPolicy* p) { p->set_history_tokens(-1); }},
-  };
-  for (const Case& c : cases) {
-    v1::RetentionPolicy p = Valid();
+  for (const Case& c : kMalformed) {
+    RetentionPolicy p = Valid();
     c.mutate(&p);
-    const absl::Status s = ValidatePolicy(p, 30);
-    EXPECT_FALSE(s.ok()) << c.what;
+    const absl::Status s = p.Validate(30);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what;
     EXPECT_NE(s.message().find(c.what), std::string::npos) << c.what << ": " << s.message();
   }
   // A policy that rebuilds nothing needs no bank.
-  v1::RetentionPolicy exact = Valid();
-  exact.clear_rebuilt_groups();
-  exact.clear_predictor_bank_sha256();
-  for (int l : {1, 2, 4, 5}) exact.add_kept_layers(l);
-  exact.set_kv_bytes_saved_per_token(0);
-  EXPECT_TRUE(ValidatePolicy(exact, 30).ok());
+  RetentionPolicy exact = Valid();
+  exact.rebuilt_groups.clear();
+  exact.predictor_bank_sha256.clear();
+  exact.kept_layers.clear();
+  for (int l = 0; l < 30; ++l) exact.kept_layers.push_back(l);
+  exact.kv_bytes_saved_per_token = 0;
+  EXPECT_TRUE(exact.Validate(30).ok());
+}
+
+TEST(RetentionPolicy, MalformedPoliciesAreRefusedWhenRead) {
+  for (const Case& c : kMalformed) {
+    RetentionPolicy p = Valid();
+    c.mutate(&p);
+    const std::string bytes = PolicyToProto(p).SerializeAsString();
+    // Malformed comes before foreign: the fingerprint check would pass here.
+    for (const absl::Status& s : {PolicyFromProto(PolicyToProto(p), 30, "").status(),
+                                  ParsePolicy(bytes, 30, std::string(64, 'a')).status()}) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
+      EXPECT_NE(s.message().find(c.what), std::string::npos) << c.what << ": " << s;
+    }
+    const std::string path = TempPath("riskkv_policy_malformed.pb");
+    ASSERT_TRUE(WritePolicy(p, path).ok());  // files are checked when read, not when written
+    const absl::Status s = ReadPolicy(path, 30, "").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
+    EXPECT_NE(s.message().find(path + ": retention policy: "), std::string::npos) << s;
+  }
+  // The wrong layer count for the model reading it.
+  EXPECT_EQ(PolicyFromProto(PolicyToProto(Valid()), 32, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RetentionPolicy, ReadersWithoutAModelCheckTheLayersThePolicyImplies) {
+  EXPECT_TRUE(PolicyFromProto(PolicyToProto(Valid()), 0, "").ok());
+  RetentionPolicy p = Valid();
+  p.kept_layers.pop_back();  // a 29-layer model's policy
+  EXPECT_TRUE(PolicyFromProto(PolicyToProto(p), 0, "").ok());
+  p = Valid();
+  std::erase(p.kept_layers, 10);  // neither kept nor rebuilt
+  absl::Status s = PolicyFromProto(PolicyToProto(p), 0, "").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("cover 29 of 30"), std::string::npos) << s;
+  p = Valid();
+  p.kept_layers.clear();
+  p.rebuilt_groups.clear();
+  s = PolicyFromProto(PolicyToProto(p), 0, "").status();
+  EXPECT_NE(s.message().find("lists no layers"), std::string::npos) << s;
+  p = Valid();
+  p.kept_layers.push_back(5000);
+  s = PolicyFromProto(PolicyToProto(p), 0, "").status();
+  EXPECT_NE(s.message().find("above 4095"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -125,24 +125,24 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   ASSERT_TRUE(fp.ok());
   auto policy = ReadPolicy((out / "policy.pb").string(), 8, *fp);
   ASSERT_TRUE(policy.ok()) << policy.status();
-  EXPECT_EQ(policy->policy_id(), "tiny-llama-deep");
-  EXPECT_EQ(policy->gate(), "upper90");
-  EXPECT_EQ(policy->rebuilt_groups_size(), G);
-  EXPECT_EQ(policy->kept_layers_size(), 8 - G);
-  EXPECT_EQ(policy->singleton_risks_size(), G);
-  EXPECT_EQ(policy->path_size(), G);
-  EXPECT_EQ(policy->history_tokens(), 48);
-  EXPECT_EQ(policy->kv_dtype(), "f16");
-  EXPECT_EQ(policy->kv_bytes_per_token(), 8 * 2 * 32 * 2);
-  EXPECT_EQ(policy->kv_bytes_saved_per_token(), G * 2 * 32 * 2);
-  EXPECT_EQ(policy->test_delta_nll().requests(), 3);
-  EXPECT_DOUBLE_EQ(policy->test_delta_nll().mean(), r.path[G - 1].test.ci95.mean);
+  EXPECT_EQ(policy->policy_id, "tiny-llama-deep");
+  EXPECT_EQ(policy->gate, "upper90");
+  EXPECT_EQ(policy->rebuilt_groups.size(), static_cast<size_t>(G));
+  EXPECT_EQ(policy->kept_layers.size(), static_cast<size_t>(8 - G));
+  EXPECT_EQ(policy->singleton_risks.size(), static_cast<size_t>(G));
+  EXPECT_EQ(policy->path.size(), static_cast<size_t>(G));
+  EXPECT_EQ(policy->history_tokens, 48);
+  EXPECT_EQ(policy->kv_dtype, "f16");
+  EXPECT_EQ(policy->kv_bytes_per_token, 8 * 2 * 32 * 2);
+  EXPECT_EQ(policy->kv_bytes_saved_per_token, G * 2 * 32 * 2);
+  EXPECT_EQ(policy->test_delta_nll.requests, 3);
+  EXPECT_DOUBLE_EQ(policy->test_delta_nll.mean, r.path[G - 1].test.ci95.mean);
 
   auto bank = PredictorBank::Open((out / "bank.rkvbank").string(), *fp);
   ASSERT_TRUE(bank.ok()) << bank.status();
-  EXPECT_EQ((*bank)->content_hash(), policy->predictor_bank_sha256());
+  EXPECT_EQ((*bank)->content_hash(), policy->predictor_bank_sha256);
   ASSERT_EQ((*bank)->groups().size(), static_cast<size_t>(G));
-  for (const auto& g : RebuiltGroups(*policy)) {
+  for (const LayerGroup& g : policy->rebuilt_groups) {
     const FoldedGroup* fg = (*bank)->FindGroupForLayer(g.targets.front());
     ASSERT_NE(fg, nullptr);
     EXPECT_EQ(fg->group, g);
@@ -174,12 +174,12 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   auto j = nlohmann::json::parse(json_in, nullptr, false);
   ASSERT_FALSE(j.is_discarded());
   EXPECT_EQ(j["path"].size(), static_cast<size_t>(G));
-  EXPECT_EQ(j["predictor_bank_sha256"], policy->predictor_bank_sha256());
+  EXPECT_EQ(j["predictor_bank_sha256"], policy->predictor_bank_sha256);
   EXPECT_EQ(j["chosen"]["path_index"], G - 1);
 
   std::ifstream text_in(out / "policy.txt");
   const std::string text((std::istreambuf_iterator<char>(text_in)), {});
-  EXPECT_NE(text.find("predictor_bank_sha256: \"" + policy->predictor_bank_sha256()),
+  EXPECT_NE(text.find("predictor_bank_sha256: \"" + policy->predictor_bank_sha256),
             std::string::npos);
 }
 
@@ -218,13 +218,13 @@ TEST_F(CalibrateTiny, GateDecidesAndExactFallbackWritesNoBank) {
   EXPECT_FALSE(fs::exists(out / "noise-control.svg"));
   auto policy = ReadPolicy((out / "policy.pb").string(), 8, "");
   ASSERT_TRUE(policy.ok()) << policy.status();
-  EXPECT_EQ(policy->rebuilt_groups_size(), 0);
-  EXPECT_EQ(policy->kept_layers_size(), 8);
-  EXPECT_EQ(policy->kv_bytes_saved_per_token(), 0);
-  EXPECT_TRUE(policy->predictor_bank_sha256().empty());
-  EXPECT_EQ(policy->gate(), "stable-split");
-  EXPECT_EQ(policy->test_delta_nll().mean(), 0.0);
-  EXPECT_EQ(policy->test_delta_nll().requests(), 3);
+  EXPECT_EQ(policy->rebuilt_groups.size(), 0u);
+  EXPECT_EQ(policy->kept_layers.size(), 8u);
+  EXPECT_EQ(policy->kv_bytes_saved_per_token, 0);
+  EXPECT_TRUE(policy->predictor_bank_sha256.empty());
+  EXPECT_EQ(policy->gate, "stable-split");
+  EXPECT_EQ(policy->test_delta_nll.mean, 0.0);
+  EXPECT_EQ(policy->test_delta_nll.requests, 3);
 }
 
 TEST_F(CalibrateTiny, BadOptionsFailBeforeAnyWork) {
