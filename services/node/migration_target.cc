@@ -15,7 +15,7 @@ grpc::Status ReceiveMigration(
   NodeMetrics* metrics = side.metrics;
   v1::MigrationFrame f;
   if (!stream->Read(&f)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the stream carried no handshake");
+    return ToGrpc(absl::InvalidArgumentError("the stream carried no handshake"));
   }
   watchdog.Touch();
   auto fail = [&](const std::string& reason, const absl::Status& s) {

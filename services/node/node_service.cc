@@ -20,9 +20,7 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-grpc::Status Bad(const std::string& m) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
-}
+grpc::Status Bad(const std::string& m) { return ToGrpc(absl::InvalidArgumentError(m)); }
 
 // The session table's lease as the sender's hand-over.
 class LeaseHandOver final : public HandOver {
@@ -116,9 +114,9 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
   const int64_t capacity =
       options_.capacity > 0 ? options_.capacity : engine_.config().context_length;
   if (s->tokens.empty() || static_cast<int64_t>(s->tokens.size()) + 1 > capacity) {
-    return grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
-                        absl::StrCat("a prompt of ", s->tokens.size(), " tokens does not fit the ",
-                                     capacity, "-token session limit"));
+    return ToGrpc(absl::OutOfRangeError(absl::StrCat("a prompt of ", s->tokens.size(),
+                                                     " tokens does not fit the ", capacity,
+                                                     "-token session limit")));
   }
   if (auto room = sessions_.CheckRoom(); !room.ok()) return ToGrpc(room);
   auto kv = engine_.NewStore(capacity, options_.kv_dtype);
@@ -144,7 +142,7 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
   NodeSession& s = lease->session();
   for (int i = 0; i < req->max_tokens() && !ctx->IsCancelled(); ++i) {
     if (static_cast<int64_t>(s.tokens.size()) >= s.kv->capacity()) {
-      return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the session reached its length limit");
+      return ToGrpc(absl::OutOfRangeError("the session reached its length limit"));
     }
     std::vector<float> logits = std::move(s.pending_logits);
     s.pending_logits.clear();
@@ -345,9 +343,9 @@ grpc::Status NodeService::Receive(
   if (receiving_.fetch_add(1) >= options_.max_concurrent_receives) {
     receiving_.fetch_sub(1);
     if (metrics_) metrics_->Failure("target", "busy");
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("this node is already receiving its limit of ",
-                                     options_.max_concurrent_receives, " migrations"));
+    return ToGrpc(absl::ResourceExhaustedError(
+        absl::StrCat("this node is already receiving its limit of ",
+                     options_.max_concurrent_receives, " migrations")));
   }
   // The caller's deadline, but never longer than this node's own bound.
   const auto bound = std::chrono::system_clock::now() + Seconds(options_.default_timeout_seconds);
@@ -365,13 +363,13 @@ grpc::Status NodeService::Receive(
                           stream, watchdog);
     const std::string fired = watchdog.fired();
     if (fired == "deadline") {
-      st = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        absl::StrCat("the migration did not finish within this node's bound of ",
-                                     options_.default_timeout_seconds, " s; nothing was applied"));
+      st = ToGrpc(absl::DeadlineExceededError(
+          absl::StrCat("the migration did not finish within this node's bound of ",
+                       options_.default_timeout_seconds, " s; nothing was applied")));
     } else if (fired == "idle") {
-      st = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        absl::StrCat("the source sent nothing for ", options_.receive_idle_seconds,
-                                     " s; nothing was applied"));
+      st = ToGrpc(absl::DeadlineExceededError(absl::StrCat("the source sent nothing for ",
+                                                           options_.receive_idle_seconds,
+                                                           " s; nothing was applied")));
     }
   }
   receiving_.fetch_sub(1);
