@@ -1,11 +1,11 @@
-// riskkv-calibrate's pipeline (see calibrate.h).
+// riskkv-calibrate's selection pipeline, steps 1-6 of calibrate.h: from a model and a corpus to
+// the measured candidates, the ordered path, the gates' decisions and the controls.
 #include "services/calibrate/calibrate.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -13,58 +13,11 @@
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/rebuild.h"
-#include "common/recovery/retention_policy.h"
-#include "services/calibrate/report.h"
+#include "services/calibrate/paired_stats.h"
 #include "services/progress.h"
 
 namespace riskkv {
 namespace {
-
-double Mean(std::span<const double> v) {
-  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size();
-}
-
-// Paired summary of `rebuilt` against `exact` (per-request mean NLLs of the same requests).
-absl::StatusOr<Measured> Summarize(std::span<const double> rebuilt, std::span<const double> exact,
-                                   const CalibrateOptions& o) {
-  Measured m;
-  for (size_t r = 0; r < exact.size(); ++r) {
-    m.deltas.push_back(rebuilt[r] - exact[r]);
-    if (m.deltas.back() > o.epsilon) ++m.violations;
-  }
-  const BootstrapOptions boot{o.bootstrap_resamples, o.seed};
-  ASSIGN_OR_RETURN(m.ci95, BootstrapMeanInterval(m.deltas, 0.95, boot));
-  ASSIGN_OR_RETURN(m.upper90, BootstrapUpperBound(m.deltas, 0.9, boot));
-  m.exact_nll = Mean(exact);
-  m.rebuilt_nll = Mean(rebuilt);
-  return m;
-}
-
-// Spearman rank correlation (average ranks for ties).
-double RankCorrelation(std::span<const double> a, std::span<const double> b) {
-  auto ranks = [](std::span<const double> v) {
-    std::vector<size_t> idx(v.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    std::sort(idx.begin(), idx.end(), [&](size_t i, size_t j) { return v[i] < v[j]; });
-    std::vector<double> r(v.size());
-    for (size_t i = 0; i < idx.size();) {
-      size_t j = i;
-      while (j + 1 < idx.size() && v[idx[j + 1]] == v[idx[i]]) ++j;
-      for (size_t k = i; k <= j; ++k) r[idx[k]] = 0.5 * static_cast<double>(i + j);
-      i = j + 1;
-    }
-    return r;
-  };
-  const auto ra = ranks(a), rb = ranks(b);
-  const double ma = Mean(ra), mb = Mean(rb);
-  double sab = 0, saa = 0, sbb = 0;
-  for (size_t i = 0; i < ra.size(); ++i) {
-    sab += (ra[i] - ma) * (rb[i] - mb);
-    saa += (ra[i] - ma) * (ra[i] - ma);
-    sbb += (rb[i] - mb) * (rb[i] - mb);
-  }
-  return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
-}
 
 std::string DefaultPolicyId(const ModelConfig& c) {
   std::string id;
@@ -95,103 +48,6 @@ class PhaseClock {
 };
 
 }  // namespace
-
-void CalibrateOptions::MakeQuick() {
-  history = 128;
-  eval = 64;
-  train = 8;
-  validation = 4;
-  confirm = 3;
-  test = 4;
-  noise_requests = 2;
-  noise_draws = 1;
-  bootstrap_resamples = 500;
-}
-
-absl::Status CalibrateOptions::Validate() const {
-  auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
-  if (history < 1) return bad(absl::StrCat("--history must be >= 1, got ", history));
-  if (eval < 1) return bad(absl::StrCat("--eval-tokens must be >= 1, got ", eval));
-  if (train < 1) return bad(absl::StrCat("--train must be >= 1, got ", train));
-  if (validation < 2) return bad(absl::StrCat("--validation must be >= 2, got ", validation));
-  if (confirm < 0 || confirm == 1)
-    return bad(absl::StrCat("--confirm must be 0 or >= 2, got ", confirm));
-  if (gate == Gate::kStableSplit && confirm < 2)
-    return bad("the stable-split gate needs --confirm >= 2");
-  if (test < 2) return bad(absl::StrCat("--test must be >= 2, got ", test));
-  if (noise_requests < 0 || noise_requests > validation)
-    return bad(absl::StrCat("--noise-requests must be in [0, --validation], got ", noise_requests));
-  if (noise_draws < 1) return bad(absl::StrCat("--noise-draws must be >= 1, got ", noise_draws));
-  if (!(epsilon >= 0.0) || !std::isfinite(epsilon))
-    return bad(absl::StrCat("--epsilon must be a finite number >= 0, got ", epsilon));
-  if (!(fractions.train > 0.0) || !(fractions.validation > 0.0) ||
-      !(fractions.train + fractions.validation < 1.0)) {
-    return bad(absl::StrCat("split fractions train ", fractions.train, " and validation ",
-                            fractions.validation, " must be > 0 and leave room for test"));
-  }
-  if (!(min_prose >= 0.0 && min_prose <= 1.0))
-    return bad(absl::StrCat("--min-prose must be in [0, 1], got ", min_prose));
-  if (bootstrap_resamples < 100 || bootstrap_resamples > 1000000)
-    return bad(absl::StrCat("--bootstrap must be in [100, 1000000], got ", bootstrap_resamples));
-  if (exhaustive_max_groups < 1 || exhaustive_max_groups > 16)
-    return bad(
-        absl::StrCat("--exhaustive-max-groups must be in [1, 16], got ", exhaustive_max_groups));
-  if (bank_dtype != DType::kF16 && bank_dtype != DType::kF32) return bad("bank dtype: f16 or f32");
-  if (kv_dtype != DType::kF16 && kv_dtype != DType::kF32) return bad("KV dtype: f16 or f32");
-  return rule.Validate();
-}
-
-absl::StatusOr<std::vector<LayerGroup>> ParseGroupList(const std::string& text) {
-  std::vector<LayerGroup> out;
-  auto bad = [&](const std::string& part, const char* why) {
-    return absl::InvalidArgumentError("--groups: '" + part + "' " + why +
-                                      " (expected TARGETS:ANCHORS like 4-5:3,6)");
-  };
-  auto number = [](const std::string& s, int32_t* v) {
-    if (s.empty() || s.size() > 6 || s.find_first_not_of("0123456789") != std::string::npos) {
-      return false;
-    }
-    *v = static_cast<int32_t>(std::stol(s));
-    return true;
-  };
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t end = text.find(';', pos);
-    if (end == std::string::npos) end = text.size();
-    const std::string part = text.substr(pos, end - pos);
-    pos = end + 1;
-    if (part.empty()) {
-      if (end == text.size()) break;
-      return bad(part, "is empty");
-    }
-    const size_t colon = part.find(':');
-    if (colon == std::string::npos) return bad(part, "has no ':'");
-    const std::string targets = part.substr(0, colon), anchors = part.substr(colon + 1);
-    LayerGroup g;
-    const size_t dash = targets.find('-');
-    int32_t a = 0, b = 0;
-    if (!number(targets.substr(0, dash), &a) ||
-        (dash != std::string::npos && !number(targets.substr(dash + 1), &b))) {
-      return bad(part, "has targets that are not a layer or a range of layers");
-    }
-    if (dash == std::string::npos) b = a;
-    if (b < a) return bad(part, "has a descending target range");
-    for (int32_t l = a; l <= b; ++l) g.targets.push_back(l);
-    size_t ap = 0;
-    while (ap <= anchors.size()) {
-      size_t ae = anchors.find(',', ap);
-      if (ae == std::string::npos) ae = anchors.size();
-      int32_t v = 0;
-      if (!number(anchors.substr(ap, ae - ap), &v))
-        return bad(part, "has an anchor that is not a layer");
-      g.anchors.push_back(v);
-      ap = ae + 1;
-    }
-    out.push_back(std::move(g));
-  }
-  if (out.empty()) return absl::InvalidArgumentError("--groups lists no group");
-  return out;
-}
 
 std::vector<LayerGroup> CalibrationResult::ChosenGroups() const {
   std::vector<LayerGroup> out;
@@ -470,95 +326,6 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   }
   res.kv_bytes_per_token = c.n_layers * 2 * RowBytes(o.kv_dtype, kvw);
   return res;
-}
-
-absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationResult& res) {
-  if (res.chosen < 0) return std::unique_ptr<PredictorBank>();
-  std::vector<GroupFit> fits;
-  for (const LayerGroup& g : res.ChosenGroups()) {
-    for (const GroupFit& f : res.fits) {
-      if (f.group == g) fits.push_back(f);
-    }
-  }
-  return PredictorBank::FromFits(res.fingerprint, res.options.bank_dtype, fits);
-}
-
-RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank_sha256) {
-  const CalibrateOptions& o = res.options;
-  RetentionPolicy p;
-  p.model_fingerprint = res.fingerprint;
-  p.policy_id = o.policy_id;
-  p.version = o.policy_version;
-  p.epsilon = o.epsilon;
-  p.gate = GateName(o.gate);
-  auto delta = [](const Measured& m) {
-    return RetentionPolicy::DeltaNll{m.ci95.mean, m.ci95.lo, m.ci95.hi,
-                                     static_cast<int32_t>(m.deltas.size())};
-  };
-  p.rebuilt_groups = res.ChosenGroups();
-  std::vector<bool> rebuilt(res.config.n_layers, false);
-  int rebuilt_layers = 0;
-  for (const LayerGroup& g : p.rebuilt_groups) {
-    for (int32_t l : g.targets) rebuilt[l] = true, ++rebuilt_layers;
-  }
-  for (int32_t l = 0; l < res.config.n_layers; ++l) {
-    if (!rebuilt[l]) p.kept_layers.push_back(l);
-  }
-  for (int g : res.ranking) p.singleton_risks.push_back({res.groups[g], delta(res.singleton[g])});
-  const GateDecision& d = res.gates[static_cast<int>(o.gate)].decision;
-  for (size_t k = 0; k < res.path.size(); ++k) {
-    RetentionPolicy::PathPoint pt;
-    pt.groups = static_cast<int32_t>(k + 1);
-    pt.kv_omitted_fraction = res.path[k].kv_fraction;
-    pt.delta_nll = delta(res.path[k].validation);
-    if (k < d.statistic.size()) {
-      pt.gate_statistic = d.statistic[k];
-      pt.passed = d.passed[k];
-    }
-    p.path.push_back(pt);
-  }
-  p.kv_bytes_per_token = res.kv_bytes_per_token;
-  p.kv_bytes_saved_per_token = res.kv_bytes_per_token * rebuilt_layers / res.config.n_layers;
-  p.predictor_bank_sha256 = bank_sha256;
-  p.test_delta_nll = delta(res.chosen >= 0 ? res.path[res.chosen].test : res.test_exact);
-  p.history_tokens = static_cast<int32_t>(o.history);
-  p.eval_tokens = static_cast<int32_t>(o.eval);
-  p.kv_dtype = o.kv_dtype == DType::kF16 ? "f16" : "f32";
-  return p;
-}
-
-absl::Status WriteOutputs(const CalibrationResult& res, const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InternalError("cannot create " + dir + ": " + ec.message());
-  const std::filesystem::path out(dir);
-  ASSIGN_OR_RETURN(auto bank, MakeChosenBank(res));
-  std::string hash;
-  if (bank) {
-    RETURN_IF_ERROR(bank->Write((out / "bank.rkvbank").string()));
-    hash = bank->content_hash();
-  } else {
-    std::filesystem::remove(out / "bank.rkvbank", ec);
-  }
-  const RetentionPolicy policy = MakePolicy(res, hash);
-  RETURN_IF_ERROR(policy.Validate(static_cast<int32_t>(res.config.n_layers)));
-  RETURN_IF_ERROR(WritePolicy(policy, (out / "policy.pb").string()));
-  auto write_text = [&](const std::string& name, const std::string& content) -> absl::Status {
-    const auto path = out / name;
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    f << content;
-    f.close();
-    if (!f) return absl::InternalError("cannot write " + path.string());
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(write_text("policy.txt", PolicyToText(policy)));
-  RETURN_IF_ERROR(write_text("report.html", RenderReport(res, policy, bank.get())));
-  RETURN_IF_ERROR(write_text("calibration.json", ResultToJson(res, policy)));
-  if (res.noise.empty()) std::filesystem::remove(out / "noise-control.svg", ec);
-  for (const auto& [name, svg] : RenderCharts(res)) {
-    RETURN_IF_ERROR(write_text(name + ".svg", svg));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace riskkv

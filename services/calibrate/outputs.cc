@@ -1,0 +1,102 @@
+// What riskkv-calibrate hands on: the chosen configuration's predictor bank and retention policy,
+// and the files of WriteOutputs.
+#include <filesystem>
+#include <fstream>
+
+#include "common/base/status_macros.h"
+#include "common/recovery/retention_policy.h"
+#include "services/calibrate/calibrate.h"
+#include "services/calibrate/report.h"
+
+namespace riskkv {
+
+absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationResult& res) {
+  if (res.chosen < 0) return std::unique_ptr<PredictorBank>();
+  std::vector<GroupFit> fits;
+  for (const LayerGroup& g : res.ChosenGroups()) {
+    for (const GroupFit& f : res.fits) {
+      if (f.group == g) fits.push_back(f);
+    }
+  }
+  return PredictorBank::FromFits(res.fingerprint, res.options.bank_dtype, fits);
+}
+
+RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank_sha256) {
+  const CalibrateOptions& o = res.options;
+  RetentionPolicy p;
+  p.model_fingerprint = res.fingerprint;
+  p.policy_id = o.policy_id;
+  p.version = o.policy_version;
+  p.epsilon = o.epsilon;
+  p.gate = GateName(o.gate);
+  auto delta = [](const Measured& m) {
+    return RetentionPolicy::DeltaNll{m.ci95.mean, m.ci95.lo, m.ci95.hi,
+                                     static_cast<int32_t>(m.deltas.size())};
+  };
+  p.rebuilt_groups = res.ChosenGroups();
+  std::vector<bool> rebuilt(res.config.n_layers, false);
+  int rebuilt_layers = 0;
+  for (const LayerGroup& g : p.rebuilt_groups) {
+    for (int32_t l : g.targets) rebuilt[l] = true, ++rebuilt_layers;
+  }
+  for (int32_t l = 0; l < res.config.n_layers; ++l) {
+    if (!rebuilt[l]) p.kept_layers.push_back(l);
+  }
+  for (int g : res.ranking) p.singleton_risks.push_back({res.groups[g], delta(res.singleton[g])});
+  const GateDecision& d = res.gates[static_cast<int>(o.gate)].decision;
+  for (size_t k = 0; k < res.path.size(); ++k) {
+    RetentionPolicy::PathPoint pt;
+    pt.groups = static_cast<int32_t>(k + 1);
+    pt.kv_omitted_fraction = res.path[k].kv_fraction;
+    pt.delta_nll = delta(res.path[k].validation);
+    if (k < d.statistic.size()) {
+      pt.gate_statistic = d.statistic[k];
+      pt.passed = d.passed[k];
+    }
+    p.path.push_back(pt);
+  }
+  p.kv_bytes_per_token = res.kv_bytes_per_token;
+  p.kv_bytes_saved_per_token = res.kv_bytes_per_token * rebuilt_layers / res.config.n_layers;
+  p.predictor_bank_sha256 = bank_sha256;
+  p.test_delta_nll = delta(res.chosen >= 0 ? res.path[res.chosen].test : res.test_exact);
+  p.history_tokens = static_cast<int32_t>(o.history);
+  p.eval_tokens = static_cast<int32_t>(o.eval);
+  p.kv_dtype = o.kv_dtype == DType::kF16 ? "f16" : "f32";
+  return p;
+}
+
+absl::Status WriteOutputs(const CalibrationResult& res, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError("cannot create " + dir + ": " + ec.message());
+  const std::filesystem::path out(dir);
+  ASSIGN_OR_RETURN(auto bank, MakeChosenBank(res));
+  std::string hash;
+  if (bank) {
+    RETURN_IF_ERROR(bank->Write((out / "bank.rkvbank").string()));
+    hash = bank->content_hash();
+  } else {
+    std::filesystem::remove(out / "bank.rkvbank", ec);
+  }
+  const RetentionPolicy policy = MakePolicy(res, hash);
+  RETURN_IF_ERROR(policy.Validate(static_cast<int32_t>(res.config.n_layers)));
+  RETURN_IF_ERROR(WritePolicy(policy, (out / "policy.pb").string()));
+  auto write_text = [&](const std::string& name, const std::string& content) -> absl::Status {
+    const auto path = out / name;
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << content;
+    f.close();
+    if (!f) return absl::InternalError("cannot write " + path.string());
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(write_text("policy.txt", PolicyToText(policy)));
+  RETURN_IF_ERROR(write_text("report.html", RenderReport(res, policy, bank.get())));
+  RETURN_IF_ERROR(write_text("calibration.json", ResultToJson(res, policy)));
+  if (res.noise.empty()) std::filesystem::remove(out / "noise-control.svg", ec);
+  for (const auto& [name, svg] : RenderCharts(res)) {
+    RETURN_IF_ERROR(write_text(name + ".svg", svg));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace riskkv

@@ -1,0 +1,93 @@
+// The calibration's figures as JSON, for scripts: the same numbers as the HTML report, at full
+// precision.
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "services/calibrate/report.h"
+#include "services/calibrate/report_format.h"
+
+namespace riskkv {
+
+using report::DeltaPplPercent;
+using report::Ppl;
+
+std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& policy) {
+  using nlohmann::json;
+  auto measured = [](const Measured& m) {
+    return json{{"mean", m.ci95.mean},
+                {"ci_low", m.ci95.lo},
+                {"ci_high", m.ci95.hi},
+                {"upper90", m.upper90},
+                {"exact_nll", m.exact_nll},
+                {"rebuilt_nll", m.rebuilt_nll},
+                {"violations", m.violations},
+                {"requests", m.deltas.size()},
+                {"delta_ppl_percent", DeltaPplPercent(m)}};
+  };
+  const CalibrateOptions& o = r.options;
+  json j;
+  j["model"] = {{"path", r.model_path},
+                {"name", r.config.name},
+                {"fingerprint", r.fingerprint},
+                {"layers", r.config.n_layers}};
+  j["corpus"] = {{"documents", r.corpus.documents}, {"dropped", r.corpus.dropped}};
+  j["options"] = {{"corpus", o.corpus}, {"history", o.history},       {"eval", o.eval},
+                  {"train", o.train},   {"validation", o.validation}, {"confirm", o.confirm},
+                  {"test", o.test},     {"epsilon", o.epsilon},       {"gate", GateName(o.gate)},
+                  {"seed", o.seed}};
+  for (int s = 0; s < 3; ++s) {
+    const SplitStats& st = r.splits[s];
+    j["splits"][SplitName(static_cast<Split>(s))] = {{"documents", st.documents},
+                                                     {"documents_used", st.documents_used},
+                                                     {"tokens", st.tokens},
+                                                     {"requests", st.requests}};
+  }
+  for (int g : r.ranking) {
+    j["singleton"].push_back(
+        {{"group", r.groups[g].ToString()}, {"validation", measured(r.singleton[g])}});
+  }
+  for (size_t k = 0; k < r.path.size(); ++k) {
+    const PathPointResult& p = r.path[k];
+    json pt = {{"groups", k + 1},
+               {"layers", p.layers},
+               {"kv_fraction", p.kv_fraction},
+               {"validation", measured(p.validation)},
+               {"test", measured(p.test)}};
+    if (!p.confirm.deltas.empty()) pt["confirm"] = measured(p.confirm);
+    j["path"].push_back(pt);
+  }
+  for (const GateResult& g : r.gates) {
+    if (!g.decision.passed.empty()) j["gates"][GateName(g.gate)] = g.decision.chosen;
+  }
+  j["chosen"] = {{"path_index", r.chosen},
+                 {"kv_fraction", r.chosen >= 0 ? r.path[r.chosen].kv_fraction : 0.0},
+                 {"test", measured(r.chosen >= 0 ? r.path[r.chosen].test : r.test_exact)},
+                 {"test_exact_ppl", Ppl(r.test_exact.exact_nll)}};
+  for (const NoiseResult& n : r.noise) {
+    j["noise"]["groups"].push_back({{"group", r.groups[n.group].ToString()},
+                                    {"rebuilt_mean", n.rebuilt_mean},
+                                    {"noise_mean", n.noise_mean},
+                                    {"nrmse_k", n.nrmse_k},
+                                    {"nrmse_v", n.nrmse_v}});
+  }
+  if (!r.noise.empty() && !std::isnan(r.noise_rank_correlation)) {
+    j["noise"]["rank_correlation"] = r.noise_rank_correlation;
+  }
+  for (const ExhaustiveResult& e : r.exhaustive) {
+    j["exhaustive"].push_back(
+        {{"mask", e.mask}, {"layers", e.layers}, {"mean", e.mean}, {"upper90", e.upper90}});
+  }
+  for (size_t g = 0; g < r.storage.size(); ++g) {
+    j["storage"].push_back({{"group", r.groups[g].ToString()},
+                            {"unfolded_bytes", r.storage[g].unfolded_bytes},
+                            {"folded_f32_bytes", r.storage[g].folded_f32_bytes},
+                            {"folded_f16_bytes", r.storage[g].folded_f16_bytes}});
+  }
+  j["kv_bytes_per_token"] = policy.kv_bytes_per_token;
+  j["kv_bytes_saved_per_token"] = policy.kv_bytes_saved_per_token;
+  j["predictor_bank_sha256"] = policy.predictor_bank_sha256;
+  for (const auto& [name, s] : r.phase_seconds) j["phase_seconds"][name] = s;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace riskkv
