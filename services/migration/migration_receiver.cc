@@ -278,6 +278,7 @@ absl::Status MigrationReceiver::OnTrailer(const v1::MigrationTrailer& t) {
   figures_.recovery_seconds = Now() - started_;
   resumed_ = std::move(session_);
   stage_ = Stage::kResumed;
+  if (ctx_.on_resumed) ctx_.on_resumed(figures_);
   return absl::OkStatus();
 }
 
@@ -293,6 +294,7 @@ absl::StatusOr<std::string> MigrationReceiver::OnCommit() {
         id.status());
   }
   stage_ = Stage::kCommitted;
+  session_id_ = *id;
   return id;
 }
 

@@ -25,6 +25,15 @@
 
 namespace riskkv {
 
+// Where the time of a resume went, for the node's metrics and speed estimates.
+struct ResumeFigures {
+  int64_t history_tokens = 0;
+  int64_t kv_bytes_received = 0;
+  double rebuild_seconds = 0.0;   // RECONSTRUCT
+  double prefill_seconds = 0.0;   // TOKEN_REPLAY
+  double recovery_seconds = 0.0;  // handshake received to first token ready
+};
+
 // A session rebuilt from a stream, ready to decode on.
 struct ResumedSession {
   MigrationMode mode = MigrationMode::kFullKv;
@@ -51,15 +60,8 @@ struct TargetContext {
   // Registers the session when the commit arrives and returns its id. Its error fails the
   // commit (ResourceExhausted: the session limit; DeadlineExceeded: too late).
   std::function<absl::StatusOr<std::string>(ResumedSession session)> adopt;
-};
-
-// Where the time of a resume went, for the node's metrics and speed estimates.
-struct ResumeFigures {
-  int64_t history_tokens = 0;
-  int64_t kv_bytes_received = 0;
-  double rebuild_seconds = 0.0;   // RECONSTRUCT
-  double prefill_seconds = 0.0;   // TOKEN_REPLAY
-  double recovery_seconds = 0.0;  // handshake received to first token ready
+  // Hears where the time of the resume went, once the session resumed (may be null).
+  std::function<void(const ResumeFigures& figures)> on_resumed;
 };
 
 class MigrationReceiver {
@@ -92,6 +94,8 @@ class MigrationReceiver {
   // The mode the handshake named, once it parsed.
   std::optional<MigrationMode> mode() const { return mode_; }
   bool committed() const { return stage_ == Stage::kCommitted; }
+  // The id `adopt` gave the session, once committed.
+  const std::string& session_id() const { return session_id_; }
   // Set once the session resumed (trailer accepted).
   const ResumeFigures& figures() const { return figures_; }
   // The resumed session between the trailer and the commit (tests look inside).
@@ -109,6 +113,7 @@ class MigrationReceiver {
   TargetContext ctx_;
   Stage stage_ = Stage::kHandshake;
   std::string failure_;
+  std::string session_id_;
   std::optional<MigrationMode> mode_;
   v1::MigrationHandshake handshake_;
   ResumedSession session_;

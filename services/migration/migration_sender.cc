@@ -134,6 +134,7 @@ absl::StatusOr<std::optional<v1::MigrationFrame>> MigrationSender::NextFrame() {
   crc_of_crcs_ = ExtendWithCrc(crc_of_crcs_, crc);
   bytes_ += n * row;
   first_row_ += n;
+  if (options_.pace) options_.pace(n * row);
   return frame;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -42,6 +43,9 @@ struct SendOptions {
   std::string model_fingerprint;
   const RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
   int64_t max_chunk_bytes = 256 << 10;      // payload bound of one chunk (>= one row)
+  // Called with each chunk's payload bytes before the chunk is handed out (the node's link
+  // limit waits there); may be null.
+  std::function<void(int64_t bytes)> pace;
 };
 
 // Takes the session out of service at the commit and puts it back if the target does not

@@ -53,11 +53,9 @@ absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendO
     absl::StatusOr<std::optional<v1::MigrationFrame>> frame = sender.NextFrame();
     if (!frame.ok()) return finish(std::string(frame.status().message()));
     if (!frame->has_value()) break;
-    const v1::MigrationFrame& f = **frame;
-    if (f.has_chunk() && link.limiter != nullptr) {
-      link.limiter->Acquire(static_cast<int64_t>(f.chunk().data().size()));
+    if (!stream->Write(**frame)) {
+      return finish("the stream to the target broke", /*cancel=*/false);
     }
-    if (!stream->Write(f)) return finish("the stream to the target broke", /*cancel=*/false);
   }
   out->send_seconds = Since(t0);
   if (!stream->Read(&reply) || !sender.OnReply(reply).ok()) {

@@ -1,6 +1,6 @@
 // The source role's transport: a MigrationSender carried over the target's Receive stream, with
-// the node's link rate limit on every chunk and the caller's cancellation honoured between
-// frames.
+// the caller's cancellation honoured between frames (the sender's `pace` applies the node's link
+// limit to every chunk).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -12,14 +12,12 @@
 
 #include "absl/status/status.h"
 #include "services/migration/migration_sender.h"
-#include "services/node/rate_limiter.h"
 
 namespace riskkv {
 
 struct SourceLink {
   std::string target;                                     // the target node's address
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
-  RateLimiter* limiter = nullptr;                         // null: unlimited
   std::chrono::system_clock::time_point deadline;
   std::function<bool()> cancelled;  // the caller gave up (may be null)
 };

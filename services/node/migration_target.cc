@@ -50,6 +50,12 @@ grpc::Status ReceiveMigration(
     s->pending_logits = std::move(resumed.logits);
     return side.sessions->Add(std::move(s));
   };
+  ctx.on_resumed = [&](const ResumeFigures& fig) {
+    if (fig.prefill_seconds > 0)
+      side.planner->MeasurePrefill(fig.prefill_seconds, fig.history_tokens);
+    if (fig.rebuild_seconds > 0)
+      side.planner->MeasureRebuild(fig.rebuild_seconds, fig.history_tokens);
+  };
   MigrationReceiver rx(std::move(ctx));
   while (true) {
     watchdog.Busy();  // checking a handshake or a complete anchor set may start work here
@@ -64,16 +70,9 @@ grpc::Status ReceiveMigration(
       }
       return ToGrpc(reply.status());
     }
-    if (reply->has_value() && (*reply)->has_resumed()) {
-      const ResumeFigures& fig = rx.figures();
-      if (fig.prefill_seconds > 0)
-        side.planner->MeasurePrefill(fig.prefill_seconds, fig.history_tokens);
-      if (fig.rebuild_seconds > 0)
-        side.planner->MeasureRebuild(fig.rebuild_seconds, fig.history_tokens);
-    }
     if (reply->has_value() && !stream->Write(**reply) && rx.committed()) {
       // The source cannot learn that we took the session over, so it keeps serving it.
-      side.sessions->Erase((*reply)->committed().session_id());
+      side.sessions->Erase(rx.session_id());
       return fail("not_committed", absl::AbortedError("the commit confirmation could not be sent"));
     }
     if (rx.committed()) break;

@@ -300,15 +300,17 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
   const NodeSession& s = lease.session();
   LeaseHandOver hand_over(lease);
   MigrationSender sender({s.kv.get(), s.tokens, &*s.sampler},
-                         {mode, options_.model_fingerprint,
-                          retention ? &retention->policy : nullptr, options_.max_chunk_bytes},
+                         {.mode = mode,
+                          .model_fingerprint = options_.model_fingerprint,
+                          .policy = retention ? &retention->policy : nullptr,
+                          .max_chunk_bytes = options_.max_chunk_bytes,
+                          .pace = [this](int64_t bytes) { link_.Acquire(bytes); }},
                          &hand_over);
   SendOutcome outcome;
   const absl::Status status =
       RunMigration(sender,
                    {.target = req.target_address(),
                     .credentials = options_.peer_credentials,
-                    .limiter = &link_,
                     .deadline = deadline,
                     .cancelled = [caller] { return caller->IsCancelled(); }},
                    &outcome);

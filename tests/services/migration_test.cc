@@ -390,7 +390,14 @@ TEST_F(Migration, SenderAndReceiverHandOverInMemory) {
        {MigrationMode::kReconstruct, MigrationMode::kFullKv, MigrationMode::kTokenReplay}) {
     Session source = Start(4);
     CountingHandOver hand_over;
-    MigrationSender sender(source.View(), {mode, *fingerprint_, policy_, 4096}, &hand_over);
+    int64_t paced = 0;
+    MigrationSender sender(source.View(),
+                           {.mode = mode,
+                            .model_fingerprint = *fingerprint_,
+                            .policy = policy_,
+                            .max_chunk_bytes = 4096,
+                            .pace = [&](int64_t bytes) { paced += bytes; }},
+                           &hand_over);
     std::optional<ResumedSession> adopted;
     TargetContext ctx = Target();
     ctx.prefill_seconds_per_token = 0.25;
@@ -407,6 +414,8 @@ TEST_F(Migration, SenderAndReceiverHandOverInMemory) {
     EXPECT_EQ(sender.resumed().recovery_seconds(), receiver.figures().recovery_seconds);
     EXPECT_EQ(hand_over.withdrawn, 1);
     EXPECT_EQ(hand_over.restored, 0);
+    EXPECT_EQ(paced, sender.handshake().kv_bytes()) << "every chunk's payload is paced";
+    EXPECT_EQ(receiver.session_id(), "target-7");
     ASSERT_TRUE(adopted.has_value());
     EXPECT_EQ(adopted->tokens, source.tokens);
     EXPECT_EQ(adopted->kv->n_tokens(), static_cast<int64_t>(source.tokens.size()));
