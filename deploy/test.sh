@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Sets everything up, builds, and runs the whole test suite: the Release build, then the same
-# tests under AddressSanitizer + UndefinedBehaviorSanitizer.
-#   deploy/test.sh            # release + asan
+# tests under AddressSanitizer + UndefinedBehaviorSanitizer, the service tests under
+# ThreadSanitizer, and a clang build of the whole tree that checks the lock annotations.
+#   deploy/test.sh            # release + asan + tsan + thread-safety
 #   deploy/test.sh release    # one preset only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup.sh
-presets=("${@:-release asan}")
+presets=("${@:-release asan tsan thread-safety}")
 for preset in ${presets[*]}; do
+  targets=()
+  case "$preset" in
+    # The tsan test preset runs the service tests only (label "service").
+    tsan) targets=(node_test migration_test control_test policy_follower_test) ;;
+  esac
   echo "=== build ($preset) ==="
-  deploy/build.sh "$preset"
+  deploy/build.sh "$preset" "${targets[@]}"
+  # -Wthread-safety is checked by the compiler: for that preset the build is the test.
+  [ "$preset" = thread-safety ] && continue
   echo "=== test ($preset) ==="
   ctest --preset "$preset" -j 2
 done

@@ -50,7 +50,7 @@ void ThreadPool::Work(Job& job) {
     try {
       job.fn(begin, std::min(job.n, begin + job.grain));
     } catch (...) {
-      std::lock_guard<std::mutex> lock(job.error_mu);
+      absl::MutexLock lock(&job.error_mu);
       if (!job.error) job.error = std::current_exception();
     }
     if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == job.chunks) job.done.notify_all();
@@ -65,7 +65,7 @@ void ThreadPool::WorkerLoop() {
     if (stop_.load(std::memory_order_acquire)) return;
     std::shared_ptr<Job> job;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       job = current_;
     }
     if (job) Work(*job);
@@ -87,14 +87,14 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   job->grain = grain;
   job->chunks = chunks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     current_ = job;
   }
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
   Work(*job);
   SpinThenWait(job->done, [chunks](int64_t d) { return d < chunks; });
-  std::lock_guard<std::mutex> lock(job->error_mu);
+  absl::MutexLock lock(&job->error_mu);
   if (job->error) std::rethrow_exception(job->error);
 }
 

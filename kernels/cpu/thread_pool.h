@@ -9,9 +9,11 @@
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace riskkv::cpu {
 
@@ -29,7 +31,8 @@ class ThreadPool {
   // in parallel; returns when every chunk has run. fn must be safe to call concurrently. If fn
   // throws, the remaining chunks still run (or are skipped) before the first exception is
   // rethrown here, so no worker ever touches the caller's stack after this returns.
-  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Job {
@@ -37,15 +40,15 @@ class ThreadPool {
     int64_t n = 0, grain = 1, chunks = 0;
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> done{0};
-    std::mutex error_mu;
-    std::exception_ptr error;  // first exception thrown by fn, guarded by error_mu
+    absl::Mutex error_mu;
+    std::exception_ptr error ABSL_GUARDED_BY(error_mu);  // first exception thrown by fn
   };
   static void Work(Job& job);
-  void WorkerLoop();
+  void WorkerLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::shared_ptr<Job> current_;  // guarded by mu_; kept alive by late workers holding a copy
+  absl::Mutex mu_;
+  std::shared_ptr<Job> current_ ABSL_GUARDED_BY(mu_);  // kept alive by late workers' copies
   std::atomic<uint32_t> generation_{0};
   std::atomic<bool> stop_{false};
 };

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/base/atomic_file.h"
 #include "common/base/status_macros.h"
 #include "common/recovery/policy_codec.h"
@@ -24,6 +25,7 @@ absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Open(const std::string
   fs::create_directories(fs::path(dir) / "banks", ec);
   if (ec) return absl::InternalError("cannot create the store in " + dir + ": " + ec.message());
   std::unique_ptr<PolicyStore> store(new PolicyStore(dir));
+  absl::MutexLock lock(&store->mu_);  // uncontended: no other thread has the store yet
   RemoveAbandonedTemporaries((fs::path(dir) / "banks").string());  // puts cut short by a crash
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "banks")) {
     const std::string name = e.path().filename().string();
@@ -74,7 +76,7 @@ absl::StatusOr<RetentionPolicy> PolicyStore::Put(const v1::RetentionPolicy& poli
     parsed->reset();
     RETURN_IF_ERROR(incoming.Commit());
   }
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!bank.empty()) banks_.insert(sha);
   if (!p.rebuilt_groups.empty() && !banks_.count(sha)) {
     return absl::FailedPreconditionError(
@@ -95,12 +97,11 @@ absl::StatusOr<RetentionPolicy> PolicyStore::Put(const v1::RetentionPolicy& poli
   fs::create_directories(idir, ec);
   RETURN_IF_ERROR(WritePolicy(p, (idir / absl::StrCat(next, ".pb")).string()));
   policies_[p.policy_id][next] = p;
-  changed_.notify_all();
   return p;
 }
 
 absl::StatusOr<RetentionPolicy> PolicyStore::Get(const std::string& id, uint64_t version) const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = policies_.find(id);
   if (it == policies_.end()) return absl::NotFoundError("no policy '" + id + "'");
   if (version == 0) return it->second.rbegin()->second;
@@ -112,7 +113,7 @@ absl::StatusOr<RetentionPolicy> PolicyStore::Get(const std::string& id, uint64_t
 }
 
 std::vector<v1::PolicySummary> PolicyStore::List() const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<v1::PolicySummary> out;
   for (const auto& [id, versions] : policies_) {
     const RetentionPolicy& p = versions.rbegin()->second;
@@ -127,16 +128,16 @@ std::vector<v1::PolicySummary> PolicyStore::List() const {
 }
 
 absl::StatusOr<std::string> PolicyStore::BankPath(const std::string& sha256) const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!banks_.count(sha256)) return absl::NotFoundError("no bank " + sha256 + " in the store");
   return (fs::path(dir_) / "banks" / (sha256 + ".rkvbank")).string();
 }
 
 std::optional<RetentionPolicy> PolicyStore::WaitNewer(const std::string& id, uint64_t known,
                                                       int64_t timeout_ms) const {
-  std::unique_lock lock(mu_);
-  changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                    [&] { return Latest(id) > known; });
+  absl::MutexLock lock(&mu_);
+  const auto newer = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return Latest(id) > known; };
+  mu_.AwaitWithTimeout(absl::Condition(&newer), absl::Milliseconds(timeout_ms));
   if (Latest(id) <= known) return std::nullopt;
   return policies_.at(id).rbegin()->second;
 }

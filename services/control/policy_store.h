@@ -5,18 +5,18 @@
 // Every file is written to a temporary name and renamed, so a crash leaves the old state.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/recovery/retention_policy.h"
 #include "riskkv/v1/control.pb.h"
 #include "riskkv/v1/retention_policy.pb.h"
@@ -34,25 +34,26 @@ class PolicyStore {
   // malformed policy, a policy id unfit for a file name, or bank bytes that do not hash to the
   // policy's bank or do not parse as a bank for its model; FailedPrecondition when the policy
   // needs a bank the store does not hold, or names a version other than latest + 1.
-  absl::StatusOr<RetentionPolicy> Put(const v1::RetentionPolicy& policy, std::string_view bank);
+  absl::StatusOr<RetentionPolicy> Put(const v1::RetentionPolicy& policy, std::string_view bank)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // NotFound for an unknown id or version.
-  absl::StatusOr<RetentionPolicy> Get(const std::string& id, uint64_t version) const;
-  std::vector<v1::PolicySummary> List() const;
+  absl::StatusOr<RetentionPolicy> Get(const std::string& id, uint64_t version) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<v1::PolicySummary> List() const ABSL_LOCKS_EXCLUDED(mu_);
   // The path of a stored bank; NotFound otherwise.
-  absl::StatusOr<std::string> BankPath(const std::string& sha256) const;
+  absl::StatusOr<std::string> BankPath(const std::string& sha256) const ABSL_LOCKS_EXCLUDED(mu_);
   // The latest version of `id` newer than `known`, waiting up to `timeout_ms` for one.
   std::optional<RetentionPolicy> WaitNewer(const std::string& id, uint64_t known,
-                                           int64_t timeout_ms) const;
+                                           int64_t timeout_ms) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   explicit PolicyStore(std::string dir) : dir_(std::move(dir)) {}
-  uint64_t Latest(const std::string& id) const;  // 0: none; mu_ held
+  uint64_t Latest(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // 0: none
 
   std::string dir_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable changed_;
-  std::map<std::string, std::map<uint64_t, RetentionPolicy>> policies_;
-  std::set<std::string> banks_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::map<uint64_t, RetentionPolicy>> policies_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> banks_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace riskkv

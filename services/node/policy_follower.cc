@@ -7,6 +7,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/base/atomic_file.h"
 #include "common/base/status_macros.h"
 #include "common/recovery/policy_codec.h"
@@ -71,7 +73,7 @@ std::string PolicyFollower::BankPath(const std::string& sha256) const {
 }
 
 uint64_t PolicyFollower::version() const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   return version_;
 }
 
@@ -97,39 +99,38 @@ absl::StatusOr<std::shared_ptr<const Retention>> PolicyFollower::LoadCache() {
                         path + (bank_path.empty() ? "" : " with " + bank_path) + ": " +
                             std::string(retention.status().message()));
   }
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   version_ = (*retention)->policy.version;
   return retention;
 }
 
 void PolicyFollower::Start() {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (thread_.joinable() || stopping_) return;
   thread_ = std::thread([this] { Run(); });
 }
 
 void PolicyFollower::Stop() {
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
     for (grpc::ClientContext* c : {watch_, fetch_}) {
       if (c != nullptr) c->TryCancel();
     }
   }
-  cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
 bool PolicyFollower::SetActive(grpc::ClientContext** slot, grpc::ClientContext* ctx) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopping_ && ctx != nullptr) return false;
   *slot = ctx;
   return true;
 }
 
 bool PolicyFollower::Sleep(double seconds) {
-  std::unique_lock lock(mu_);
-  return !cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return stopping_; });
+  absl::MutexLock lock(&mu_);
+  return !mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(seconds));
 }
 
 void PolicyFollower::Run() {
@@ -192,7 +193,7 @@ void PolicyFollower::Run() {
     SetActive(&watch_, nullptr);
     if (metrics_) metrics_->SetControlConnected(false);
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopping_) break;
     }
     const std::string why = !lost.ok() ? lost.ToString()
@@ -312,7 +313,7 @@ absl::Status PolicyFollower::Accept(v1::Control::Stub& stub, const v1::Retention
   ASSIGN_OR_RETURN(auto retention, MakeRetention(*std::move(checked), std::move(bank)));
   RETURN_IF_ERROR(WriteFileAtomically(PolicyPath(), policy.SerializeAsString()));
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (policy.version() <= version_) return absl::OkStatus();
     version_ = policy.version();
   }

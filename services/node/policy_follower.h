@@ -8,15 +8,15 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "riskkv/v1/control.grpc.pb.h"
 #include "services/control/control_service.h"
 #include "services/node/node_metrics.h"
@@ -54,42 +54,44 @@ class PolicyFollower {
   // The version an earlier run cached, or null when the cache holds none. An error names the
   // cached file that does not load (for another model, corrupt, its bank missing); the caller
   // goes on without it and the Watch fetches the latest version afresh.
-  absl::StatusOr<std::shared_ptr<const Retention>> LoadCache();
+  absl::StatusOr<std::shared_ptr<const Retention>> LoadCache() ABSL_LOCKS_EXCLUDED(mu_);
   // Starts watching in the background: every version newer than the one in use is checked,
   // cached and applied; a lost connection is retried with backoff, catching up on reconnection.
-  void Start();
+  void Start() ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the Watch and any bank download and waits for the thread.
-  void Stop();
-  uint64_t version() const;
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t version() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   PolicyFollower(PolicyFollowerOptions options, Apply apply, NodeMetrics* metrics);
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
   // Checks a pushed version (the one validation it gets), fetches its bank, caches both and
   // applies it. Unavailable (or DeadlineExceeded) when the control plane went away mid-way: the
   // caller reconnects.
-  absl::Status Accept(v1::Control::Stub& stub, const v1::RetentionPolicy& policy);
+  absl::Status Accept(v1::Control::Stub& stub, const v1::RetentionPolicy& policy)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::shared_ptr<const PredictorBank>> Bank(v1::Control::Stub& stub,
                                                             const std::string& sha256);
   void PruneBanks(const std::string& keep);
   // Logs when the control plane's latest version is below the one in use (a reset store).
   void WarnIfStoreWasReset(v1::Control::Stub& stub);
   // Registers (or, with null, clears) a call Stop() cancels; false when stopping already.
-  bool SetActive(grpc::ClientContext** slot, grpc::ClientContext* ctx);
+  bool SetActive(grpc::ClientContext** slot, grpc::ClientContext* ctx) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits `seconds` or until Stop(); false when stopping.
-  bool Sleep(double seconds);
+  bool Sleep(double seconds) ABSL_LOCKS_EXCLUDED(mu_);
   std::string PolicyPath() const;
   std::string BankPath(const std::string& sha256) const;
 
   PolicyFollowerOptions options_;
   Apply apply_;
   NodeMetrics* metrics_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  grpc::ClientContext* watch_ = nullptr;  // the Watch in progress
-  grpc::ClientContext* fetch_ = nullptr;  // the bank download in progress
-  uint64_t version_ = 0;
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* watch_ ABSL_GUARDED_BY(mu_) = nullptr;  // the Watch in progress
+  grpc::ClientContext* fetch_ ABSL_GUARDED_BY(mu_) = nullptr;  // the bank download in progress
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Assigned under mu_ only while !stopping_; Stop() touches it only after setting stopping_, when
+  // nothing assigns it any more, so it joins without holding mu_ (which Run() takes).
   std::thread thread_;
 };
 
