@@ -40,6 +40,14 @@ struct CountingHandOver : HandOver {
   int withdrawn = 0, restored = 0;
 };
 
+SendOptions Options(MigrationMode mode, const std::string& fingerprint,
+                    const RetentionPolicy* policy, int64_t max_chunk_bytes) {
+  return {.mode = mode,
+          .model_fingerprint = fingerprint,
+          .policy = policy,
+          .max_chunk_bytes = max_chunk_bytes};
+}
+
 v1::ReceiveReply Accepted() {
   v1::ReceiveReply r;
   r.mutable_accepted();
@@ -112,7 +120,8 @@ class Migration : public ::testing::Test {
   // The handshake, chunks and trailer the sender emits (the target's `accepted` fed to it).
   static std::vector<v1::MigrationFrame> Frames(const Session& s, MigrationMode mode,
                                                 int64_t max_chunk_bytes = 1000) {
-    MigrationSender sender(s.View(), {mode, *fingerprint_, policy_, max_chunk_bytes}, nullptr);
+    MigrationSender sender(s.View(), Options(mode, *fingerprint_, policy_, max_chunk_bytes),
+                           nullptr);
     std::vector<v1::MigrationFrame> frames;
     auto h = sender.Handshake();
     EXPECT_TRUE(h.ok()) << h.status();
@@ -427,8 +436,8 @@ TEST_F(Migration, SenderAndReceiverHandOverInMemory) {
 TEST_F(Migration, AnUnconfirmedCommitPutsTheSessionBack) {
   Session source = Start(3);
   CountingHandOver hand_over;
-  MigrationSender sender(source.View(), {MigrationMode::kFullKv, *fingerprint_, nullptr, 4096},
-                         &hand_over);
+  MigrationSender sender(source.View(),
+                         Options(MigrationMode::kFullKv, *fingerprint_, nullptr, 4096), &hand_over);
   TargetContext ctx = Target();
   ctx.adopt = [](ResumedSession) -> absl::StatusOr<std::string> {
     return absl::ResourceExhaustedError("this node serves its limit of 1 sessions");
@@ -447,8 +456,8 @@ TEST_F(Migration, AnUnconfirmedCommitPutsTheSessionBack) {
 TEST_F(Migration, TheSenderRefusesRepliesOutOfProtocol) {
   Session source = Start(2);
   CountingHandOver hand_over;
-  MigrationSender sender(source.View(), {MigrationMode::kFullKv, *fingerprint_, nullptr, 4096},
-                         &hand_over);
+  MigrationSender sender(source.View(),
+                         Options(MigrationMode::kFullKv, *fingerprint_, nullptr, 4096), &hand_over);
   EXPECT_FALSE(sender.NextFrame().ok());  // nothing before the handshake
   ASSERT_TRUE(sender.Handshake().ok());
   EXPECT_FALSE(sender.Commit().ok());
@@ -459,11 +468,11 @@ TEST_F(Migration, TheSenderRefusesRepliesOutOfProtocol) {
   EXPECT_EQ(sender.state(), MigrationSender::State::kFailed);
   EXPECT_EQ(hand_over.withdrawn + hand_over.restored, 0) << "nothing was withdrawn";
 
-  MigrationSender tiny_chunks(source.View(), {MigrationMode::kFullKv, *fingerprint_, nullptr, 8},
-                              nullptr);
+  MigrationSender tiny_chunks(source.View(),
+                              Options(MigrationMode::kFullKv, *fingerprint_, nullptr, 8), nullptr);
   EXPECT_EQ(tiny_chunks.Handshake().status().code(), absl::StatusCode::kInvalidArgument);
-  MigrationSender no_policy(source.View(),
-                            {MigrationMode::kReconstruct, *fingerprint_, nullptr, 4096}, nullptr);
+  MigrationSender no_policy(
+      source.View(), Options(MigrationMode::kReconstruct, *fingerprint_, nullptr, 4096), nullptr);
   EXPECT_EQ(no_policy.Handshake().status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
