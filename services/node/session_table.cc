@@ -118,10 +118,7 @@ SessionTable::Lease::~Lease() {
   entry_->busy = false;
 }
 
-void SessionTable::Lease::Remove() {
-  if (in_table_) table_->Take(id_);
-  in_table_ = false;
-}
+void SessionTable::Lease::Remove() { Withdraw(); }
 
 void SessionTable::Lease::Withdraw() {
   if (in_table_) table_->Take(id_);
