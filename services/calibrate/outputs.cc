@@ -1,8 +1,8 @@
 // What riskkv-calibrate hands on: the chosen configuration's predictor bank and retention policy,
 // and the files of WriteOutputs.
 #include <filesystem>
-#include <fstream>
 
+#include "common/base/atomic_file.h"
 #include "common/base/status_macros.h"
 #include "common/recovery/retention_policy.h"
 #include "services/calibrate/calibrate.h"
@@ -81,13 +81,8 @@ absl::Status WriteOutputs(const CalibrationResult& res, const std::string& dir) 
   const RetentionPolicy policy = MakePolicy(res, hash);
   RETURN_IF_ERROR(policy.Validate(static_cast<int32_t>(res.config.n_layers)));
   RETURN_IF_ERROR(WritePolicy(policy, (out / "policy.pb").string()));
-  auto write_text = [&](const std::string& name, const std::string& content) -> absl::Status {
-    const auto path = out / name;
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    f << content;
-    f.close();
-    if (!f) return absl::InternalError("cannot write " + path.string());
-    return absl::OkStatus();
+  auto write_text = [&](const std::string& name, const std::string& content) {
+    return WriteFileAtomically((out / name).string(), content);
   };
   RETURN_IF_ERROR(write_text("policy.txt", PolicyToText(policy)));
   RETURN_IF_ERROR(write_text("report.html", RenderReport(res, policy, bank.get())));

@@ -1,13 +1,13 @@
 // riskkv-score: teacher-forced scoring of a token sequence (from token ids or text) in one
 // batched pass; writes per-position NLL and argmax as JSON. Used by the llama.cpp peer check.
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/base/atomic_file.h"
 #include "common/model/model.h"
 #include "common/model/sampler.h"
 #include "services/cli_args.h"
@@ -84,9 +84,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_out).empty()) {
     std::printf("%s\n", out.dump().c_str());
   } else {
-    std::ofstream f(absl::GetFlag(FLAGS_out));
-    f << out.dump() << "\n";
-    if (!f) return Fail("cannot write --out");
+    if (auto st = riskkv::WriteFileAtomically(absl::GetFlag(FLAGS_out), out.dump() + "\n");
+        !st.ok()) {
+      return Fail("--out: " + st.ToString());
+    }
   }
   return 0;
 }
