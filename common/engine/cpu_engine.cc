@@ -115,6 +115,9 @@ absl::StatusOr<double> CpuEngine::Rebuild(KvStore& store, const EnginePredictors
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-absl::Status CpuEngine::WaitRebuilds(KvStore& store) { return CheckOwner(store); }
+absl::StatusOr<double> CpuEngine::WaitRebuilds(KvStore& store) {
+  RETURN_IF_ERROR(CheckOwner(store));
+  return 0.0;
+}
 
 }  // namespace riskkv

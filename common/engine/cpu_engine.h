@@ -27,6 +27,7 @@ class CpuKvStore final : public KvStore {
   absl::Status FinishLayer(int32_t layer) override;
   absl::Status ReadRows(int32_t layer, bool values, int64_t first, int64_t count,
                         uint8_t* out) const override;
+  absl::Status PrepareRead(int64_t count) const override { return CheckRows(0, 0, count); }
 
   KvCache& cache() { return *cache_; }
   const KvCache& cache() const { return *cache_; }
@@ -56,7 +57,7 @@ class CpuEngine final : public Engine {
                                  const FoldedGroup& group, int64_t begin, int64_t count) override;
 
  protected:
-  absl::Status WaitRebuilds(KvStore& store) override;
+  absl::StatusOr<double> WaitRebuilds(KvStore& store) override;
 
  private:
   absl::StatusOr<CpuKvStore*> Own(KvStore& store) const;

@@ -43,9 +43,7 @@ absl::StatusOr<ResumeResult> Engine::Resume(KvStore& store, std::span<const int3
   RETURN_IF_ERROR(CheckOwner(store));
   if (tokens.empty()) return absl::InvalidArgumentError("a session to resume has no tokens");
   ResumeResult r;
-  const auto waited = Clock::now();
-  RETURN_IF_ERROR(WaitRebuilds(store));
-  r.rebuild_seconds = Since(waited);
+  ASSIGN_OR_RETURN(r.rebuild_seconds, WaitRebuilds(store));
   if (replay && tokens.size() > 1) {
     const auto start = Clock::now();
     ASSIGN_OR_RETURN(std::vector<float> ignored, Prefill(tokens.first(tokens.size() - 1), store));

@@ -49,9 +49,13 @@ class KvStore {
   // Every row of `layer` that will be written has been: a rebuild reading it may run.
   virtual absl::Status FinishLayer(int32_t layer) = 0;
   // Copies rows [first, first + count) of a layer's keys or values into `out`
-  // (count * row_bytes() bytes, in dtype()). Rows must lie below n_tokens() + 1.
+  // (count * row_bytes() bytes, in dtype()).
   virtual absl::Status ReadRows(int32_t layer, bool values, int64_t first, int64_t count,
                                 uint8_t* out) const = 0;
+  // Makes rows [0, count) of every layer readable from host memory in one go, so the ReadRows
+  // that follow are plain copies until the store changes (a GPU downloads them here, before a
+  // migration's stream opens; the CPU has nothing to do).
+  virtual absl::Status PrepareRead(int64_t count) const = 0;
 
  protected:
   explicit KvStore(const Engine* engine) : engine_(engine) {}
@@ -137,8 +141,9 @@ class Engine {
 
  protected:
   explicit Engine(const Model& model) : model_(model) {}
-  // Waits for the rebuilds queued on `store`; the CPU rebuilds synchronously.
-  virtual absl::Status WaitRebuilds(KvStore& store) = 0;
+  // Waits for the rebuilds queued on `store` and returns the seconds that took; the CPU
+  // rebuilds synchronously and returns 0.
+  virtual absl::StatusOr<double> WaitRebuilds(KvStore& store) = 0;
   // InvalidArgument unless `store` (or `predictors`) was made by this engine.
   absl::Status CheckOwner(const KvStore& store) const;
   absl::Status CheckOwner(const EnginePredictors& predictors) const;

@@ -38,6 +38,7 @@ absl::Status GpuKvStore::CheckRows(int32_t layer, int64_t first, int64_t count) 
 absl::Status GpuKvStore::WriteRows(int32_t layer, bool values, int64_t first, int64_t count,
                                    DType rows_dtype, const uint8_t* rows) {
   RETURN_IF_ERROR(CheckRows(layer, first, count));
+  host_.reset();
   if (rows_dtype == DType::kF32) {  // buffers reused chunk after chunk
     const int64_t n = count * engine().config().kv_width();
     f32_.resize(n);
@@ -53,13 +54,35 @@ absl::Status GpuKvStore::WriteRows(int32_t layer, bool values, int64_t first, in
 
 absl::Status GpuKvStore::FinishLayer(int32_t layer) {
   RETURN_IF_ERROR(CheckRows(layer, 0, 0));
+  host_.reset();
   return session_->MarkLayerUploaded(layer);
 }
 
 absl::Status GpuKvStore::ReadRows(int32_t layer, bool values, int64_t first, int64_t count,
                                   uint8_t* out) const {
   RETURN_IF_ERROR(CheckRows(layer, first, count));
+  if (host_ != nullptr && first + count <= host_->n_tokens()) {
+    const uint8_t* src = values ? host_->ValueRows(layer, first) : host_->KeyRows(layer, first);
+    std::memcpy(out, src, count * row_bytes());
+    return absl::OkStatus();
+  }
   return session_->DownloadRows(layer, values, first, count, out);
+}
+
+absl::Status GpuKvStore::PrepareRead(int64_t count) const {
+  RETURN_IF_ERROR(CheckRows(0, 0, count));
+  const ModelConfig& c = engine().config();
+  host_.reset();
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCache> host,
+                   KvCache::Create(c.n_layers, c.n_kv_heads, c.head_dim,
+                                   std::max<int64_t>(1, count), DType::kF16));
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    RETURN_IF_ERROR(session_->DownloadRows(l, false, 0, count, host->KeyRows(l, 0)));
+    RETURN_IF_ERROR(session_->DownloadRows(l, true, 0, count, host->ValueRows(l, 0)));
+  }
+  RETURN_IF_ERROR(host->SetTokens(count));
+  host_ = std::move(host);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GpuKvStore*> GpuEngine::Own(KvStore& store) const {
@@ -68,7 +91,6 @@ absl::StatusOr<GpuKvStore*> GpuEngine::Own(KvStore& store) const {
 }
 
 absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::NewStore(int64_t capacity, DType) {
-  absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(std::unique_ptr<GpuSession> session, gpu_->NewSession(capacity));
   return std::make_unique<GpuKvStore>(this, std::move(session));
 }
@@ -109,7 +131,6 @@ absl::StatusOr<NllResult> GpuEngine::Score(std::span<const int32_t> continuation
 absl::StatusOr<std::shared_ptr<const EnginePredictors>> GpuEngine::LoadPredictors(
     std::shared_ptr<const PredictorBank> bank) {
   if (bank == nullptr) return absl::InvalidArgumentError("no predictor bank to load");
-  absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(std::unique_ptr<GpuPredictors> device, GpuPredictors::Create(*gpu_, *bank));
   return std::make_shared<const GpuBankPredictors>(this, std::move(bank), std::move(device));
 }
@@ -125,9 +146,11 @@ absl::StatusOr<double> GpuEngine::Rebuild(KvStore& store, const EnginePredictors
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-absl::Status GpuEngine::WaitRebuilds(KvStore& store) {
+absl::StatusOr<double> GpuEngine::WaitRebuilds(KvStore& store) {
   ASSIGN_OR_RETURN(GpuKvStore * s, Own(store));
-  return s->session().WaitRebuilds();
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(s->session().WaitRebuilds());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace riskkv

@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/engine.h"
 #include "common/model/gpu_model.h"
+#include "common/model/kv_cache.h"
 
 namespace riskkv {
 
@@ -19,19 +20,32 @@ class GpuKvStore final : public KvStore {
   int64_t n_tokens() const override { return session_->n_tokens(); }
   int64_t capacity() const override { return session_->capacity(); }
   DType dtype() const override { return DType::kF16; }
-  absl::Status SetTokens(int64_t n) override { return session_->SetTokens(n); }
+  absl::Status SetTokens(int64_t n) override {
+    host_.reset();
+    return session_->SetTokens(n);
+  }
   // Rows are queued for upload on the session's transfer stream; f32 rows are converted first.
   absl::Status WriteRows(int32_t layer, bool values, int64_t first, int64_t count, DType rows_dtype,
                          const uint8_t* rows) override;
   absl::Status FinishLayer(int32_t layer) override;
+  // From the host copy PrepareRead made when it covers the rows, from the device otherwise.
   absl::Status ReadRows(int32_t layer, bool values, int64_t first, int64_t count,
                         uint8_t* out) const override;
+  // Downloads rows [0, count) of every layer into a host copy, kept until the session changes.
+  absl::Status PrepareRead(int64_t count) const override;
 
-  GpuSession& session() { return *session_; }
+  // The device session, for the engine's work on it; the host copy is dropped, since that work
+  // may change the rows.
+  GpuSession& session() {
+    host_.reset();
+    return *session_;
+  }
 
  private:
   absl::Status CheckRows(int32_t layer, int64_t first, int64_t count) const;
   std::unique_ptr<GpuSession> session_;
+  // Rows [0, host_->n_tokens()) as PrepareRead found them: a cache of the device rows.
+  mutable std::unique_ptr<KvCache> host_;
   std::vector<float> f32_;  // an f32 chunk, aligned, on its way to f16
   std::vector<uint16_t> f16_;
 };
@@ -59,13 +73,15 @@ class GpuEngine final : public Engine {
                                  const FoldedGroup& group, int64_t begin, int64_t count) override;
 
  protected:
-  absl::Status WaitRebuilds(KvStore& store) override;
+  absl::StatusOr<double> WaitRebuilds(KvStore& store) override;
 
  private:
   absl::StatusOr<GpuKvStore*> Own(KvStore& store) const;
-  absl::Mutex mu_;  // one forward pass or rebuild queued at a time
+  // One forward pass or rebuild queued at a time, as on the CPU. Allocating sessions and
+  // uploading a bank need no such turn: the CUDA module orders them against compute itself.
+  absl::Mutex mu_;
   const std::unique_ptr<GpuModel> owned_;
-  GpuModel* const gpu_ ABSL_PT_GUARDED_BY(mu_);
+  GpuModel* const gpu_;
   const std::string description_;
 };
 

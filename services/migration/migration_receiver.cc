@@ -91,6 +91,8 @@ absl::StatusOr<std::optional<v1::ReceiveReply>> MigrationReceiver::OnFrame(
 
 absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   started_ = Now();
+  // Known as early as it parses, for the metrics of a refusal on any ground.
+  if (auto mode = FromProto(h.mode()); mode.ok()) mode_ = *mode;
   const ModelConfig& c = ctx_.engine->config();
   if (h.protocol_version() != kMigrationProtocolVersion) {
     return Refuse(absl::StrCat("protocol version ", h.protocol_version(), " is not ",

@@ -4,8 +4,9 @@
 // feed a MigrationSender's frames in memory.
 //
 // Nothing it builds is visible before the commit: then `adopt` registers the resumed session.
-// Every error leaves the receiver failed (the caller drops it and ends the stream with the
-// error); failure_reason() names the kind for metrics.
+// Every error in a frame leaves the receiver failed (the caller drops it and ends the stream with
+// the error); failure_reason() names the kind for metrics. Frames after the commit or a failure
+// are FailedPrecondition.
 #pragma once
 
 #include <cstdint>
@@ -79,9 +80,8 @@ class MigrationReceiver {
   // - trailer: DataLoss when the totals disagree or announced rows are missing; then rebuilds
   //   what remains, replays the history (TOKEN_REPLAY), feeds the last token; replies `resumed`.
   // - commit: after the trailer only; calls `adopt` and replies `committed` with the id.
-  // A second handshake, a chunk or trailer outside the chunk phase and anything after the
-  // trailer but a commit are FailedPrecondition; a commit before the trailer and an empty frame
-  // InvalidArgument.
+  // A second handshake, and a chunk or trailer after the trailer, are FailedPrecondition; a
+  // commit before the trailer, and an empty frame anywhere, InvalidArgument.
   absl::StatusOr<std::optional<v1::ReceiveReply>> OnFrame(const v1::MigrationFrame& frame);
 
   // The stream ended early: the label failure_reason() then gives ("truncated" before the

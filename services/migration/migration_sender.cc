@@ -45,6 +45,9 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "max_chunk_bytes ", options_.max_chunk_bytes, " is less than one row (", row, " bytes)")));
   }
+  // A store on a device copies its rows to host memory here, before the stream opens, so the
+  // chunks read from memory and the time on the wire is the wire's.
+  if (auto st = s.kv->PrepareRead(history); !st.ok()) return Fail(st);
   v1::MigrationHandshake& h = handshake_;
   h.set_protocol_version(kMigrationProtocolVersion);
   h.set_model_fingerprint(options_.model_fingerprint);

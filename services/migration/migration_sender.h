@@ -11,8 +11,9 @@
 //   Commit() -> frame (HandOver::Withdraw)                         -> kAwaitCommitted
 //   OnReply(committed)          -> kCommitted (the target serves the session)
 //
-// Any error, and Abort(), moves to kFailed; from kAwaitCommitted that calls HandOver::Restore
-// first, so a failed migration always leaves the session on the source, intact.
+// An error from the target or the store, and Abort(), move to kFailed; from kAwaitCommitted that
+// calls HandOver::Restore first, so a failed migration always leaves the session on the source,
+// intact. A call out of order is FailedPrecondition and changes nothing.
 #pragma once
 
 #include <cstdint>
@@ -76,7 +77,8 @@ class MigrationSender {
 
   // The first frame. InvalidArgument when the view is inconsistent (no store, sampler or tokens;
   // not tokens - 1 or tokens rows; max_chunk_bytes under one row); FailedPrecondition for
-  // RECONSTRUCT without a policy.
+  // RECONSTRUCT without a policy; the store's error when its rows cannot be read
+  // (KvStore::PrepareRead).
   absl::StatusOr<v1::MigrationFrame> Handshake();
   // A reply from the target: `accepted` in kAwaitAccepted, `resumed` in kAwaitResumed,
   // `committed` in kAwaitCommitted. Any other reply is FailedPrecondition ("out of protocol").

@@ -48,7 +48,7 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
                 .measure_speeds = options_.measure_speeds,
                 .link_bytes_per_second = std::max(0.0, options_.link_mbps * 1e6 / 8)}),
       link_(options_.link_mbps * 1e6) {
-  SetRetention(options_.retention);
+  SetRetention(std::move(options_.retention));
 }
 
 void NodeService::SetRetention(std::shared_ptr<const Retention> retention) {

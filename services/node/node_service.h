@@ -85,7 +85,7 @@ class NodeService final : public v1::Node::Service {
                            bool* refused);
 
   Engine& engine_;
-  const NodeOptions options_;
+  NodeOptions options_;  // its retention is moved out at construction
   NodeMetrics* const metrics_;
   SessionTable sessions_;
   ModePlanner planner_;

@@ -100,6 +100,8 @@ TEST_F(EngineTest, RowsGoInAndOutPerLayerConvertingDtypes) {
   EXPECT_EQ(f32->ReadRows(0, false, 30, 5, rows.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(f32->WriteRows(0, false, 0, 1, DType::kQ8_0, rows.data()).code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(f32->PrepareRead(10).ok());
+  EXPECT_EQ(f32->PrepareRead(33).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(EngineTest, ACopyIsIndependentAndScoringLeavesNoTrace) {
@@ -231,6 +233,14 @@ TEST_F(EngineTest, TheGpuEngineResumesAsTheCpuDoes) {
       ASSERT_TRUE(on_gpu->WriteRows(l, values, 0, 39, DType::kF16, rows.data()).ok());
     }
     ASSERT_TRUE(on_gpu->FinishLayer(l).ok());
+  }
+  // Rows read back after PrepareRead (from the host copy) are the rows written.
+  ASSERT_TRUE(on_gpu->PrepareRead(39).ok());
+  std::vector<uint8_t> back(rows.size());
+  for (int32_t l = 0; l < engine_->config().n_layers; ++l) {
+    ASSERT_TRUE(on_cpu->ReadRows(l, true, 0, 39, rows.data()).ok());
+    ASSERT_TRUE(on_gpu->ReadRows(l, true, 0, 39, back.data()).ok());
+    EXPECT_EQ(back, rows) << "layer " << l;
   }
   auto r = (*gpu)->Resume(*on_gpu, tokens, false);
   ASSERT_TRUE(r.ok()) << r.status();

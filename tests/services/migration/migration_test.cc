@@ -489,6 +489,14 @@ TEST_F(Migration, TheReceiverNamesWhyTheStreamEnded) {
   after_trailer.OnStreamEnd();
   EXPECT_EQ(after_trailer.failure_reason(), "not_committed");
   EXPECT_EQ(after_trailer.resumed(), nullptr) << "the resumed session was dropped";
+  // A refused handshake still names its mode, for the metrics.
+  auto foreign = frames[0];
+  foreign.mutable_handshake()->set_model_fingerprint("other");
+  MigrationReceiver refused(Target());
+  EXPECT_EQ(refused.OnFrame(foreign).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.failure_reason(), "handshake");
+  ASSERT_TRUE(refused.mode().has_value());
+  EXPECT_EQ(*refused.mode(), MigrationMode::kFullKv);
 }
 
 }  // namespace
