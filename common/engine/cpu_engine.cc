@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/base/stopwatch.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/rebuild.h"
 
@@ -19,17 +20,6 @@ class CpuPredictors final : public EnginePredictors {
 };
 
 }  // namespace
-
-absl::Status CpuKvStore::CheckRows(int32_t layer, int64_t first, int64_t count) const {
-  if (layer < 0 || layer >= cache_->n_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " outside the KV store"));
-  }
-  if (first < 0 || count < 0 || first > cache_->capacity() - count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rows [", first, ", ", first + count, ") outside the KV store's ", cache_->capacity()));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CpuKvStore::WriteRows(int32_t layer, bool values, int64_t first, int64_t count,
                                    DType rows_dtype, const uint8_t* rows) {
@@ -64,11 +54,6 @@ absl::Status CpuKvStore::ReadRows(int32_t layer, bool values, int64_t first, int
   return absl::OkStatus();
 }
 
-absl::StatusOr<CpuKvStore*> CpuEngine::Own(KvStore& store) const {
-  RETURN_IF_ERROR(CheckOwner(store));
-  return static_cast<CpuKvStore*>(&store);
-}
-
 absl::StatusOr<std::unique_ptr<KvStore>> CpuEngine::NewStore(int64_t capacity, DType dtype) {
   const ModelConfig& c = config();
   ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
@@ -86,14 +71,14 @@ absl::StatusOr<std::unique_ptr<KvStore>> CpuEngine::CopyStore(const KvStore& fro
 
 absl::StatusOr<std::vector<float>> CpuEngine::Prefill(std::span<const int32_t> tokens,
                                                       KvStore& store) {
-  ASSIGN_OR_RETURN(CpuKvStore * s, Own(store));
+  ASSIGN_OR_RETURN(CpuKvStore * s, Own<CpuKvStore>(store));
   absl::MutexLock lock(&mu_);
   return model_->Prefill(tokens, s->cache());
 }
 
 absl::StatusOr<NllResult> CpuEngine::Score(std::span<const int32_t> continuation, KvStore& store,
                                            std::span<const float> first_logits) {
-  ASSIGN_OR_RETURN(CpuKvStore * s, Own(store));
+  ASSIGN_OR_RETURN(CpuKvStore * s, Own<CpuKvStore>(store));
   absl::MutexLock lock(&mu_);
   return model_->TeacherForcedNll(continuation, s->cache(), first_logits);
 }
@@ -106,13 +91,13 @@ absl::StatusOr<std::shared_ptr<const EnginePredictors>> CpuEngine::LoadPredictor
 
 absl::StatusOr<double> CpuEngine::Rebuild(KvStore& store, const EnginePredictors& predictors,
                                           const FoldedGroup& group, int64_t begin, int64_t count) {
-  ASSIGN_OR_RETURN(CpuKvStore * s, Own(store));
+  ASSIGN_OR_RETURN(CpuKvStore * s, Own<CpuKvStore>(store));
   RETURN_IF_ERROR(CheckOwner(predictors));
   absl::MutexLock lock(&mu_);
-  const auto start = std::chrono::steady_clock::now();  // the rebuild, not the wait for the lock
+  const Stopwatch rebuild;  // the rebuild, not the wait for the lock
   RETURN_IF_ERROR(
       RebuildGroup(s->cache(), group, model_->config(), model_->backend(), begin, count));
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return rebuild.Seconds();
 }
 
 absl::StatusOr<double> CpuEngine::WaitRebuilds(KvStore& store) {

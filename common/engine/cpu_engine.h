@@ -33,7 +33,6 @@ class CpuKvStore final : public KvStore {
   const KvCache& cache() const { return *cache_; }
 
  private:
-  absl::Status CheckRows(int32_t layer, int64_t first, int64_t count) const;
   std::unique_ptr<KvCache> cache_;
   std::vector<uint16_t> f16_;  // rows on their way between dtypes
   std::vector<float> f32_;
@@ -60,7 +59,6 @@ class CpuEngine final : public Engine {
   absl::StatusOr<double> WaitRebuilds(KvStore& store) override;
 
  private:
-  absl::StatusOr<CpuKvStore*> Own(KvStore& store) const;
   // One forward pass or rebuild at a time: the backend's scratch is shared.
   absl::Mutex mu_;
   Model* const model_ ABSL_PT_GUARDED_BY(mu_);

@@ -5,19 +5,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/base/stopwatch.h"
 
 namespace riskkv {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-}  // namespace
-
 int64_t KvStore::row_bytes() const {
   return engine_->config().kv_width() * (dtype() == DType::kF16 ? 2 : 4);
+}
+
+absl::Status KvStore::CheckRows(int32_t layer, int64_t first, int64_t count) const {
+  if (layer < 0 || layer >= engine_->config().n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " outside the KV store"));
+  }
+  if (first < 0 || count < 0 || first > capacity() - count) {
+    return absl::InvalidArgumentError(absl::StrCat("rows [", first, ", ", first + count,
+                                                   ") outside the KV store's ", capacity()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::CheckTokenIds(std::span<const int32_t> tokens) const {
@@ -45,9 +48,9 @@ absl::StatusOr<ResumeResult> Engine::Resume(KvStore& store, std::span<const int3
   ResumeResult r;
   ASSIGN_OR_RETURN(r.rebuild_seconds, WaitRebuilds(store));
   if (replay && tokens.size() > 1) {
-    const auto start = Clock::now();
+    const Stopwatch prefill;
     ASSIGN_OR_RETURN(std::vector<float> ignored, Prefill(tokens.first(tokens.size() - 1), store));
-    r.prefill_seconds = Since(start);
+    r.prefill_seconds = prefill.Seconds();
   }
   ASSIGN_OR_RETURN(r.logits, Decode(tokens.back(), store));
   return r;

@@ -59,6 +59,8 @@ class KvStore {
 
  protected:
   explicit KvStore(const Engine* engine) : engine_(engine) {}
+  // InvalidArgument for a layer outside the model or rows outside [0, capacity()).
+  absl::Status CheckRows(int32_t layer, int64_t first, int64_t count) const;
 
  private:
   const Engine* engine_;
@@ -147,6 +149,12 @@ class Engine {
   // InvalidArgument unless `store` (or `predictors`) was made by this engine.
   absl::Status CheckOwner(const KvStore& store) const;
   absl::Status CheckOwner(const EnginePredictors& predictors) const;
+  // `store` as the engine's own kind, or InvalidArgument (CheckOwner).
+  template <typename Store>
+  absl::StatusOr<Store*> Own(KvStore& store) const {
+    if (absl::Status owned = CheckOwner(store); !owned.ok()) return owned;
+    return static_cast<Store*>(&store);
+  }
 
  private:
   const Model& model_;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/base/stopwatch.h"
 #include "common/recovery/gpu_rebuild.h"
 
 namespace riskkv {
@@ -23,17 +24,6 @@ class GpuBankPredictors final : public EnginePredictors {
 };
 
 }  // namespace
-
-absl::Status GpuKvStore::CheckRows(int32_t layer, int64_t first, int64_t count) const {
-  if (layer < 0 || layer >= engine().config().n_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " outside the KV store"));
-  }
-  if (first < 0 || count < 0 || first > capacity() - count) {
-    return absl::InvalidArgumentError(absl::StrCat("rows [", first, ", ", first + count,
-                                                   ") outside the KV store's ", capacity()));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status GpuKvStore::WriteRows(int32_t layer, bool values, int64_t first, int64_t count,
                                    DType rows_dtype, const uint8_t* rows) {
@@ -85,11 +75,6 @@ absl::Status GpuKvStore::PrepareRead(int64_t count) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GpuKvStore*> GpuEngine::Own(KvStore& store) const {
-  RETURN_IF_ERROR(CheckOwner(store));
-  return static_cast<GpuKvStore*>(&store);
-}
-
 absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::NewStore(int64_t capacity, DType) {
   ASSIGN_OR_RETURN(std::unique_ptr<GpuSession> session, gpu_->NewSession(capacity));
   return std::make_unique<GpuKvStore>(this, std::move(session));
@@ -116,14 +101,14 @@ absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::CopyStore(const KvStore& fro
 
 absl::StatusOr<std::vector<float>> GpuEngine::Prefill(std::span<const int32_t> tokens,
                                                       KvStore& store) {
-  ASSIGN_OR_RETURN(GpuKvStore * s, Own(store));
+  ASSIGN_OR_RETURN(GpuKvStore * s, Own<GpuKvStore>(store));
   absl::MutexLock lock(&mu_);
   return gpu_->Prefill(tokens, s->session());
 }
 
 absl::StatusOr<NllResult> GpuEngine::Score(std::span<const int32_t> continuation, KvStore& store,
                                            std::span<const float> first_logits) {
-  ASSIGN_OR_RETURN(GpuKvStore * s, Own(store));
+  ASSIGN_OR_RETURN(GpuKvStore * s, Own<GpuKvStore>(store));
   absl::MutexLock lock(&mu_);
   return gpu_->TeacherForcedNll(continuation, s->session(), first_logits);
 }
@@ -137,20 +122,20 @@ absl::StatusOr<std::shared_ptr<const EnginePredictors>> GpuEngine::LoadPredictor
 
 absl::StatusOr<double> GpuEngine::Rebuild(KvStore& store, const EnginePredictors& predictors,
                                           const FoldedGroup& group, int64_t begin, int64_t count) {
-  ASSIGN_OR_RETURN(GpuKvStore * s, Own(store));
+  ASSIGN_OR_RETURN(GpuKvStore * s, Own<GpuKvStore>(store));
   RETURN_IF_ERROR(CheckOwner(predictors));
   const auto& p = static_cast<const GpuBankPredictors&>(predictors);
   absl::MutexLock lock(&mu_);
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   RETURN_IF_ERROR(p.device().Rebuild(s->session(), group, begin, count));
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return clock.Seconds();
 }
 
 absl::StatusOr<double> GpuEngine::WaitRebuilds(KvStore& store) {
-  ASSIGN_OR_RETURN(GpuKvStore * s, Own(store));
-  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(GpuKvStore * s, Own<GpuKvStore>(store));
+  const Stopwatch clock;
   RETURN_IF_ERROR(s->session().WaitRebuilds());
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return clock.Seconds();
 }
 
 }  // namespace riskkv

@@ -42,7 +42,6 @@ class GpuKvStore final : public KvStore {
   }
 
  private:
-  absl::Status CheckRows(int32_t layer, int64_t first, int64_t count) const;
   std::unique_ptr<GpuSession> session_;
   // Rows [0, host_->n_tokens()) as PrepareRead found them: a cache of the device rows.
   mutable std::unique_ptr<KvCache> host_;
@@ -76,7 +75,6 @@ class GpuEngine final : public Engine {
   absl::StatusOr<double> WaitRebuilds(KvStore& store) override;
 
  private:
-  absl::StatusOr<GpuKvStore*> Own(KvStore& store) const;
   // One forward pass or rebuild queued at a time, as on the CPU. Allocating sessions and
   // uploading a bank need no such turn: the CUDA module orders them against compute itself.
   absl::Mutex mu_;

@@ -8,16 +8,13 @@
 #include "absl/strings/str_join.h"
 #include "common/base/crc32c.h"
 #include "common/base/status_macros.h"
+#include "common/base/stopwatch.h"
 #include "common/recovery/retention_policy.h"
 #include "services/migration/wire.h"
 #include "services/session_codec.h"
 
 namespace riskkv {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 absl::Status Refuse(const std::string& m) { return absl::FailedPreconditionError(m); }
 
@@ -90,9 +87,11 @@ absl::StatusOr<std::optional<v1::ReceiveReply>> MigrationReceiver::OnFrame(
 }
 
 absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
-  started_ = Now();
-  // Known as early as it parses, for the metrics of a refusal on any ground.
-  if (auto mode = FromProto(h.mode()); mode.ok()) mode_ = *mode;
+  since_handshake_ = Stopwatch();
+  // Known as early as it parses, for the metrics of a refusal on any ground; a mode that does
+  // not parse is reported after the protocol and model checks.
+  const absl::StatusOr<MigrationMode> mode = FromProto(h.mode());
+  if (mode.ok()) mode_ = *mode;
   const ModelConfig& c = ctx_.engine->config();
   if (h.protocol_version() != kMigrationProtocolVersion) {
     return Refuse(absl::StrCat("protocol version ", h.protocol_version(), " is not ",
@@ -102,8 +101,8 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
     return Refuse("model fingerprint " + h.model_fingerprint() + " is not this node's " +
                   ctx_.model_fingerprint);
   }
-  ASSIGN_OR_RETURN(session_.mode, FromProto(h.mode()));
-  mode_ = session_.mode;
+  if (!mode.ok()) return mode.status();
+  session_.mode = *mode;
   ASSIGN_OR_RETURN(DType dtype, DtypeFromProto(h.kv_dtype()));
   ASSIGN_OR_RETURN(DecodingState state, DecodeDecodingState(h.session()));
   history_ = h.history_tokens();
@@ -277,7 +276,7 @@ absl::Status MigrationReceiver::OnTrailer(const v1::MigrationTrailer& t) {
   }
   figures_.prefill_seconds = r->prefill_seconds;
   session_.logits = std::move(r->logits);
-  figures_.recovery_seconds = Now() - started_;
+  figures_.recovery_seconds = since_handshake_.Seconds();
   resumed_ = std::move(session_);
   stage_ = Stage::kResumed;
   if (ctx_.on_resumed) ctx_.on_resumed(figures_);

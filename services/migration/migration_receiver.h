@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/stopwatch.h"
 #include "common/engine/engine.h"
 #include "common/model/sampler.h"
 #include "common/recovery/predictor_bank.h"
@@ -119,7 +120,7 @@ class MigrationReceiver {
   ResumedSession session_;
   std::optional<ResumedSession> resumed_;
   ResumeFigures figures_;
-  double started_ = 0;  // steady-clock seconds at the handshake
+  Stopwatch since_handshake_;
   int64_t history_ = 0;
   int64_t row_bytes_ = 0;  // one token's K (or V) of one layer on the wire
   DType wire_dtype_ = DType::kF16;

@@ -119,20 +119,21 @@ absl::StatusOr<std::optional<v1::MigrationFrame>> MigrationSender::NextFrame() {
   const int32_t layer = handshake_.layers(layer_index_);
   const int64_t n = std::min(rows_per_chunk_, history - first_row_);
   const int64_t row = session_.kv->row_bytes();
-  rows_.resize(static_cast<size_t>(n * row));
+  v1::KvChunk* c = frame.mutable_chunk();
+  // The rows are read straight into the frame: one copy per chunk.
+  std::string* data = c->mutable_data();
+  data->resize(static_cast<size_t>(n * row));
   if (auto st = session_.kv->ReadRows(layer, values_, first_row_, n,
-                                      reinterpret_cast<uint8_t*>(rows_.data()));
+                                      reinterpret_cast<uint8_t*>(data->data()));
       !st.ok()) {
     return Fail(st);
   }
-  v1::KvChunk* c = frame.mutable_chunk();
   c->set_sequence(sequence_++);
   c->set_layer(layer);
   c->set_values(values_);
   c->set_first_token(first_row_);
   c->set_token_count(n);
-  const uint32_t crc = Crc32c({reinterpret_cast<const uint8_t*>(rows_.data()), rows_.size()});
-  c->set_data(rows_);
+  const uint32_t crc = Crc32c({reinterpret_cast<const uint8_t*>(data->data()), data->size()});
   c->set_crc32c(crc);
   crc_of_crcs_ = ExtendWithCrc(crc_of_crcs_, crc);
   bytes_ += n * row;

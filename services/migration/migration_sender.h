@@ -118,7 +118,6 @@ class MigrationSender {
   int64_t sequence_ = 0;
   int64_t bytes_ = 0;
   uint32_t crc_of_crcs_ = 0;
-  std::string rows_;  // the chunk being read, reused
 };
 
 }  // namespace riskkv

@@ -1,19 +1,11 @@
 // The source role's transport (see migration_source.h).
 #include "services/node/migration_source.h"
 
+#include "common/base/stopwatch.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/grpc_status.h"
 
 namespace riskkv {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-}  // namespace
-
 absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendOutcome* out) {
   *out = {};
   auto cancelled = [&] { return link.cancelled && link.cancelled(); };
@@ -47,7 +39,7 @@ absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendO
                             (st.ok() ? std::string("stream closed") : st.error_message()));
   }
   if (!sender.OnReply(reply).ok()) return finish("target answered the handshake out of protocol");
-  const auto t0 = Clock::now();
+  const Stopwatch wire;  // from the first chunk
   while (true) {
     if (cancelled()) return finish("the caller cancelled the migration");
     absl::StatusOr<std::optional<v1::MigrationFrame>> frame = sender.NextFrame();
@@ -57,12 +49,12 @@ absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendO
       return finish("the stream to the target broke", /*cancel=*/false);
     }
   }
-  out->send_seconds = Since(t0);
+  out->send_seconds = wire.Seconds();
   if (!stream->Read(&reply) || !sender.OnReply(reply).ok()) {
     return finish("target did not resume the session");
   }
   out->resumed = true;
-  out->transfer_seconds = Since(t0);
+  out->transfer_seconds = wire.Seconds();
   if (cancelled()) return finish("the caller cancelled the migration");
   // Second phase: stop serving here, then hand over. Once the target said `committed` it serves
   // the session, whatever happens to the stream; without it the session comes back.

@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "common/base/stopwatch.h"
 #include "services/grpc_status.h"
 #include "services/migration/migration_receiver.h"
 
@@ -11,7 +12,7 @@ namespace riskkv {
 grpc::Status ReceiveMigration(
     const TargetSide& side, grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream,
     ReceiveWatchdog& watchdog) {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch whole;
   NodeMetrics* metrics = side.metrics;
   v1::MigrationFrame f;
   if (!stream->Read(&f)) {
@@ -27,18 +28,8 @@ grpc::Status ReceiveMigration(
   };
   if (auto room = side.sessions->CheckRoom(); !room.ok()) return fail("session_limit", room);
   const Retention* r = side.retention.get();
-  TargetContext ctx{
-      .engine = side.engine,
-      .model_fingerprint = side.model_fingerprint,
-      .policy = r ? &r->policy : nullptr,
-      .bank = r ? r->bank.get() : nullptr,
-      .groups = r ? &r->groups : nullptr,
-      .predictors = r ? r->predictors.get() : nullptr,
-      .capacity = side.capacity,
-      .prefill_seconds_per_token = side.planner->measured_prefill_seconds_per_token(),
-      .rebuild_seconds_per_token = side.planner->measured_rebuild_seconds_per_token()};
-  ctx.adopt = [&](ResumedSession resumed) -> absl::StatusOr<std::string> {
-    // From here the session is registered: the deadline may no longer cancel the call.
+  // From the commit on the session is registered: the deadline may no longer cancel the call.
+  auto adopt = [&](ResumedSession resumed) -> absl::StatusOr<std::string> {
     if (!watchdog.Disarm()) {
       return absl::DeadlineExceededError("the node's receive deadline passed");
     }
@@ -50,13 +41,27 @@ grpc::Status ReceiveMigration(
     s->pending_logits = std::move(resumed.logits);
     return side.sessions->Add(std::move(s));
   };
-  ctx.on_resumed = [&](const ResumeFigures& fig) {
-    if (fig.prefill_seconds > 0)
+  auto on_resumed = [&](const ResumeFigures& fig) {
+    if (fig.prefill_seconds > 0) {
       side.planner->MeasurePrefill(fig.prefill_seconds, fig.history_tokens);
-    if (fig.rebuild_seconds > 0)
+    }
+    if (fig.rebuild_seconds > 0) {
       side.planner->MeasureRebuild(fig.rebuild_seconds, fig.history_tokens);
+    }
   };
-  MigrationReceiver rx(std::move(ctx));
+  MigrationReceiver rx({
+      .engine = side.engine,
+      .model_fingerprint = side.model_fingerprint,
+      .policy = r ? &r->policy : nullptr,
+      .bank = r ? r->bank.get() : nullptr,
+      .groups = r ? &r->groups : nullptr,
+      .predictors = r ? r->predictors.get() : nullptr,
+      .capacity = side.capacity,
+      .prefill_seconds_per_token = side.planner->measured_prefill_seconds_per_token(),
+      .rebuild_seconds_per_token = side.planner->measured_rebuild_seconds_per_token(),
+      .adopt = adopt,
+      .on_resumed = on_resumed,
+  });
   while (true) {
     watchdog.Busy();  // checking a handshake or a complete anchor set may start work here
     auto reply = rx.OnFrame(f);
@@ -89,9 +94,7 @@ grpc::Status ReceiveMigration(
   if (metrics) {
     const char* mode = MigrationModeName(*rx.mode());
     const ResumeFigures& fig = rx.figures();
-    metrics->Migration(
-        "target", mode, "ok",
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    metrics->Migration("target", mode, "ok", whole.Seconds());
     metrics->Recovery(mode, fig.recovery_seconds);
     if (fig.rebuild_seconds > 0) metrics->Rebuild(fig.rebuild_seconds);
   }

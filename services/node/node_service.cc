@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/base/stopwatch.h"
 #include "services/grpc_status.h"
 #include "services/migration/migration_sender.h"
 #include "services/node/migration_source.h"
@@ -14,11 +15,6 @@
 
 namespace riskkv {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 grpc::Status Bad(const std::string& m) { return ToGrpc(absl::InvalidArgumentError(m)); }
 
@@ -122,10 +118,10 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
   auto kv = engine_.NewStore(capacity, options_.kv_dtype);
   if (!kv.ok()) return ToGrpc(kv.status());
   s->kv = *std::move(kv);
-  const auto t0 = Clock::now();
+  const Stopwatch prefill;
   auto logits = engine_.Prefill(s->tokens, *s->kv);
   if (!logits.ok()) return ToGrpc(logits.status());
-  planner_.MeasurePrefill(Since(t0), static_cast<int64_t>(s->tokens.size()));
+  planner_.MeasurePrefill(prefill.Seconds(), static_cast<int64_t>(s->tokens.size()));
   s->pending_logits = *std::move(logits);
   Fill("", *s, false, info);
   auto id = sessions_.Add(std::move(s));
@@ -222,7 +218,7 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
 
 grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::MigrateRequest* req,
                                   v1::MigrateReply* reply) {
-  const auto start = Clock::now();
+  const Stopwatch total;
   if (req->target_address().empty()) return Bad("target_address is empty");
   if (!(req->timeout_seconds() >= 0 && req->timeout_seconds() <= 86400)) {
     return Bad("timeout_seconds must be in [0, 86400]");
@@ -267,8 +263,8 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
     if (status.ok()) {
       reply->set_mode(ToProto(m));
       reply->set_mode_reason(reason);
-      reply->set_total_seconds(Since(start));
-      if (metrics_) metrics_->Migration("source", MigrationModeName(m), "ok", Since(start));
+      reply->set_total_seconds(total.Seconds());
+      if (metrics_) metrics_->Migration("source", MigrationModeName(m), "ok", total.Seconds());
       return grpc::Status::OK;
     }
     if (metrics_) {

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 
 namespace riskkv {
 namespace {
@@ -45,14 +46,16 @@ absl::StatusOr<std::string> SessionTable::Add(std::unique_ptr<NodeSession> sessi
 
 void SessionTable::Erase(const std::string& id) { Take(id); }
 
+absl::StatusOr<std::shared_ptr<SessionTable::Entry>> SessionTable::Find(
+    const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return absl::NotFoundError("no session '" + id + "' on this node");
+  return it->second;
+}
+
 absl::StatusOr<SessionTable::Lease> SessionTable::Acquire(const std::string& id) {
-  std::shared_ptr<Entry> entry;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) return absl::NotFoundError("no session '" + id + "' on this node");
-    entry = it->second;
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id));
   absl::MutexLock lock(&entry->mu);
   if (entry->busy) {
     return absl::FailedPreconditionError("session '" + id + "' is busy (generating or migrating)");
@@ -63,13 +66,7 @@ absl::StatusOr<SessionTable::Lease> SessionTable::Acquire(const std::string& id)
 
 absl::Status SessionTable::Inspect(const std::string& id,
                                    const std::function<void(const NodeSession&)>& fn) {
-  std::shared_ptr<Entry> entry;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(id);
-    if (it == sessions_.end()) return absl::NotFoundError("no session '" + id + "' on this node");
-    entry = it->second;
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id));
   absl::MutexLock lock(&entry->mu);
   if (entry->busy) return absl::FailedPreconditionError("session '" + id + "' is busy");
   fn(*entry->session);

@@ -87,6 +87,8 @@ class SessionTable {
     std::unique_ptr<NodeSession> session;
   };
   absl::Status Full() const;
+  // The one lookup: NotFound naming the id.
+  absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
   void Put(const std::string& id, std::shared_ptr<Entry> entry) ABSL_LOCKS_EXCLUDED(mu_);
   void Take(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   void Count() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

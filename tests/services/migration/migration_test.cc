@@ -45,7 +45,8 @@ SendOptions Options(MigrationMode mode, const std::string& fingerprint,
   return {.mode = mode,
           .model_fingerprint = fingerprint,
           .policy = policy,
-          .max_chunk_bytes = max_chunk_bytes};
+          .max_chunk_bytes = max_chunk_bytes,
+          .pace = nullptr};
 }
 
 v1::ReceiveReply Accepted() {
@@ -144,7 +145,9 @@ class Migration : public ::testing::Test {
             .bank = bank_->get(),
             .groups = groups_,
             .predictors = predictors_->get(),
-            .capacity = 128};
+            .capacity = 128,
+            .adopt = nullptr,
+            .on_resumed = nullptr};
   }
 
   // Feeds every frame and a commit; returns the first error or the adopted session.

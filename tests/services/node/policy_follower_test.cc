@@ -67,6 +67,18 @@ class ControlPlane {
 };
 
 // A control plane that pushes one version and answers GetBank with the given bytes.
+// Serves `service` on an ephemeral loopback port and gives its address.
+std::unique_ptr<grpc::Server> Serve(grpc::Service& service, std::string* address) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  EXPECT_GT(port, 0);
+  *address = "127.0.0.1:" + std::to_string(port);
+  return server;
+}
+
 class FakeControl final : public v1::Control::Service {
  public:
   FakeControl(const RetentionPolicy& policy, std::string bank_bytes)
@@ -319,13 +331,9 @@ TEST_F(Follower, RefusesBankBytesThatAreCorruptOrDoNotHashToTheirName) {
   for (const Case& c : {Case{corrupt, "does not load"},
                         Case{FileBytes(*f16.bank), "sent bank bytes with SHA-256"}}) {
     FakeControl fake(p, c.bytes);
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&fake);
-    auto server = b.BuildAndStart();
-    ASSERT_GT(port, 0);
-    auto w = Follow(Options("127.0.0.1:" + std::to_string(port)));
+    std::string address;
+    auto server = Serve(fake, &address);
+    auto w = Follow(Options(address));
     w->follower->Start();
     ASSERT_TRUE(w->WaitFor([&] {
       return w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"rejected\"} 1");
@@ -344,13 +352,9 @@ TEST_F(Follower, RefusesAMalformedVersionBeforeFetchingItsBank) {
   p.version = 1;
   p.kept_layers.push_back(1);  // both kept and rebuilt
   FakeControl fake(p, *bank_bytes_);
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&fake);
-  auto server = b.BuildAndStart();
-  ASSERT_GT(port, 0);
-  auto w = Follow(Options("127.0.0.1:" + std::to_string(port)));
+  std::string address;
+  auto server = Serve(fake, &address);
+  auto w = Follow(Options(address));
   w->follower->Start();
   ASSERT_TRUE(w->WaitFor([&] {
     return w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"rejected\"} 1");

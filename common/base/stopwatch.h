@@ -1,0 +1,20 @@
+// Elapsed time on the steady clock, in seconds: what every measured figure (transfer, rebuild,
+// prefill, recovery) is taken with.
+#pragma once
+
+#include <chrono>
+
+namespace riskkv {
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double Seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace riskkv
