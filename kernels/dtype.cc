@@ -182,8 +182,9 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
         const float d = F16ToF32(b[k].d);
         const float m = F16ToF32(b[k].m);
         for (int j = 0; j < 16; ++j) {
-          dst[j] = d * (b[k].qs[j] & 0x0f) + m;
-          dst[j + 16] = d * (b[k].qs[j] >> 4) + m;
+          // One rounding, as the CPU kernels' fused dequantize-dot (kernels/cpu/quant_dot.h).
+          dst[j] = std::fmaf(d, static_cast<float>(b[k].qs[j] & 0x0f), m);
+          dst[j + 16] = std::fmaf(d, static_cast<float>(b[k].qs[j] >> 4), m);
         }
       }
       return;

@@ -1,9 +1,8 @@
-// The CPU backend: Eigen GEMMs over dequantized weight tiles for batches, fused quantized dot
-// products for single rows, and a fork-join pool across output rows / heads. It is the
-// numerical oracle.
-#define EIGEN_DONT_PARALLELIZE  // parallelism comes from the pool around Eigen calls
-
-#include <Eigen/Core>
+// The CPU backend: f32 dot products over dequantized weight tiles, integer block dots for 8-bit
+// activations, and a fork-join pool across output rows / heads. It is the numerical oracle, and
+// it is batch-invariant: every output is computed by the same operations in the same order
+// whatever the number of rows in the call, the blocking and the thread count (fixed_order.h), so
+// a row's result does not depend on the batch it is computed in.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,22 +10,21 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/fixed_order.h"
 #include "kernels/cpu/quant_dot.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace riskkv {
 namespace {
 
-using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
-using Map = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
-
-// Batches at most this large use the fused per-row dot products; larger ones dequantize a tile
-// of weight rows and run a GEMM, which amortises the dequantization over the batch.
-constexpr int64_t kMaxFusedBatch = 4;
+// Batches at most this large unpack each weight row once for all their rows; larger ones
+// dequantize a tile of kTileRows weight rows and reuse it across the batch. Both give the same
+// bits (cpu::DotDequantizedRow equals cpu::DotF32 of the dequantized row): only speed depends on
+// these, never a result.
+constexpr int64_t kSmallBatch = 4;
 constexpr int64_t kTileRows = 64;
-// Output rows per claimed chunk on the fused path.
-constexpr int64_t kFusedGrain = 32;
+// Output rows per claimed chunk for a small batch.
+constexpr int64_t kSmallGrain = 32;
 // Queries processed together in attention (bounds the score buffer to kQueryBlock x n_ctx).
 constexpr int64_t kQueryBlock = 128;
 
@@ -46,10 +44,8 @@ class CpuBackend final : public Backend {
     if (precision_ == ActivationPrecision::kInt8 &&
         (w.dtype == DType::kQ4_0 || w.dtype == DType::kQ4_1 || w.dtype == DType::kQ8_0)) {
       MatMulQ8(x, n, w, y);
-    } else if (n <= kMaxFusedBatch) {
-      MatMulFused(x, n, w, y);
     } else {
-      MatMulTiled(x, n, w, y);
+      MatMulF32(x, n, w, y);
     }
     if (bias != nullptr) {
       for (int64_t i = 0; i < n; ++i) {
@@ -131,7 +127,7 @@ class CpuBackend final : public Backend {
     const bool f16 = k.dtype == DType::kF16;
     pool_.ParallelFor(n_kv_heads * n_blocks, 1, [&](int64_t item_begin, int64_t item_end) {
       // Per-thread scratch that only grows: the context grows by one token per decode step,
-      // and a re-sized Eigen matrix would reallocate every time.
+      // and a re-sized buffer would reallocate every time.
       thread_local std::vector<float> k16, v16, score_buf;
       if (f16) {
         k16.resize(n_ctx * head_dim);
@@ -147,27 +143,26 @@ class CpuBackend final : public Backend {
           LoadHead(v, kvh, head_dim, kv_stride, n_ctx, v16.data());
           loaded_head = kvh;
         }
-        const ConstMap kh =
-            f16 ? ConstMap(k16.data(), n_ctx, head_dim, Eigen::OuterStride<>(head_dim))
-                : ConstMap(static_cast<const float*>(k.data) + kvh * head_dim, n_ctx, head_dim,
-                           Eigen::OuterStride<>(kv_stride));
-        const ConstMap vh =
-            f16 ? ConstMap(v16.data(), n_ctx, head_dim, Eigen::OuterStride<>(head_dim))
-                : ConstMap(static_cast<const float*>(v.data) + kvh * head_dim, n_ctx, head_dim,
-                           Eigen::OuterStride<>(kv_stride));
+        const float* kh = f16 ? k16.data() : static_cast<const float*>(k.data) + kvh * head_dim;
+        const float* vh = f16 ? v16.data() : static_cast<const float*>(v.data) + kvh * head_dim;
+        const int64_t kh_stride = f16 ? head_dim : kv_stride;
         const int64_t i0 = blk * kQueryBlock;
         const int64_t nb = std::min(kQueryBlock, n - i0);
         const int64_t ctx = q_pos0 + i0 + nb;  // keys visible to the last query of the block
+        float* scores = score_buf.data();
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          ConstMap qh(q + i0 * q_stride + h * head_dim, nb, head_dim,
-                      Eigen::OuterStride<>(q_stride));
-          Map scores(score_buf.data(), nb, ctx, Eigen::OuterStride<>(ctx));
-          scores.noalias() = (qh * kh.topRows(ctx).transpose()) * scale;
+          // Scores of every query against every key the block sees; a query's row is then
+          // normalised over the keys it may attend to, and the rest of the row is never read.
+          cpu::DotTile(kh, kh_stride, ctx, q + i0 * q_stride + h * head_dim, q_stride, nb, head_dim,
+                       scores, ctx);
           for (int64_t i = 0; i < nb; ++i) {
             const int64_t visible = q_pos0 + i0 + i + 1;
-            float* s = scores.row(i).data();
+            float* s = scores + i * ctx;
             float mx = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, s[j]);
+            for (int64_t j = 0; j < visible; ++j) {
+              s[j] *= scale;
+              mx = std::max(mx, s[j]);
+            }
             float sum = 0.0f;
             for (int64_t j = 0; j < visible; ++j) {
               s[j] = std::exp(s[j] - mx);
@@ -175,10 +170,9 @@ class CpuBackend final : public Backend {
             }
             const float inv = 1.0f / sum;
             for (int64_t j = 0; j < visible; ++j) s[j] *= inv;
-            for (int64_t j = visible; j < ctx; ++j) s[j] = 0.0f;
           }
-          Map oh(out + i0 * q_stride + h * head_dim, nb, head_dim, Eigen::OuterStride<>(q_stride));
-          oh.noalias() = scores * vh.topRows(ctx);
+          cpu::WeightedRows(scores, ctx, nb, q_pos0 + i0 + 1, vh, kh_stride, head_dim,
+                            out + i0 * q_stride + h * head_dim, q_stride);
         }
       }
     });
@@ -194,23 +188,6 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void MatMulFused(const float* x, int64_t n, const WeightMatrix& w, float* y) {
-    std::vector<float> sums(n * (w.cols / 32));
-    if (w.dtype == DType::kQ4_1) {
-      for (int64_t i = 0; i < n; ++i)
-        cpu::BlockSums(x + i * w.cols, w.cols, sums.data() + i * (w.cols / 32));
-    }
-    pool_.ParallelFor(w.rows, kFusedGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const uint8_t* row = w.row(r);
-        for (int64_t i = 0; i < n; ++i) {
-          y[i * w.rows + r] =
-              cpu::DotRow(w.dtype, row, x + i * w.cols, sums.data() + i * (w.cols / 32), w.cols);
-        }
-      }
-    });
-  }
-
   // 8-bit activations: quantize every row of x once, then integer block dots. Rows of w are
   // claimed in chunks and tokens visited in blocks so both stay in cache.
   void MatMulQ8(const float* x, int64_t n, const WeightMatrix& w, float* y) {
@@ -223,38 +200,48 @@ class CpuBackend final : public Backend {
         cpu::QuantizeQ8(x + i * w.cols, w.cols, xq_data + i * blocks);
     });
     constexpr int64_t kTokenBlock = 64;
-    pool_.ParallelFor(
-        w.rows, n <= kMaxFusedBatch ? kFusedGrain : 16, [&](int64_t begin, int64_t end) {
-          for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
-            const int64_t t1 = std::min(n, t0 + kTokenBlock);
-            for (int64_t r = begin; r < end; ++r) {
-              const uint8_t* row = w.row(r);
-              for (int64_t i = t0; i < t1; i += 4) {
-                const int count = static_cast<int>(std::min<int64_t>(4, t1 - i));
-                float out[4];
-                cpu::DotRowQ8(w.dtype, row, xq_data + i * blocks, blocks, count, w.cols, out);
-                for (int j = 0; j < count; ++j) y[(i + j) * w.rows + r] = out[j];
-              }
-            }
+    pool_.ParallelFor(w.rows, n <= kSmallBatch ? kSmallGrain : 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
+        const int64_t t1 = std::min(n, t0 + kTokenBlock);
+        for (int64_t r = begin; r < end; ++r) {
+          const uint8_t* row = w.row(r);
+          for (int64_t i = t0; i < t1; i += 4) {
+            const int count = static_cast<int>(std::min<int64_t>(4, t1 - i));
+            float out[4];
+            cpu::DotRowQ8(w.dtype, row, xq_data + i * blocks, blocks, count, w.cols, out);
+            for (int j = 0; j < count; ++j) y[(i + j) * w.rows + r] = out[j];
           }
-        });
+        }
+      }
+    });
   }
 
-  void MatMulTiled(const float* x, int64_t n, const WeightMatrix& w, float* y) {
+  // f32 activations: weight rows as f32 (in place for F32 weights, else dequantized a tile at a
+  // time), each output one cpu::DotF32 of a weight row and an activation row.
+  void MatMulF32(const float* x, int64_t n, const WeightMatrix& w, float* y) {
+    if (n <= kSmallBatch) {
+      // A few rows: each weight row unpacked once for all of them, never expanded in memory.
+      pool_.ParallelFor(w.rows, kSmallGrain, [&](int64_t begin, int64_t end) {
+        cpu::DotDequantizedRows(w.dtype, w.row(begin), RowBytes(w.dtype, w.cols), end - begin, x,
+                                w.cols, static_cast<int>(n), w.cols, y + begin, w.rows);
+      });
+      return;
+    }
     const int64_t n_tiles = (w.rows + kTileRows - 1) / kTileRows;
-    ConstMap xm(x, n, w.cols, Eigen::OuterStride<>(w.cols));
     pool_.ParallelFor(n_tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
       thread_local std::vector<float> tile_buf;  // grows only (cols alternate hidden / FFN)
-      tile_buf.resize(kTileRows * w.cols);
-      Map tile(tile_buf.data(), kTileRows, w.cols, Eigen::OuterStride<>(w.cols));
       for (int64_t t = tile_begin; t < tile_end; ++t) {
         const int64_t r0 = t * kTileRows;
         const int64_t nr = std::min(kTileRows, w.rows - r0);
-        for (int64_t r = 0; r < nr; ++r) {
-          DequantizeRow(w.dtype, w.row(r0 + r), tile.row(r).data(), w.cols);
+        const float* tile = reinterpret_cast<const float*>(w.row(r0));
+        if (w.dtype != DType::kF32) {
+          tile_buf.resize(kTileRows * w.cols);
+          for (int64_t r = 0; r < nr; ++r) {
+            DequantizeRow(w.dtype, w.row(r0 + r), tile_buf.data() + r * w.cols, w.cols);
+          }
+          tile = tile_buf.data();
         }
-        Map ym(y + r0, n, nr, Eigen::OuterStride<>(w.rows));
-        ym.noalias() = xm * tile.topRows(nr).transpose();
+        cpu::DotTile(tile, w.cols, nr, x, w.cols, n, w.cols, y + r0, w.rows);
       }
     });
   }

@@ -1,127 +1,122 @@
-// AVX2/FMA dot products of quantized or half-precision rows with f32 vectors. Activations stay
-// f32 (no activation quantization), so results match the dequantize-then-GEMM path to rounding.
+// AVX2/FMA dot products of quantized or half-precision weight rows: with f32 activations (bit for
+// bit the dequantize-then-DotF32 result) and with 8-bit activations (integer block dots).
 #include "kernels/cpu/quant_dot.h"
-
-#include <immintrin.h>
-
-#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error \
-    "riskkv's CPU kernels need AVX2, FMA and F16C: build with -march=x86-64-v3 or newer (RISKKV_NATIVE=OFF selects it)"
-#endif
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
+
+#include "kernels/cpu/avx2_util.h"
 
 namespace riskkv::cpu {
 namespace {
 
-inline float HorizontalSum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
+// Eight weights as floats, exactly as DequantizeRow (kernels/dtype.h) writes them: d * q for
+// Q8_0 and Q4_0 (q - 8 for Q4_0), fma(d, q, m) for Q4_1, the converted value for F16 and BF16.
+inline __m256 Q4Weights(__m128i nibbles8, __m256 d, __m256 m, bool offset) {
+  const __m256 q = U8ToPs(nibbles8);
+  return offset ? _mm256_fmadd_ps(d, q, m) : _mm256_mul_ps(d, _mm256_sub_ps(q, m));
 }
 
-inline float Half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
-// 8 unsigned bytes -> 8 floats.
-inline __m256 U8ToPs(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
-inline __m256 I8ToPs(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)); }
-
-// Sum over the block of q[j] * x[j] for the 32 nibbles of a Q4 block (low nibbles are elements
-// 0..15, high nibbles 16..31, as in ggml).
-inline __m256 NibbleDot(const uint8_t* qs, const float* x) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  const __m128i lo = _mm_and_si128(raw, mask);
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-  __m256 acc = _mm256_mul_ps(U8ToPs(lo), _mm256_loadu_ps(x));
-  acc = _mm256_fmadd_ps(U8ToPs(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), acc);
-  acc = _mm256_fmadd_ps(U8ToPs(hi), _mm256_loadu_ps(x + 16), acc);
-  acc = _mm256_fmadd_ps(U8ToPs(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), acc);
-  return acc;
-}
-
-float DotQ4_1(const uint8_t* row, const float* x, const float* sums, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  float offset = 0.0f;
-  for (int64_t b = 0; b < n / 32; ++b, row += 20, x += 32) {
-    const __m256 d = _mm256_set1_ps(Half(row));
-    offset += Half(row + 2) * sums[b];
-    acc = _mm256_fmadd_ps(d, NibbleDot(row + 4, x), acc);
+// kRows quantized rows (row_bytes apart) against kTokens activation rows, one accumulator per
+// pair. Each output accumulates eight lanes over the row in index order and ends with DotF32's
+// horizontal sum, so it equals DotF32 of the dequantized row bit for bit.
+template <int kTokens, int kRows>
+void DotQuantBlock(DType t, const uint8_t* rows, int64_t row_bytes, const float* x,
+                   int64_t x_stride, int64_t n, float* y, int64_t y_stride) {
+  __m256 acc[kTokens][kRows];
+  for (int i = 0; i < kTokens; ++i) {
+    for (int r = 0; r < kRows; ++r) acc[i][r] = _mm256_setzero_ps();
   }
-  return HorizontalSum(acc) + offset;
-}
-
-float DotQ4_0(const uint8_t* row, const float* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  const __m256 eight = _mm256_set1_ps(8.0f);
-  for (int64_t b = 0; b < n / 32; ++b, row += 18, x += 32) {
-    const __m256 d = _mm256_set1_ps(Half(row));
-    // sum (q - 8) x = sum q x - 8 sum x
-    __m256 sx = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
-                              _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
-    const __m256 block = _mm256_fnmadd_ps(eight, sx, NibbleDot(row + 2, x));
-    acc = _mm256_fmadd_ps(d, block, acc);
+  auto feed = [&](int r, __m256 w, int64_t k) {
+    for (int i = 0; i < kTokens; ++i) {
+      acc[i][r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + i * x_stride + k), acc[i][r]);
+    }
+  };
+  int64_t k = 0;
+  switch (t) {
+    case DType::kQ4_0:
+    case DType::kQ4_1: {
+      const bool q4_1 = t == DType::kQ4_1;
+      const int64_t block_bytes = q4_1 ? 20 : 18;
+      const __m128i mask = _mm_set1_epi8(0x0f);
+      for (int64_t b = 0; k < n; k += 32, ++b) {
+        for (int r = 0; r < kRows; ++r) {
+          const uint8_t* blk = rows + r * row_bytes + b * block_bytes;
+          const __m256 d = _mm256_set1_ps(Half(blk));
+          const __m256 m = q4_1 ? _mm256_set1_ps(Half(blk + 2)) : _mm256_set1_ps(8.0f);
+          const __m128i raw =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q4_1 ? 4 : 2)));
+          const __m128i lo = _mm_and_si128(raw, mask);
+          const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+          feed(r, Q4Weights(lo, d, m, q4_1), k);
+          feed(r, Q4Weights(_mm_srli_si128(lo, 8), d, m, q4_1), k + 8);
+          feed(r, Q4Weights(hi, d, m, q4_1), k + 16);
+          feed(r, Q4Weights(_mm_srli_si128(hi, 8), d, m, q4_1), k + 24);
+        }
+      }
+      break;
+    }
+    case DType::kQ8_0:
+      for (int64_t b = 0; k < n; k += 32, ++b) {
+        for (int r = 0; r < kRows; ++r) {
+          const uint8_t* blk = rows + r * row_bytes + b * 34;
+          const __m256 d = _mm256_set1_ps(Half(blk));
+          const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+          const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+          feed(r, _mm256_mul_ps(d, I8ToPs(q0)), k);
+          feed(r, _mm256_mul_ps(d, I8ToPs(_mm_srli_si128(q0, 8))), k + 8);
+          feed(r, _mm256_mul_ps(d, I8ToPs(q1)), k + 16);
+          feed(r, _mm256_mul_ps(d, I8ToPs(_mm_srli_si128(q1, 8))), k + 24);
+        }
+      }
+      break;
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kF32:
+      for (; k + 8 <= n; k += 8) {
+        for (int r = 0; r < kRows; ++r) {
+          const uint8_t* row = rows + r * row_bytes;
+          if (t == DType::kF32) {
+            feed(r, _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k), k);
+            continue;
+          }
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row) + k / 8);
+          feed(r,
+               t == DType::kF16
+                   ? _mm256_cvtph_ps(v)
+                   : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)),
+               k);
+        }
+      }
+      break;
   }
-  return HorizontalSum(acc);
-}
-
-float DotQ8_0(const uint8_t* row, const float* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; ++b, row += 34, x += 32) {
-    const __m256 d = _mm256_set1_ps(Half(row));
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
-    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 18));
-    __m256 block = _mm256_mul_ps(I8ToPs(q0), _mm256_loadu_ps(x));
-    block = _mm256_fmadd_ps(I8ToPs(_mm_srli_si128(q0, 8)), _mm256_loadu_ps(x + 8), block);
-    block = _mm256_fmadd_ps(I8ToPs(q1), _mm256_loadu_ps(x + 16), block);
-    block = _mm256_fmadd_ps(I8ToPs(_mm_srli_si128(q1, 8)), _mm256_loadu_ps(x + 24), block);
-    acc = _mm256_fmadd_ps(d, block, acc);
+  for (int i = 0; i < kTokens; ++i) {
+    for (int r = 0; r < kRows; ++r) {
+      const uint8_t* row = rows + r * row_bytes;
+      float s = HorizontalSum(acc[i][r]);
+      for (int64_t j = k; j < n; ++j) {
+        const float w = t == DType::kF32   ? reinterpret_cast<const float*>(row)[j]
+                        : t == DType::kF16 ? F16ToF32(reinterpret_cast<const uint16_t*>(row)[j])
+                                           : BF16ToF32(reinterpret_cast<const uint16_t*>(row)[j]);
+        s = std::fmaf(w, x[i * x_stride + j], s);
+      }
+      y[i * y_stride + r] = s;
+    }
   }
-  return HorizontalSum(acc);
 }
 
-float DotF16(const uint16_t* row, const float* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
-    acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + i), acc);
+// Rows in blocks of kRows, then one at a time.
+template <int kTokens, int kRows>
+void DotQuantRows(DType t, const uint8_t* rows, int64_t row_bytes, int64_t n_rows, const float* x,
+                  int64_t x_stride, int64_t n, float* y, int64_t y_stride) {
+  int64_t r = 0;
+  for (; r + kRows <= n_rows; r += kRows) {
+    DotQuantBlock<kTokens, kRows>(t, rows + r * row_bytes, row_bytes, x, x_stride, n, y + r,
+                                  y_stride);
   }
-  float s = HorizontalSum(acc);
-  for (; i < n; ++i) s += F16ToF32(row[i]) * x[i];
-  return s;
-}
-
-float DotBF16(const uint16_t* row, const float* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i));
-    const __m256 w = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + i), acc);
+  for (; r < n_rows; ++r) {
+    DotQuantBlock<kTokens, 1>(t, rows + r * row_bytes, row_bytes, x, x_stride, n, y + r, y_stride);
   }
-  float s = HorizontalSum(acc);
-  for (; i < n; ++i) s += BF16ToF32(row[i]) * x[i];
-  return s;
-}
-
-float DotF32(const float* row, const float* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(row + i), _mm256_loadu_ps(x + i), acc);
-  float s = HorizontalSum(acc);
-  for (; i < n; ++i) s += row[i] * x[i];
-  return s;
 }
 
 inline __m256i Nibbles(const uint8_t* qs) {
@@ -231,31 +226,20 @@ void DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t stride, int c
   }
 }
 
-void BlockSums(const float* x, int64_t n, float* sums) {
-  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
-                             _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
-    sums[b] = HorizontalSum(s);
+void DotDequantizedRows(DType t, const void* rows, int64_t row_bytes, int64_t n_rows,
+                        const float* x, int64_t x_stride, int tokens, int64_t n, float* y,
+                        int64_t y_stride) {
+  const auto* r = static_cast<const uint8_t*>(rows);
+  switch (tokens) {
+    case 1:
+      return DotQuantRows<1, 4>(t, r, row_bytes, n_rows, x, x_stride, n, y, y_stride);
+    case 2:
+      return DotQuantRows<2, 4>(t, r, row_bytes, n_rows, x, x_stride, n, y, y_stride);
+    case 3:
+      return DotQuantRows<3, 2>(t, r, row_bytes, n_rows, x, x_stride, n, y, y_stride);
+    default:
+      return DotQuantRows<4, 2>(t, r, row_bytes, n_rows, x, x_stride, n, y, y_stride);
   }
-}
-
-float DotRow(DType t, const void* row, const float* x, const float* block_sums, int64_t n) {
-  const auto* r = static_cast<const uint8_t*>(row);
-  switch (t) {
-    case DType::kQ4_1:
-      return DotQ4_1(r, x, block_sums, n);
-    case DType::kQ4_0:
-      return DotQ4_0(r, x, n);
-    case DType::kQ8_0:
-      return DotQ8_0(r, x, n);
-    case DType::kF16:
-      return DotF16(reinterpret_cast<const uint16_t*>(r), x, n);
-    case DType::kBF16:
-      return DotBF16(reinterpret_cast<const uint16_t*>(r), x, n);
-    case DType::kF32:
-      return DotF32(reinterpret_cast<const float*>(r), x, n);
-  }
-  return 0.0f;
 }
 
 }  // namespace riskkv::cpu

@@ -1,5 +1,5 @@
-// Fused dequantize-and-dot kernels for one weight row against f32 activations, used by the
-// CPU matrix-vector path (decode) so quantized weights are never expanded in memory.
+// Fused dequantize-and-dot kernels for one weight row against a few activation rows, used by the
+// CPU matrix products of small batches (decode) so quantized weights are never expanded in memory.
 #pragma once
 
 #include <cstdint>
@@ -8,12 +8,13 @@
 
 namespace riskkv::cpu {
 
-// Per-block sums of x (n / 32 values); Q4_1 needs them for its per-block offset.
-void BlockSums(const float* x, int64_t n, float* sums);
-
-// dot(row, x) where row holds n values of type t (n a multiple of BlockSize(t)).
-// block_sums must come from BlockSums(x, n) when t is kQ4_1 and may be null otherwise.
-float DotRow(DType t, const void* row, const float* x, const float* block_sums, int64_t n);
+// y[i * y_stride + r] = DotF32(w_r, x + i * x_stride, n) for r < n_rows and i < tokens (1 to 4),
+// where w_r is row r of `rows` (row_bytes apart, n values of type t, n a multiple of
+// BlockSize(t)) as DequantizeRow writes it, bit for bit; each row is unpacked once for all
+// `tokens` rows and never expanded in memory.
+void DotDequantizedRows(DType t, const void* rows, int64_t row_bytes, int64_t n_rows,
+                        const float* x, int64_t x_stride, int tokens, int64_t n, float* y,
+                        int64_t y_stride);
 
 // Activations quantized to 8 bits in blocks of 32, as ggml's Q8_0 / Q8_1 (the layout llama.cpp
 // multiplies its Q4/Q8 weights with): x ~= d * q, and s = d * sum(q) for the Q4_1 offset term.

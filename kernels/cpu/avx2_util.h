@@ -1,0 +1,38 @@
+// Small AVX2 helpers shared by the CPU kernels. The horizontal sum is part of the fixed order of
+// operations every float kernel follows (fixed_order.h), so there is exactly one.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error \
+    "riskkv's CPU kernels need AVX2, FMA and F16C: build with -march=x86-64-v3 or newer (RISKKV_NATIVE=OFF selects it)"
+#endif
+
+namespace riskkv::cpu {
+
+// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
+inline float HorizontalSum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// The f16 at p (unaligned) as a float.
+inline float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// 8 unsigned / signed bytes -> 8 floats.
+inline __m256 U8ToPs(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+inline __m256 I8ToPs(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)); }
+
+}  // namespace riskkv::cpu

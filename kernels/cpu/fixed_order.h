@@ -1,0 +1,27 @@
+// Float kernels whose every output is computed by one fixed sequence of operations, whatever the
+// batch around it: how many rows are multiplied together, how they are blocked, and which thread
+// computes them. They are what makes the CPU engine batch-invariant (a token's logits are the
+// same bits in a prefill of n tokens, a micro-batch of it or a single decode step), so a
+// migrated session reproduces its source exactly.
+#pragma once
+
+#include <cstdint>
+
+namespace riskkv::cpu {
+
+// dot(a, b) over n values: eight-lane fused multiply-adds in index order, a fixed horizontal sum,
+// then the n % 8 trailing products fused in index order.
+float DotF32(const float* a, const float* b, int64_t n);
+
+// y[t * y_stride + r] = DotF32(w + r * w_stride, x + t * x_stride, n) for r < rows, t < tokens,
+// bit for bit: blocking shares loads between outputs, never the order of an output's sum.
+void DotTile(const float* w, int64_t w_stride, int64_t rows, const float* x, int64_t x_stride,
+             int64_t tokens, int64_t n, float* y, int64_t y_stride);
+
+// out[t * out_stride + d] = sum over j < count + t of p[t * p_stride + j] * v[j * v_stride + d]
+// for t < tokens and d < width, accumulated with fused multiply-adds in j order from zero (the
+// causal shape of attention: each query sees one more row than the one before it).
+void WeightedRows(const float* p, int64_t p_stride, int64_t tokens, int64_t count, const float* v,
+                  int64_t v_stride, int64_t width, float* out, int64_t out_stride);
+
+}  // namespace riskkv::cpu

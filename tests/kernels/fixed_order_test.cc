@@ -1,0 +1,141 @@
+// The fixed-order float kernels: every blocked or fused form gives exactly the bits of its
+// one-output definition, whatever the block shape, and stays close to a double-precision sum.
+#include "kernels/cpu/fixed_order.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/quant_dot.h"
+#include "kernels/dtype.h"
+#include "tests/kernels/op_reference.h"
+
+namespace riskkv {
+namespace {
+
+using testing::QuantizeRow;
+using testing::RandomVector;
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+// DotF32 written out as its definition: eight lanes of fused multiply-adds in index order, the
+// horizontal sum ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the tail fused in order.
+float DotDefinition(const float* a, const float* b, int64_t n) {
+  float lane[8] = {};
+  const int64_t n8 = n - n % 8;
+  for (int64_t k = 0; k < n8; k += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] = std::fmaf(a[k + l], b[k + l], lane[l]);
+  }
+  float s =
+      ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  for (int64_t k = n8; k < n; ++k) s = std::fmaf(a[k], b[k], s);
+  return s;
+}
+
+TEST(FixedOrder, DotF32IsItsDefinitionAndCloseToExact) {
+  for (int64_t n : {1, 7, 8, 9, 64, 100, 576, 1537}) {
+    const auto a = RandomVector(n, 1);
+    const auto b = RandomVector(n, 2);
+    double exact = 0.0;
+    double magnitude = 0.0;
+    for (int64_t k = 0; k < n; ++k) {
+      exact += static_cast<double>(a[k]) * b[k];
+      magnitude += std::fabs(static_cast<double>(a[k]) * b[k]);
+    }
+    const float got = cpu::DotF32(a.data(), b.data(), n);
+    EXPECT_TRUE(SameBits(got, DotDefinition(a.data(), b.data(), n))) << "n=" << n;
+    EXPECT_NEAR(got, exact, 1e-6 * magnitude + 1e-30) << "n=" << n;
+  }
+}
+
+TEST(FixedOrder, DotTileEqualsDotF32ForEveryBlockShape) {
+  for (int64_t n : {5, 64, 72}) {
+    for (int64_t rows : {1, 2, 3, 7, 9, 17}) {
+      for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 9}) {
+        const int64_t w_stride = n + 3, x_stride = n + 5, y_stride = rows + 2;
+        const auto w = RandomVector(rows * w_stride, 3);
+        const auto x = RandomVector(tokens * x_stride, 4);
+        std::vector<float> y(tokens * y_stride, -1.0f);
+        cpu::DotTile(w.data(), w_stride, rows, x.data(), x_stride, tokens, n, y.data(), y_stride);
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            ASSERT_TRUE(SameBits(y[t * y_stride + r],
+                                 cpu::DotF32(w.data() + r * w_stride, x.data() + t * x_stride, n)))
+                << "n=" << n << " rows=" << rows << " tokens=" << tokens << " t=" << t
+                << " r=" << r;
+          }
+          EXPECT_EQ(y[t * y_stride + rows], -1.0f) << "wrote past the rows";
+        }
+      }
+    }
+  }
+}
+
+class DotDequantizedTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(DotDequantizedTest, EqualsDotF32OfTheDequantizedRow) {
+  const DType t = GetParam();
+  const int64_t n = 96;  // three quantized blocks; float rows also get a tail
+  for (int64_t cols : {n, t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ? n + 5 : n}) {
+    const int64_t rows = 7;
+    const auto values = RandomVector(rows * cols, 5, 0.7f);
+    std::vector<uint8_t> bytes;
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto q = QuantizeRow(t, values.data() + r * cols, cols);
+      bytes.insert(bytes.end(), q.begin(), q.end());
+    }
+    const int64_t row_bytes = RowBytes(t, cols);
+    std::vector<float> dequantized(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      DequantizeRow(t, bytes.data() + r * row_bytes, dequantized.data() + r * cols, cols);
+    }
+    for (int tokens = 1; tokens <= 4; ++tokens) {
+      const auto x = RandomVector(tokens * cols, 6);
+      std::vector<float> y(tokens * rows);
+      cpu::DotDequantizedRows(t, bytes.data(), row_bytes, rows, x.data(), cols, tokens, cols,
+                              y.data(), rows);
+      for (int i = 0; i < tokens; ++i) {
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_TRUE(SameBits(y[i * rows + r], cpu::DotF32(dequantized.data() + r * cols,
+                                                            x.data() + i * cols, cols)))
+              << DTypeName(t) << " cols=" << cols << " tokens=" << tokens << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, DotDequantizedTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
+                                           DType::kQ4_0, DType::kQ4_1),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+TEST(FixedOrder, WeightedRowsAccumulatesEachOutputInRowOrder) {
+  for (int64_t width : {8, 16, 64, 70, 3}) {
+    for (int64_t tokens : {1, 2, 3, 4, 5, 9}) {
+      const int64_t count = 6;  // query t sees count + t rows
+      const int64_t p_stride = count + tokens + 1, v_stride = width + 4, out_stride = width + 3;
+      const auto p = RandomVector(tokens * p_stride, 7);
+      const auto v = RandomVector((count + tokens) * v_stride, 8);
+      std::vector<float> out(tokens * out_stride, -1.0f);
+      cpu::WeightedRows(p.data(), p_stride, tokens, count, v.data(), v_stride, width, out.data(),
+                        out_stride);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t d = 0; d < width; ++d) {
+          float s = 0.0f;
+          for (int64_t j = 0; j < count + t; ++j) {
+            s = std::fmaf(p[t * p_stride + j], v[j * v_stride + d], s);
+          }
+          ASSERT_TRUE(SameBits(out[t * out_stride + d], s))
+              << "width=" << width << " tokens=" << tokens << " t=" << t << " d=" << d;
+        }
+        EXPECT_EQ(out[t * out_stride + width], -1.0f) << "wrote past the width";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace riskkv
