@@ -3,8 +3,9 @@
 
     chart_modes.py ROWS.jsonl OUT.svg TITLE
 
-ROWS.jsonl holds one JSON object per migration (mode, kv_bytes_sent, recovery_seconds,
-rebuild_seconds, delta_nll), as deploy/scenario.sh writes them.
+ROWS.jsonl holds one JSON object per migration (mode, wire_form, kv_bytes_sent, bytes_share,
+recovery_seconds, rebuild_seconds, delta_nll), as deploy/scenario.sh writes them; a row in a
+quantized wire form is labelled with it (rows without the field read as plain).
 """
 import json
 import sys
@@ -15,14 +16,16 @@ COLORS = {"full_kv": "#4e79a7", "token_replay": "#f28e2b", "reconstruct": "#59a1
 
 def panel(x0, title, rows, value, unit, label, y0=52):
     """One bar per row (coloured by its mode), labelled with label(row), under `title` at y0."""
-    width, height, bar = 300, 190, 46
+    width, height = 300, 190
+    gap = 24 if len(rows) <= 4 else 12
+    bar = min(46, (width - 30) // len(rows) - gap)
     top = max(value(r) for r in rows) or 1.0
     base = y0 + 18 + height
     out = [f'<text x="{x0 + width / 2}" y="{y0}" text-anchor="middle" font-size="13">'
            f'{escape(title)}</text>']
     for i, r in enumerate(rows):
         h = height * value(r) / top
-        x = x0 + 20 + i * (bar + 24)
+        x = x0 + 20 + i * (bar + gap)
         y = base - h
         mode = r["mode"].split(":")[-1]
         out.append(f'<rect x="{x}" y="{y:.1f}" width="{bar}" height="{h:.1f}" '
@@ -31,9 +34,13 @@ def panel(x0, title, rows, value, unit, label, y0=52):
                    f'font-size="11">{escape(label(r))}</text>')
         out.append(f'<text x="{x + bar / 2}" y="{base + 16}" text-anchor="middle" '
                    f'font-size="10">{escape(r["mode"])}</text>')
+        wire = r.get("wire_form", "plain")
+        if wire not in ("plain", "-"):
+            out.append(f'<text x="{x + bar / 2}" y="{base + 28}" text-anchor="middle" '
+                       f'font-size="10">{escape(wire)}</text>')
     out.append(f'<line x1="{x0 + 10}" y1="{base}" x2="{x0 + width - 10}" '
                f'y2="{base}" stroke="#333"/>')
-    out.append(f'<text x="{x0 + 10}" y="{base + 34}" font-size="10" fill="#555">'
+    out.append(f'<text x="{x0 + 10}" y="{base + 44}" font-size="10" fill="#555">'
                f'{escape(unit)}</text>')
     return out
 
@@ -51,9 +58,9 @@ def main():
     if len(sys.argv) != 4:
         raise SystemExit(__doc__)
     rows = read_rows(sys.argv[1])
-    svg = ['<svg xmlns="http://www.w3.org/2000/svg" width="660" height="320" '
+    svg = ['<svg xmlns="http://www.w3.org/2000/svg" width="660" height="330" '
            'font-family="sans-serif">',
-           '<rect width="660" height="320" fill="white"/>',
+           '<rect width="660" height="330" fill="white"/>',
            f'<text x="330" y="24" text-anchor="middle" font-size="15">{escape(sys.argv[3])}'
            '</text>']
     svg += panel(10, "recovery (first byte to first token on the target)", rows,

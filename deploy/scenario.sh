@@ -6,9 +6,11 @@
 #     Starts a session on A with START_ARGS (riskkvctl start flags: --prompt TEXT or --tokens
 #     JSON), generates 24 tokens, then 32 more as the continuation to score. Then, for each
 #     mode, migrates a fresh copy of the history to TARGET (B's address as A reaches it), scores
-#     the continuation on B against the never-migrated copy on A, and prints one row: mode,
-#     KV bytes sent, the transfer rate those bytes achieved, transfer, recovery and rebuild time,
-#     and the continuation's NLL change. Sets SCENARIO_LAST to the last session moved to B.
+#     the continuation on B against the never-migrated copy on A, and prints one row: mode, wire
+#     form, KV bytes sent and their share of FULL_KV plain (f16 at the nodes' default KV dtype),
+#     the transfer rate those bytes achieved, transfer, recovery and rebuild time, and the
+#     continuation's NLL change. FULL_KV runs twice, plain and int8 (compressed KV without
+#     reconstruction). Sets SCENARIO_LAST to the last session moved to B.
 #     With SCENARIO_CHART set to a path, also draws recovery time and bytes sent per mode there
 #     (deploy/chart_modes.py) and keeps the rows beside it (.jsonl).
 
@@ -17,7 +19,7 @@ _scenario_field() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)";
 run_scenario() {
   local target=$1
   shift
-  local s0 history continuation ref ref_nll s reply moved nll mode
+  local s0 history continuation ref ref_nll s reply moved nll mode wire run full_bytes=0
   s0=$(ctl_a start "$@" | _scenario_field "['sessionId']")
   echo "== session on A"
   ctl_a generate --session "$s0" -n 24
@@ -27,26 +29,33 @@ run_scenario() {
 import json,sys; h=$history; t=json.load(sys.stdin)['tokenIds']; print(json.dumps(t[len(h):]))")
   ref=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
   ref_nll=$(ctl_a score --session "$ref" --tokens "$continuation" | _scenario_field "['meanNll']")
-  printf '\n%-17s %14s %10s %11s %11s %10s %10s\n' mode "KV bytes sent" "Mbit/s" "transfer s" \
-    "recovery s" "rebuild s" "dNLL"
+  printf '\n%-17s %6s %14s %8s %10s %11s %11s %10s %10s\n' mode wire "KV bytes sent" "of full" \
+    "Mbit/s" "transfer s" "recovery s" "rebuild s" "dNLL"
   local rows=${SCENARIO_CHART:+${SCENARIO_CHART%.svg}.jsonl}
   [ -n "$rows" ] && : >"$rows"
-  for mode in full_kv token_replay reconstruct auto; do
+  for run in full_kv:plain full_kv:int8 token_replay:plain reconstruct:plain auto:plain; do
+    mode=${run%%:*} wire=${run##*:}
     s=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
-    reply=$(ctl_a migrate --session "$s" --to "$target" --mode $mode)
+    reply=$(ctl_a migrate --session "$s" --to "$target" --mode $mode --wire-form $wire)
+    [ "$run" = full_kv:plain ] && full_bytes=$(echo "$reply" | _scenario_field "['kvBytesSent']")
     moved=$(echo "$reply" | _scenario_field "['targetSessionId']")
     nll=$(ctl_b score --session "$moved" --tokens "$continuation" | _scenario_field "['meanNll']")
     echo "$reply" | python3 -c "
 import json,sys; r=json.load(sys.stdin)
-sent, t = int(r['kvBytesSent']), r['transferSeconds']
+sent, t = int(r.get('kvBytesSent', 0)), r.get('transferSeconds', 0)
 rate = '%10.1f' % (sent * 8 / t / 1e6) if sent and t else '%10s' % '-'
 mode = '$mode' if '$mode' != 'auto' else 'auto:' + r['mode'].lower()
-print('%-17s %14d %s %11.4f %11.4f %10.4f %+10.5f' % (mode, sent, rate, t, r['recoverySeconds'],
-      r['rebuildSeconds'], $nll - $ref_nll))
+wire = r.get('wireForm', 'KV_WIRE_FORM_UNSPECIFIED').replace('KV_WIRE_', '').lower()
+wire = '-' if wire == 'form_unspecified' else wire
+share = sent / $full_bytes if $full_bytes else 0
+print('%-17s %6s %14d %7.1f%% %s %11.4f %11.4f %10.4f %+10.5f' % (mode, wire, sent, 100 * share,
+      rate, t, r['recoverySeconds'], r.get('rebuildSeconds', 0), $nll - $ref_nll))
 if '$rows':
     with open('$rows', 'a') as f:
-        f.write(json.dumps({'mode': mode, 'kv_bytes_sent': sent, 'recovery_seconds': r['recoverySeconds'],
-                            'rebuild_seconds': r['rebuildSeconds'], 'delta_nll': $nll - $ref_nll}) + '\\n')"
+        f.write(json.dumps({'mode': mode, 'wire_form': wire, 'kv_bytes_sent': sent,
+                            'bytes_share': share, 'recovery_seconds': r['recoverySeconds'],
+                            'rebuild_seconds': r.get('rebuildSeconds', 0),
+                            'delta_nll': $nll - $ref_nll}) + '\\n')"
     SCENARIO_LAST=$moved
   done
   if [ -n "$rows" ]; then

@@ -77,6 +77,8 @@ absl::StatusOr<RetentionPolicy> PolicyFromProto(const v1::RetentionPolicy& proto
   p.history_tokens = proto.history_tokens();
   p.eval_tokens = proto.eval_tokens();
   p.kv_dtype = proto.kv_dtype();
+  p.wire_form = proto.wire_form();
+  p.arithmetic = proto.arithmetic();
 
   if (n_layers == 0) {
     ASSIGN_OR_RETURN(n_layers, ImpliedLayers(p));
@@ -119,6 +121,8 @@ v1::RetentionPolicy PolicyToProto(const RetentionPolicy& p) {
   out.set_history_tokens(p.history_tokens);
   out.set_eval_tokens(p.eval_tokens);
   out.set_kv_dtype(p.kv_dtype);
+  out.set_wire_form(p.wire_form);
+  out.set_arithmetic(p.arithmetic);
   return out;
 }
 

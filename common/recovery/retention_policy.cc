@@ -60,6 +60,12 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
   if (!kv_dtype.empty() && kv_dtype != "f16" && kv_dtype != "f32") {
     return bad("kv_dtype '" + kv_dtype + "' is not f16 or f32");
   }
+  if (!wire_form.empty()) {
+    if (auto f = ParseWireForm(wire_form); !f.ok()) return bad(std::string(f.status().message()));
+  }
+  if (!arithmetic.empty() && arithmetic != "int8" && arithmetic != "f32") {
+    return bad("arithmetic '" + arithmetic + "' is not int8 or f32");
+  }
   if (history_tokens < 0 || eval_tokens < 0) {
     return bad(absl::StrCat("history_tokens ", history_tokens, " and eval_tokens ", eval_tokens,
                             " must be >= 0"));
@@ -69,6 +75,12 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
     return bad("KV byte counts are inconsistent");
   }
   return absl::OkStatus();
+}
+
+WireForm PolicyWireForm(const RetentionPolicy& policy) {
+  if (policy.wire_form.empty()) return WireForm::kPlain;
+  const absl::StatusOr<WireForm> f = ParseWireForm(policy.wire_form);
+  return f.ok() ? *f : WireForm::kPlain;
 }
 
 absl::Status WritePolicy(const RetentionPolicy& policy, const std::string& path) {

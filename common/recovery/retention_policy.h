@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kvcodec/wire_form.h"
 #include "common/recovery/layer_group.h"
 
 namespace riskkv {
@@ -61,6 +62,11 @@ struct RetentionPolicy {
   int32_t history_tokens = 0;              // H of the calibration requests
   int32_t eval_tokens = 0;                 // T of the calibration requests
   std::string kv_dtype;  // "f32" or "f16": the dtype the byte counts assume; empty: unknown
+  // The wire form RECONSTRUCT sends the kept layers in, as calibrated: "plain", "int8" or "int4"
+  // (common/kvcodec/wire_form.h); empty reads as plain (see PolicyWireForm).
+  std::string wire_form;
+  // The activation precision the ΔNLL figures were measured in: "int8" or "f32"; empty: unknown.
+  std::string arithmetic;
 
   // "ID vN", for messages.
   std::string Name() const;
@@ -69,11 +75,15 @@ struct RetentionPolicy {
   // format version, non-empty fingerprint and id, a known gate, epsilon >= 0, groups valid
   // (consecutive targets, anchors not rebuilt), kept and rebuilt layers partitioning
   // [0, n_layers), a hex SHA-256 bank hash when groups are rebuilt or a hash is given, a known
-  // KV dtype, token counts >= 0 and saved bytes <= total bytes.
+  // KV dtype, a known wire form and arithmetic, token counts >= 0 and saved bytes <= total bytes.
   absl::Status Validate(int32_t n_layers) const;
 
   bool operator==(const RetentionPolicy&) const = default;
 };
+
+// The form a RECONSTRUCT under `policy` sends (its wire_form; plain when empty). The policy must
+// have passed Validate.
+WireForm PolicyWireForm(const RetentionPolicy& policy);
 
 // A policy id names files and directories: 1-128 characters of [A-Za-z0-9._-], not starting
 // with '.', '_' or '-'.

@@ -2,7 +2,8 @@
 //   riskkvctl --node 127.0.0.1:7070 start --prompt "Once upon a time" [--temperature 0.8]
 //   riskkvctl --node 127.0.0.1:7070 generate --session ID -n 32
 //   riskkvctl --node 127.0.0.1:7070 migrate --session ID --to 127.0.0.1:7071 --mode reconstruct
-//   riskkvctl --node 127.0.0.1:7070 score --session ID --tokens '[1,2,3]'
+//   riskkvctl --node 127.0.0.1:7070 migrate --session ID --to 127.0.0.1:7071 --mode full_kv
+//   --wire-form int8 riskkvctl --node 127.0.0.1:7070 score --session ID --tokens '[1,2,3]'
 //   riskkvctl --node 127.0.0.1:7070 show --session ID
 //   riskkvctl --node 127.0.0.1:7070 list
 //   riskkvctl --control 127.0.0.1:7000 policy-put --policy policy.pb --bank bank.rkvbank
@@ -23,6 +24,7 @@
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/cli_args.h"
 #include "services/grpc_status.h"
+#include "services/migration/wire.h"
 #include "services/tls.h"
 
 ABSL_FLAG(std::string, node, "127.0.0.1:7070", "the node to talk to");
@@ -37,6 +39,9 @@ ABSL_FLAG(std::string, session, "", "the session id");
 ABSL_FLAG(int, n, 32, "generate: tokens to generate");
 ABSL_FLAG(std::string, to, "", "migrate: target node address");
 ABSL_FLAG(std::string, mode, "auto", "migrate: reconstruct, full_kv, token_replay or auto");
+ABSL_FLAG(std::string, wire_form, "plain",
+          "migrate: the form FULL_KV sends the KV in: plain, int8 or int4 (RECONSTRUCT sends its "
+          "policy's)");
 ABSL_FLAG(bool, fallback, true, "migrate: fall back to full_kv / token_replay when refused");
 ABSL_FLAG(double, timeout, 0, "migrate: deadline in seconds (0: the node's default)");
 ABSL_FLAG(std::string, control, "127.0.0.1:7000", "policy-*: the control plane to talk to");
@@ -188,6 +193,9 @@ int main(int argc, char** argv) {
       return Fail("--mode must be reconstruct, full_kv, token_replay or auto, got '" + mode + "'");
     }
     req.set_mode(m);
+    auto form = riskkv::ParseWireForm(absl::GetFlag(FLAGS_wire_form));
+    if (!form.ok()) return Fail("--wire-form: " + std::string(form.status().message()));
+    req.set_wire_form(riskkv::WireFormToProto(*form));
     req.set_allow_fallback(absl::GetFlag(FLAGS_fallback));
     req.set_timeout_seconds(absl::GetFlag(FLAGS_timeout));
     grpc::ClientContext ctx;

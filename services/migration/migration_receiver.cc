@@ -9,6 +9,7 @@
 #include "common/base/crc32c.h"
 #include "common/base/status_macros.h"
 #include "common/base/stopwatch.h"
+#include "common/kvcodec/kv_codec.h"
 #include "common/recovery/retention_policy.h"
 #include "services/migration/wire.h"
 #include "services/session_codec.h"
@@ -46,7 +47,7 @@ absl::StatusOr<std::optional<v1::ReceiveReply>> MigrationReceiver::OnFrame(
       if (stage_ != Stage::kHandshake) {
         return Fail("protocol", Refuse("a second handshake in one migration stream"));
       }
-      if (auto st = OnHandshake(frame.handshake()); !st.ok()) return Fail("handshake", st);
+      if (auto st = OnHandshake(frame.handshake()); !st.ok()) return Fail(refusal_, st);
       reply.mutable_accepted()->set_prefill_seconds_per_token(ctx_.prefill_seconds_per_token);
       reply.mutable_accepted()->set_rebuild_seconds_per_token(ctx_.rebuild_seconds_per_token);
       return reply;
@@ -103,6 +104,18 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   }
   if (!mode.ok()) return mode.status();
   session_.mode = *mode;
+  absl::StatusOr<WireForm> form = WireFormFromProto(h.wire_form());
+  if (!form.ok()) {
+    refusal_ = "wire_form";
+    return Refuse(std::string(form.status().message()));
+  }
+  form_ = *form;
+  if (session_.mode == MigrationMode::kTokenReplay &&
+      h.wire_form() != v1::KV_WIRE_FORM_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TOKEN_REPLAY sends no KV, yet the handshake names wire form ",
+                     std::string(WireFormName(form_))));
+  }
   ASSIGN_OR_RETURN(DType dtype, DtypeFromProto(h.kv_dtype()));
   ASSIGN_OR_RETURN(DecodingState state, DecodeDecodingState(h.session()));
   history_ = h.history_tokens();
@@ -135,6 +148,12 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
       return Refuse("predictor bank " + h.predictor_bank_sha256() + " is not this node's " +
                     (mine.empty() ? std::string("(none)") : mine));
     }
+    if (form_ != PolicyWireForm(*p)) {
+      refusal_ = "wire_form";
+      return Refuse(absl::StrCat("wire form ", std::string(WireFormName(form_)), " is not the ",
+                                 std::string(WireFormName(PolicyWireForm(*p))), " that policy ",
+                                 p->Name(), " was calibrated for"));
+    }
     if (ctx_.groups != nullptr) pending_.assign(ctx_.groups->begin(), ctx_.groups->end());
     if (!pending_.empty() &&
         (ctx_.predictors == nullptr || &ctx_.predictors->bank() != ctx_.bank)) {
@@ -153,11 +172,15 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
                                absl::StrJoin(got_sorted, ","), "]"));
   }
   wire_dtype_ = dtype;
-  row_bytes_ = c.kv_width() * (dtype == DType::kF16 ? 2 : 4);
-  const int64_t expect_bytes = 2 * history_ * row_bytes_ * static_cast<int64_t>(got.size());
+  const auto n_sent = static_cast<int64_t>(got.size());
+  const int64_t expect_bytes =
+      StreamKvBytes(form_, history_, n_sent, c.n_kv_heads, c.head_dim, dtype);
+  // Every chunk but a layer's last holds at least one row (plain) or token group.
+  const int64_t unit = ChunkRowUnit(form_);
+  const int64_t max_chunks = 2 * n_sent * ((history_ + unit - 1) / unit);
   if (h.kv_bytes() != expect_bytes || h.chunk_count() < 0 ||
-      (history_ > 0 && !got.empty() && h.chunk_count() < 2 * static_cast<int64_t>(got.size())) ||
-      h.chunk_count() > expect_bytes / std::max<int64_t>(row_bytes_, 1)) {
+      (history_ > 0 && n_sent > 0 && h.chunk_count() < 2 * n_sent) ||
+      h.chunk_count() > max_chunks) {
     return absl::InvalidArgumentError(absl::StrCat("handshake announces ", h.chunk_count(),
                                                    " chunks of ", h.kv_bytes(), " bytes; ",
                                                    expect_bytes, " bytes expected"));
@@ -201,10 +224,20 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
                                                    " rows from row ", first,
                                                    ", outside the history of ", history_));
   }
-  if (static_cast<int64_t>(chunk.data().size()) != n * row_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " carries ",
-                                                   chunk.data().size(), " bytes for ", n,
-                                                   " rows of ", row_bytes_));
+  if (form_ != WireForm::kPlain &&
+      (first % kTokenGroup != 0 || (n % kTokenGroup != 0 && first + n != history_))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", chunk.sequence(), " has ", n, " rows from row ", first, ": ",
+                     std::string(WireFormName(form_)), " chunks hold whole ", kTokenGroup,
+                     "-token groups (only a layer's last may be shorter)"));
+  }
+  const ModelConfig& c = ctx_.engine->config();
+  const int64_t size =
+      EncodedBytes(form_, chunk.values(), first, n, c.n_kv_heads, c.head_dim, wire_dtype_);
+  if (static_cast<int64_t>(chunk.data().size()) != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", chunk.sequence(), " carries ", chunk.data().size(), " bytes for ", n,
+                     " rows in ", std::string(WireFormName(form_)), "; ", size, " expected"));
   }
   const auto* bytes = reinterpret_cast<const uint8_t*>(chunk.data().data());
   const uint32_t crc = Crc32c({bytes, chunk.data().size()});
@@ -218,12 +251,25 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", chunk.sequence(), " resends row ", t, " of layer ", layer));
     }
-    done[t] = true;
   }
-  RETURN_IF_ERROR(session_.kv->WriteRows(layer, chunk.values(), first, n, wire_dtype_, bytes));
+  if (form_ == WireForm::kPlain) {
+    RETURN_IF_ERROR(session_.kv->WriteRows(layer, chunk.values(), first, n, wire_dtype_, bytes));
+  } else {
+    // Bounded by the chunk's own size: the rows it decodes to are the rows its bytes encode.
+    rows_.resize(static_cast<size_t>(n * c.kv_width()));
+    if (auto st = Decode(form_, chunk.values(), chunk.data(), first, n, c.n_kv_heads, c.head_dim,
+                         rows_.data());
+        !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", chunk.sequence(), " (layer ", layer, "): ", st.message()));
+    }
+    RETURN_IF_ERROR(session_.kv->WriteRows(layer, chunk.values(), first, n, DType::kF32,
+                                           reinterpret_cast<const uint8_t*>(rows_.data())));
+  }
+  std::fill(done.begin() + first, done.begin() + first + n, true);
   rows_left_[layer] -= n;
   crc_of_crcs_ = ExtendWithCrc(crc_of_crcs_, crc);
-  figures_.kv_bytes_received += n * row_bytes_;
+  figures_.kv_bytes_received += size;
   ++next_sequence_;
   if (rows_left_[layer] != 0) return absl::OkStatus();
   RETURN_IF_ERROR(session_.kv->FinishLayer(layer));

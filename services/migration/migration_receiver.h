@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/stopwatch.h"
 #include "common/engine/engine.h"
+#include "common/kvcodec/wire_form.h"
 #include "common/model/sampler.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/retention_policy.h"
@@ -73,11 +74,15 @@ class MigrationReceiver {
   // The next frame of the stream, and the reply to send for it, if any:
   // - handshake: checked before any KV moves; replies `accepted`. FailedPrecondition names what
   //   does not match (protocol version, model fingerprint, policy id or version, bank, layer
-  //   list); InvalidArgument for a malformed handshake (session state, sizes, dtype, mode) or a
-  //   session that does not fit. A first frame of another kind is InvalidArgument.
+  //   list, a wire form this node cannot decode or, for RECONSTRUCT, other than the policy's);
+  //   InvalidArgument for a malformed handshake (session state, sizes, dtype, mode, a wire form
+  //   with TOKEN_REPLAY) or a session that does not fit. A first frame of another kind is
+  //   InvalidArgument.
   // - chunk: DataLoss for a CRC mismatch; InvalidArgument for a chunk out of sequence, for a
-  //   layer not announced, rows outside the history, a wrong payload size or rows sent twice.
-  //   Groups are rebuilt as soon as their anchors are complete.
+  //   layer not announced, rows outside the history, a quantized chunk off its token groups, a
+  //   payload size other than its form's, rows sent twice, or rows that do not decode (a scale
+  //   that is not finite, ...: kv_codec.h). Groups are rebuilt as soon as their anchors are
+  //   complete.
   // - trailer: DataLoss when the totals disagree or announced rows are missing; then rebuilds
   //   what remains, replays the history (TOKEN_REPLAY), feeds the last token; replies `resumed`.
   // - commit: after the trailer only; calls `adopt` and replies `committed` with the id.
@@ -89,8 +94,9 @@ class MigrationReceiver {
   // trailer, "not_committed" after it). Nothing was applied.
   void OnStreamEnd();
 
-  // Why the receiver failed, for metrics: "protocol", "handshake", "corrupt", "bad_chunk",
-  // "resume", "session_limit", "timeout", "truncated", "not_committed"; empty while it has not.
+  // Why the receiver failed, for metrics: "protocol", "handshake", "wire_form" (a handshake
+  // refused for its wire form), "corrupt", "bad_chunk", "resume", "session_limit", "timeout",
+  // "truncated", "not_committed"; empty while it has not.
   const std::string& failure_reason() const { return failure_; }
   // The mode the handshake named, once it parsed.
   std::optional<MigrationMode> mode() const { return mode_; }
@@ -122,8 +128,10 @@ class MigrationReceiver {
   ResumeFigures figures_;
   Stopwatch since_handshake_;
   int64_t history_ = 0;
-  int64_t row_bytes_ = 0;  // one token's K (or V) of one layer on the wire
   DType wire_dtype_ = DType::kF16;
+  WireForm form_ = WireForm::kPlain;
+  const char* refusal_ = "handshake";  // the failure reason of a refused handshake
+  std::vector<float> rows_;            // a quantized chunk, decoded
   int64_t next_sequence_ = 0;
   uint32_t crc_of_crcs_ = 0;
   std::vector<std::vector<bool>> rows_done_;  // [layer * 2 + values][row]

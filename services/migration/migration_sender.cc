@@ -1,9 +1,12 @@
 // The source's side of a migration (see migration_sender.h).
 #include "services/migration/migration_sender.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/crc32c.h"
 #include "common/base/status_macros.h"
+#include "common/kvcodec/kv_codec.h"
 #include "services/migration/wire.h"
 #include "services/session_codec.h"
 
@@ -40,10 +43,17 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
   if (options_.mode == MigrationMode::kReconstruct && options_.policy == nullptr) {
     return Fail(absl::FailedPreconditionError("RECONSTRUCT needs a retention policy"));
   }
-  const int64_t row = s.kv->row_bytes();
-  if (options_.max_chunk_bytes < row) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "max_chunk_bytes ", options_.max_chunk_bytes, " is less than one row (", row, " bytes)")));
+  const ModelConfig& c = s.kv->engine().config();
+  const DType dtype = s.kv->dtype();
+  form_ = options_.mode == MigrationMode::kReconstruct ? PolicyWireForm(*options_.policy)
+          : options_.mode == MigrationMode::kFullKv    ? options_.wire_form
+                                                       : WireForm::kPlain;
+  const int64_t least = MinChunkBytes(form_, c.n_kv_heads, c.head_dim, dtype);
+  if (options_.max_chunk_bytes < least) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("max_chunk_bytes ", options_.max_chunk_bytes, " is less than one ",
+                     form_ == WireForm::kPlain ? "row" : "token group", " in ",
+                     std::string(WireFormName(form_)), " (", least, " bytes)")));
   }
   // A store on a device copies its rows to host memory here, before the stream opens, so the
   // chunks read from memory and the time on the wire is the wire's.
@@ -57,17 +67,18 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
     h.set_policy_version(options_.policy->version);
     h.set_predictor_bank_sha256(options_.policy->predictor_bank_sha256);
   }
-  h.set_kv_dtype(DtypeToProto(s.kv->dtype()));
-  const std::vector<int32_t> layers =
-      SendOrder(options_.mode, s.kv->engine().config().n_layers, options_.policy);
+  h.set_kv_dtype(DtypeToProto(dtype));
+  if (options_.mode != MigrationMode::kTokenReplay) h.set_wire_form(WireFormToProto(form_));
+  const std::vector<int32_t> layers = SendOrder(options_.mode, c.n_layers, options_.policy);
   for (int32_t l : layers) h.add_layers(l);
   h.set_history_tokens(history);
   *h.mutable_session() = EncodeDecodingState(s.tokens, *s.sampler);
-  rows_per_chunk_ = RowsPerChunk(options_.max_chunk_bytes, row);
+  rows_per_chunk_ = RowsPerChunk(options_.max_chunk_bytes, form_, c.n_kv_heads, c.head_dim, dtype);
   const int64_t chunks_per_tensor =
       history == 0 ? 0 : (history + rows_per_chunk_ - 1) / rows_per_chunk_;
-  h.set_chunk_count(2 * chunks_per_tensor * static_cast<int64_t>(layers.size()));
-  h.set_kv_bytes(2 * history * row * static_cast<int64_t>(layers.size()));
+  const auto n_sent = static_cast<int64_t>(layers.size());
+  h.set_chunk_count(2 * chunks_per_tensor * n_sent);
+  h.set_kv_bytes(StreamKvBytes(form_, history, n_sent, c.n_kv_heads, c.head_dim, dtype));
   state_ = State::kAwaitAccepted;
   v1::MigrationFrame frame;
   *frame.mutable_handshake() = h;
@@ -118,16 +129,33 @@ absl::StatusOr<std::optional<v1::MigrationFrame>> MigrationSender::NextFrame() {
   }
   const int32_t layer = handshake_.layers(layer_index_);
   const int64_t n = std::min(rows_per_chunk_, history - first_row_);
-  const int64_t row = session_.kv->row_bytes();
+  const KvStore& kv = *session_.kv;
+  const int64_t row = kv.row_bytes();
   v1::KvChunk* c = frame.mutable_chunk();
-  // The rows are read straight into the frame: one copy per chunk.
   std::string* data = c->mutable_data();
-  data->resize(static_cast<size_t>(n * row));
-  if (auto st = session_.kv->ReadRows(layer, values_, first_row_, n,
-                                      reinterpret_cast<uint8_t*>(data->data()));
-      !st.ok()) {
-    return Fail(st);
+  if (form_ == WireForm::kPlain) {
+    // The rows are read straight into the frame: one copy per chunk.
+    data->resize(static_cast<size_t>(n * row));
+    if (auto st =
+            kv.ReadRows(layer, values_, first_row_, n, reinterpret_cast<uint8_t*>(data->data()));
+        !st.ok()) {
+      return Fail(st);
+    }
+  } else {
+    const ModelConfig& mc = kv.engine().config();
+    raw_.resize(static_cast<size_t>(n * row));
+    if (auto st = kv.ReadRows(layer, values_, first_row_, n, raw_.data()); !st.ok()) {
+      return Fail(st);
+    }
+    rows_.resize(static_cast<size_t>(n * mc.kv_width()));
+    if (kv.dtype() == DType::kF16) {
+      F16ToF32Row(reinterpret_cast<const uint16_t*>(raw_.data()), rows_.data(), n * mc.kv_width());
+    } else {
+      std::memcpy(rows_.data(), raw_.data(), raw_.size());
+    }
+    Encode(form_, values_, rows_.data(), first_row_, n, mc.n_kv_heads, mc.head_dim, data);
   }
+  const auto bytes = static_cast<int64_t>(data->size());
   c->set_sequence(sequence_++);
   c->set_layer(layer);
   c->set_values(values_);
@@ -136,9 +164,9 @@ absl::StatusOr<std::optional<v1::MigrationFrame>> MigrationSender::NextFrame() {
   const uint32_t crc = Crc32c({reinterpret_cast<const uint8_t*>(data->data()), data->size()});
   c->set_crc32c(crc);
   crc_of_crcs_ = ExtendWithCrc(crc_of_crcs_, crc);
-  bytes_ += n * row;
+  bytes_ += bytes;
   first_row_ += n;
-  if (options_.pace) options_.pace(n * row);
+  if (options_.pace) options_.pace(bytes);
   return frame;
 }
 

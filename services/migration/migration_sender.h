@@ -21,9 +21,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/engine/engine.h"
+#include "common/kvcodec/wire_form.h"
 #include "common/model/sampler.h"
 #include "common/recovery/retention_policy.h"
 #include "riskkv/v1/migration.pb.h"
@@ -43,7 +45,11 @@ struct SendOptions {
   MigrationMode mode = MigrationMode::kFullKv;
   std::string model_fingerprint;
   const RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
-  int64_t max_chunk_bytes = 256 << 10;      // payload bound of one chunk (>= one row)
+  // The form FULL_KV sends the rows in; RECONSTRUCT sends its policy's (PolicyWireForm) and
+  // TOKEN_REPLAY none.
+  WireForm wire_form = WireForm::kPlain;
+  // Payload bound of one chunk: at least one row (plain) or one token group (MinChunkBytes).
+  int64_t max_chunk_bytes = 256 << 10;
   // Called with each chunk's payload bytes before the chunk is handed out (the node's link
   // limit waits there); may be null.
   std::function<void(int64_t bytes)> pace;
@@ -76,14 +82,14 @@ class MigrationSender {
   MigrationSender(SessionView session, SendOptions options, HandOver* hand_over);
 
   // The first frame. InvalidArgument when the view is inconsistent (no store, sampler or tokens;
-  // not tokens - 1 or tokens rows; max_chunk_bytes under one row); FailedPrecondition for
+  // not tokens - 1 or tokens rows; max_chunk_bytes under MinChunkBytes); FailedPrecondition for
   // RECONSTRUCT without a policy; the store's error when its rows cannot be read
   // (KvStore::PrepareRead).
   absl::StatusOr<v1::MigrationFrame> Handshake();
   // A reply from the target: `accepted` in kAwaitAccepted, `resumed` in kAwaitResumed,
   // `committed` in kAwaitCommitted. Any other reply is FailedPrecondition ("out of protocol").
   absl::Status OnReply(const v1::ReceiveReply& reply);
-  // In kStreaming: the next chunk (rows read from the store), then the trailer; after the
+  // In kStreaming: the next chunk (rows read from the store, encoded), then the trailer; after the
   // trailer nullopt, and the sender waits for `resumed`. Errors reading the store are returned.
   absl::StatusOr<std::optional<v1::MigrationFrame>> NextFrame();
   // In kResumed: the commit frame; the session is withdrawn from service first.
@@ -95,6 +101,8 @@ class MigrationSender {
   State state() const { return state_; }
   // After Handshake / the matching replies.
   const v1::MigrationHandshake& handshake() const { return handshake_; }
+  // The form the chunks carry (plain for TOKEN_REPLAY), once the handshake was built.
+  WireForm wire_form() const { return form_; }
   const v1::HandshakeAccepted& accepted() const { return accepted_; }
   const v1::Resumed& resumed() const { return resumed_; }
   const std::string& target_session_id() const { return target_session_id_; }
@@ -115,6 +123,9 @@ class MigrationSender {
   bool values_ = false;
   int64_t first_row_ = 0;
   int64_t rows_per_chunk_ = 1;
+  WireForm form_ = WireForm::kPlain;
+  std::vector<uint8_t> raw_;  // a quantized chunk's rows as the store holds them
+  std::vector<float> rows_;   // and in f32, to encode
   int64_t sequence_ = 0;
   int64_t bytes_ = 0;
   uint32_t crc_of_crcs_ = 0;

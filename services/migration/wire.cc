@@ -30,8 +30,23 @@ std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers,
   return order;
 }
 
-int64_t RowsPerChunk(int64_t max_chunk_bytes, int64_t row_bytes) {
-  return std::max<int64_t>(1, max_chunk_bytes / row_bytes);
+int64_t ChunkRowUnit(WireForm form) { return form == WireForm::kPlain ? 1 : kTokenGroup; }
+
+int64_t MinChunkBytes(WireForm form, int64_t kv_heads, int64_t head_dim, DType dtype) {
+  const int64_t unit = ChunkRowUnit(form);
+  return std::max(EncodedBytes(form, false, 0, unit, kv_heads, head_dim, dtype),
+                  EncodedBytes(form, true, 0, unit, kv_heads, head_dim, dtype));
+}
+
+int64_t RowsPerChunk(int64_t max_chunk_bytes, WireForm form, int64_t kv_heads, int64_t head_dim,
+                     DType dtype) {
+  const int64_t unit_bytes = MinChunkBytes(form, kv_heads, head_dim, dtype);
+  return ChunkRowUnit(form) * std::max<int64_t>(1, max_chunk_bytes / unit_bytes);
+}
+
+int64_t StreamKvBytes(WireForm form, int64_t history, int64_t layers, int64_t kv_heads,
+                      int64_t head_dim, DType dtype) {
+  return layers * LayerWireBytes(form, history, kv_heads, head_dim, dtype);
 }
 
 uint32_t ExtendWithCrc(uint32_t acc, uint32_t crc) {
@@ -51,6 +66,34 @@ absl::StatusOr<DType> DtypeFromProto(v1::KvDtype d) {
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("kv_dtype ", static_cast<int>(d), " is not KV_F32 or KV_F16"));
+  }
+}
+
+v1::KvWireForm WireFormToProto(WireForm form) {
+  switch (form) {
+    case WireForm::kInt8:
+      return v1::KV_WIRE_INT8;
+    case WireForm::kInt4:
+      return v1::KV_WIRE_INT4;
+    case WireForm::kPlain:
+      break;
+  }
+  return v1::KV_WIRE_PLAIN;
+}
+
+absl::StatusOr<WireForm> WireFormFromProto(v1::KvWireForm form) {
+  switch (form) {
+    case v1::KV_WIRE_FORM_UNSPECIFIED:
+    case v1::KV_WIRE_PLAIN:
+      return WireForm::kPlain;
+    case v1::KV_WIRE_INT8:
+      return WireForm::kInt8;
+    case v1::KV_WIRE_INT4:
+      return WireForm::kInt4;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("wire form ", static_cast<int>(form),
+                       " is not one this node decodes (plain, int8, int4)"));
   }
 }
 

@@ -1,6 +1,6 @@
 // What both ends of a migration stream agree on (proto/riskkv/v1/migration.proto): the protocol
-// version, which layers a mode sends and in what order, how rows are cut into chunks, and how
-// the trailer's checksum over every chunk's CRC-32C is formed.
+// version, which layers a mode sends and in what order, the KV's wire form and how rows are cut
+// into chunks and counted, and how the trailer's checksum over every chunk's CRC-32C is formed.
 //
 // A session's state is its token ids, its sampler (parameters and RNG state) and the KV of every
 // token but the last: the last sampled token has not been fed yet, and feeding it is the target's
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kvcodec/kv_codec.h"
 #include "common/recovery/retention_policy.h"
 #include "kernels/dtype.h"
 #include "riskkv/v1/migration.pb.h"
@@ -18,6 +19,8 @@
 
 namespace riskkv {
 
+// Version 1 covers the wire forms: a sender that names none sends plain rows, and a target that
+// predates them refuses a quantized handshake before any KV moves (its byte count disagrees).
 inline constexpr uint32_t kMigrationProtocolVersion = 1;
 
 // The layers a mode sends, in sending order. RECONSTRUCT sends the policy's kept layers with the
@@ -26,8 +29,18 @@ inline constexpr uint32_t kMigrationProtocolVersion = 1;
 // FULL_KV sends every layer in ascending order; TOKEN_REPLAY none.
 std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers, const RetentionPolicy* policy);
 
-// Rows per chunk for a layer whose K (or V) row has `row_bytes` bytes.
-int64_t RowsPerChunk(int64_t max_chunk_bytes, int64_t row_bytes);
+// Rows per chunk: as many as fit max_chunk_bytes once encoded in `form` (rows of `dtype` for
+// plain), at least one; for the quantized forms a whole number of kTokenGroup-token groups, at
+// least one, so every chunk but a layer's last starts and ends on a group.
+int64_t RowsPerChunk(int64_t max_chunk_bytes, WireForm form, int64_t kv_heads, int64_t head_dim,
+                     DType dtype);
+// The smallest max_chunk_bytes RowsPerChunk honours: one row (plain) or one token group.
+int64_t MinChunkBytes(WireForm form, int64_t kv_heads, int64_t head_dim, DType dtype);
+// Rows a chunk holds at least, but for a layer's last: 1 (plain) or kTokenGroup.
+int64_t ChunkRowUnit(WireForm form);
+// KV bytes a stream of `layers` layers of `history` rows carries in `form`.
+int64_t StreamKvBytes(WireForm form, int64_t history, int64_t layers, int64_t kv_heads,
+                      int64_t head_dim, DType dtype);
 
 // The trailer's checksum: CRC-32C over the little-endian CRC-32C of every chunk, in order.
 uint32_t ExtendWithCrc(uint32_t acc, uint32_t chunk_crc);
@@ -35,5 +48,10 @@ uint32_t ExtendWithCrc(uint32_t acc, uint32_t chunk_crc);
 v1::KvDtype DtypeToProto(DType dtype);
 // InvalidArgument for anything but KV_F32 and KV_F16.
 absl::StatusOr<DType> DtypeFromProto(v1::KvDtype dtype);
+
+v1::KvWireForm WireFormToProto(WireForm form);
+// UNSPECIFIED (a sender that predates wire forms) reads as plain; InvalidArgument naming any
+// value this build does not know.
+absl::StatusOr<WireForm> WireFormFromProto(v1::KvWireForm form);
 
 }  // namespace riskkv

@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
   options.peer_credentials = *peer_credentials;
   options.model_fingerprint = *fingerprint;
   options.kv_dtype = *kv;
+  options.activations = absl::GetFlag(FLAGS_activations);
   options.capacity = absl::GetFlag(FLAGS_capacity);
   options.link_mbps = absl::GetFlag(FLAGS_link_mbps);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);

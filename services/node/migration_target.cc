@@ -67,9 +67,11 @@ grpc::Status ReceiveMigration(
     auto reply = rx.OnFrame(f);
     watchdog.Touch();
     if (!reply.ok()) {
-      if (rx.failure_reason() != "handshake") return fail(rx.failure_reason(), reply.status());
+      // A refused handshake (on any ground, its wire form included) moved no KV.
+      const std::string& reason = rx.failure_reason();
+      if (reason != "handshake" && reason != "wire_form") return fail(reason, reply.status());
       if (metrics) {
-        metrics->Failure("target", "handshake");
+        metrics->Failure("target", reason);
         metrics->Migration("target", rx.mode() ? MigrationModeName(*rx.mode()) : "unknown",
                            "refused", 0);
       }

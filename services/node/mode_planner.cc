@@ -65,7 +65,6 @@ double ModePlanner::measured_rebuild_seconds_per_token() const {
 
 ModePlan ModePlanner::Rank(const PlanInput& in) const {
   const auto history = static_cast<double>(in.history_tokens);
-  const auto row = static_cast<double>(in.row_bytes);
   // Each input: measured toward this target, measured here, configured, or assumed.
   const double link = options_.link_bytes_per_second;
   double rate = link > 0 ? link : kAssumedBytesPerSecond;
@@ -94,13 +93,13 @@ ModePlan ModePlanner::Rank(const PlanInput& in) const {
       }
     }
   }
-  const double full = 2 * history * row * static_cast<double>(in.n_layers) / rate;
+  const double full = static_cast<double>(in.full_kv_bytes) / rate;
   const double replay = history * prefill;
   std::vector<std::pair<double, MigrationMode>> est = {{full, MigrationMode::kFullKv},
                                                        {replay, MigrationMode::kTokenReplay}};
   double recon = -1;
-  if (in.kept_layers >= 0) {
-    recon = 2 * history * row * static_cast<double>(in.kept_layers) / rate + history * rebuild;
+  if (in.reconstruct_bytes >= 0) {
+    recon = static_cast<double>(in.reconstruct_bytes) / rate + history * rebuild;
     est.insert(est.begin(), {recon, MigrationMode::kReconstruct});
   }
   std::stable_sort(est.begin(), est.end(),

@@ -26,11 +26,12 @@ struct ModePlannerOptions {
 
 // What AUTO needs to know of the session and the policy.
 struct PlanInput {
-  int64_t history_tokens = 0;  // KV rows a full transfer sends per layer and per K or V
-  int64_t row_bytes = 0;       // one token's K (or V) of one layer on the wire
-  int64_t n_layers = 0;
-  int64_t kept_layers = -1;  // layers RECONSTRUCT sends; < 0: no policy, no RECONSTRUCT
-  std::string target;        // the target's address
+  int64_t history_tokens = 0;  // tokens a replay prefills and a rebuild predicts
+  // KV bytes each mode would send, in the wire form it would send them in (StreamKvBytes):
+  // FULL_KV every layer in the request's form, RECONSTRUCT the kept layers in its policy's.
+  int64_t full_kv_bytes = 0;
+  int64_t reconstruct_bytes = -1;  // < 0: no policy, no RECONSTRUCT
+  std::string target;              // the target's address
 };
 
 struct ModePlan {

@@ -8,6 +8,7 @@
 #include "common/base/stopwatch.h"
 #include "services/grpc_status.h"
 #include "services/migration/migration_sender.h"
+#include "services/migration/wire.h"
 #include "services/node/migration_source.h"
 #include "services/node/migration_target.h"
 #include "services/session_codec.h"
@@ -49,6 +50,13 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
 
 void NodeService::SetRetention(std::shared_ptr<const Retention> retention) {
   const double version = retention ? static_cast<double>(retention->policy.version) : 0;
+  if (retention && !retention->policy.arithmetic.empty() && !options_.activations.empty() &&
+      retention->policy.arithmetic != options_.activations) {
+    spdlog::warn(
+        "policy {} was measured with {} activations and this node serves with {}: its ΔNLL "
+        "figures do not describe this node's RECONSTRUCT",
+        retention->policy.Name(), retention->policy.arithmetic, options_.activations);
+  }
   if (retention && retention->bank &&
       (!retention->predictors || &retention->predictors->engine() != &engine_)) {
     // The bank is prepared for the engine once per version (on a GPU its maps go to the
@@ -225,6 +233,8 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   }
   MigrationMode mode = MigrationMode::kFullKv;
   std::string reason = "requested";
+  const absl::StatusOr<WireForm> full_kv_form = WireFormFromProto(req->wire_form());
+  if (!full_kv_form.ok()) return ToGrpc(full_kv_form.status());
   if (req->mode() != v1::AUTO) {
     auto m = FromProto(req->mode());
     if (!m.ok()) return ToGrpc(m.status());
@@ -238,12 +248,18 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   if (req->mode() == v1::AUTO) {
     const std::shared_ptr<const Retention> r = retention();
     const NodeSession& s = lease->session();
-    ModePlan plan =
-        planner_.Rank({.history_tokens = static_cast<int64_t>(s.tokens.size()) - 1,
-                       .row_bytes = s.kv->row_bytes(),
-                       .n_layers = engine_.config().n_layers,
-                       .kept_layers = r ? static_cast<int64_t>(r->policy.kept_layers.size()) : -1,
-                       .target = req->target_address()});
+    const ModelConfig& c = engine_.config();
+    const int64_t history = static_cast<int64_t>(s.tokens.size()) - 1;
+    auto bytes = [&](WireForm form, int64_t layers) {
+      return StreamKvBytes(form, history, layers, c.n_kv_heads, c.head_dim, s.kv->dtype());
+    };
+    ModePlan plan = planner_.Rank(
+        {.history_tokens = history,
+         .full_kv_bytes = bytes(*full_kv_form, c.n_layers),
+         .reconstruct_bytes = r ? bytes(PolicyWireForm(r->policy),
+                                        static_cast<int64_t>(r->policy.kept_layers.size()))
+                                : -1,
+         .target = req->target_address()});
     attempts = std::move(plan.modes);
     reason = std::move(plan.reason);
   } else {
@@ -259,7 +275,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   absl::Status status;
   for (MigrationMode m : attempts) {
     bool refused = false;
-    status = MigrateOnce(caller, *lease, *req, m, deadline, reply, &refused);
+    status = MigrateOnce(caller, *lease, *req, m, *full_kv_form, deadline, reply, &refused);
     if (status.ok()) {
       reply->set_mode(ToProto(m));
       reply->set_mode_reason(reason);
@@ -284,6 +300,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
 
 absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable::Lease& lease,
                                       const v1::MigrateRequest& req, MigrationMode mode,
+                                      WireForm full_kv_form,
                                       std::chrono::system_clock::time_point deadline,
                                       v1::MigrateReply* reply, bool* refused) {
   *refused = false;
@@ -299,6 +316,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
                          {.mode = mode,
                           .model_fingerprint = options_.model_fingerprint,
                           .policy = retention ? &retention->policy : nullptr,
+                          .wire_form = full_kv_form,
                           .max_chunk_bytes = options_.max_chunk_bytes,
                           .pace = [this](int64_t bytes) { link_.Acquire(bytes); }},
                          &hand_over);
@@ -315,9 +333,13 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
     const v1::MigrationHandshake& h = sender.handshake();
     reply->set_transfer_seconds(outcome.transfer_seconds);
     reply->set_kv_bytes_sent(h.kv_bytes());
+    reply->set_wire_form(h.wire_form());
     if (mode == MigrationMode::kReconstruct) {
-      reply->set_kv_bytes_omitted(2 * h.history_tokens() * s.kv->row_bytes() *
-                                  (engine_.config().n_layers - h.layers_size()));
+      // In the form the kept layers went in: what the policy saved, the form's own share aside.
+      const ModelConfig& c = engine_.config();
+      reply->set_kv_bytes_omitted(StreamKvBytes(sender.wire_form(), h.history_tokens(),
+                                                c.n_layers - h.layers_size(), c.n_kv_heads,
+                                                c.head_dim, s.kv->dtype()));
     }
     reply->set_rebuild_seconds(sender.resumed().rebuild_seconds());
     reply->set_recovery_seconds(sender.resumed().recovery_seconds());

@@ -27,8 +27,11 @@ struct NodeOptions {
   std::string model_fingerprint;
   std::shared_ptr<const Retention> retention;  // RECONSTRUCT needs one (see SetRetention)
   DType kv_dtype = DType::kF32;                // how sessions store KV on a CPU engine
-  int64_t capacity = 0;                        // KV rows per session (0: the model's context)
-  double link_mbps = 0;                        // sender-side rate limit (0: none)
+  // The node's activation precision ("int8" or "f32"; empty: not said): a policy whose ΔNLL was
+  // measured in another is logged as a warning when it is set.
+  std::string activations;
+  int64_t capacity = 0;  // KV rows per session (0: the model's context)
+  double link_mbps = 0;  // sender-side rate limit (0: none)
   int64_t max_chunk_bytes = 256 << 10;
   // A migration's deadline when the caller sets none; also the longest a Receive may run.
   double default_timeout_seconds = 120;
@@ -77,10 +80,10 @@ class NodeService final : public v1::Node::Service {
  private:
   void Fill(const std::string& id, const NodeSession& s, bool with_tokens,
             v1::SessionInfo* info) const;
-  // One attempt in `mode` over `lease`'s session. *refused when the target turned the
-  // handshake down (nothing moved).
+  // One attempt in `mode` over `lease`'s session, FULL_KV in `full_kv_form`. *refused when the
+  // target turned the handshake down (nothing moved).
   absl::Status MigrateOnce(grpc::ServerContext* caller, SessionTable::Lease& lease,
-                           const v1::MigrateRequest& req, MigrationMode mode,
+                           const v1::MigrateRequest& req, MigrationMode mode, WireForm full_kv_form,
                            std::chrono::system_clock::time_point deadline, v1::MigrateReply* reply,
                            bool* refused);
 

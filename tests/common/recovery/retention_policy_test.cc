@@ -56,6 +56,8 @@ RetentionPolicy EveryField() {
   p.history_tokens = 480;
   p.eval_tokens = 32;
   p.kv_dtype = "f16";
+  p.wire_form = "int8";
+  p.arithmetic = "int8";
   return p;
 }
 
@@ -80,6 +82,11 @@ TEST(RetentionPolicy, RoundTripsEveryFieldThroughProtoAndBytes) {
   EXPECT_EQ(back->path, p.path);
   EXPECT_EQ(back->test_delta_nll, p.test_delta_nll);
   EXPECT_EQ(back->kv_dtype, "f16");
+  EXPECT_EQ(back->wire_form, "int8");
+  EXPECT_EQ(back->arithmetic, "int8");
+  EXPECT_EQ(proto.wire_form(), "int8");
+  EXPECT_EQ(proto.arithmetic(), "int8");
+  EXPECT_EQ(PolicyWireForm(*back), WireForm::kInt8);
   EXPECT_EQ(back->history_tokens, 480);
   EXPECT_EQ(back->eval_tokens, 32);
   // And what the proto reads back as is what it was written from.
@@ -158,6 +165,8 @@ const Case kMalformed[] = {
     {"KV byte counts", [](RetentionPolicy* p) { p->kv_bytes_saved_per_token = 1 << 30; }},
     {"kv_dtype", [](RetentionPolicy* p) { p->kv_dtype = "bf16"; }},
     {"history_tokens", [](RetentionPolicy* p) { p->history_tokens = -1; }},
+    {"wire form 'int2'", [](RetentionPolicy* p) { p->wire_form = "int2"; }},
+    {"arithmetic 'bf16'", [](RetentionPolicy* p) { p->arithmetic = "bf16"; }},
 };
 
 TEST(RetentionPolicy, StructuralChecks) {
@@ -176,6 +185,12 @@ TEST(RetentionPolicy, StructuralChecks) {
   for (int l = 0; l < 30; ++l) exact.kept_layers.push_back(l);
   exact.kv_bytes_saved_per_token = 0;
   EXPECT_TRUE(exact.Validate(30).ok());
+  // An old policy names no wire form or arithmetic: plain, unknown.
+  RetentionPolicy old = Valid();
+  old.wire_form.clear();
+  old.arithmetic.clear();
+  EXPECT_TRUE(old.Validate(30).ok());
+  EXPECT_EQ(PolicyWireForm(old), WireForm::kPlain);
 }
 
 TEST(RetentionPolicy, MalformedPoliciesAreRefusedWhenRead) {

@@ -4,13 +4,16 @@
 // back on the source whenever the target does not confirm.
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/crc32c.h"
 #include "common/engine/cpu_engine.h"
+#include "common/kvcodec/kv_codec.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/rebuild.h"
 #include "services/migration/migration_receiver.h"
 #include "services/migration/migration_sender.h"
+#include "services/migration/wire.h"
 #include "tests/services/tiny_policy.h"
 #include "tests/test_paths.h"
 
@@ -41,10 +44,12 @@ struct CountingHandOver : HandOver {
 };
 
 SendOptions Options(MigrationMode mode, const std::string& fingerprint,
-                    const RetentionPolicy* policy, int64_t max_chunk_bytes) {
+                    const RetentionPolicy* policy, int64_t max_chunk_bytes,
+                    WireForm wire_form = WireForm::kPlain) {
   return {.mode = mode,
           .model_fingerprint = fingerprint,
           .policy = policy,
+          .wire_form = wire_form,
           .max_chunk_bytes = max_chunk_bytes,
           .pace = nullptr};
 }
@@ -91,9 +96,9 @@ class Migration : public ::testing::Test {
   }
 
   // A session that prefilled a 40-token prompt and generated `generated` tokens.
-  static Session Start(int generated, SamplingParams params = {}) {
+  static Session Start(int generated, SamplingParams params = {}, DType dtype = DType::kF32) {
     Session s;
-    s.kv = *engine_->NewStore(128, DType::kF32);
+    s.kv = *engine_->NewStore(128, dtype);
     s.sampler = *Sampler::Create(params);
     for (int i = 0; i < 40; ++i) s.tokens.push_back((i * 31 + 5) % 500);
     auto logits = engine_->Prefill(s.tokens, *s.kv);
@@ -120,9 +125,11 @@ class Migration : public ::testing::Test {
 
   // The handshake, chunks and trailer the sender emits (the target's `accepted` fed to it).
   static std::vector<v1::MigrationFrame> Frames(const Session& s, MigrationMode mode,
-                                                int64_t max_chunk_bytes = 1000) {
-    MigrationSender sender(s.View(), Options(mode, *fingerprint_, policy_, max_chunk_bytes),
-                           nullptr);
+                                                int64_t max_chunk_bytes = 1000,
+                                                WireForm wire_form = WireForm::kPlain,
+                                                const RetentionPolicy* policy = policy_) {
+    MigrationSender sender(
+        s.View(), Options(mode, *fingerprint_, policy, max_chunk_bytes, wire_form), nullptr);
     std::vector<v1::MigrationFrame> frames;
     auto h = sender.Handshake();
     EXPECT_TRUE(h.ok()) << h.status();
@@ -500,6 +507,238 @@ TEST_F(Migration, TheReceiverNamesWhyTheStreamEnded) {
   EXPECT_EQ(refused.failure_reason(), "handshake");
   ASSERT_TRUE(refused.mode().has_value());
   EXPECT_EQ(*refused.mode(), MigrationMode::kFullKv);
+}
+
+// Rows [0, n) of a layer's keys or values, as f32.
+std::vector<float> LayerRows(const KvStore& kv, int32_t layer, bool values, int64_t n) {
+  const KvCache& cache = static_cast<const CpuKvStore&>(kv).cache();
+  std::vector<float> rows(n * cache.width());
+  EXPECT_TRUE((values ? cache.ReadValues(layer, 0, n, rows.data())
+                      : cache.ReadKeys(layer, 0, n, rows.data()))
+                  .ok());
+  return rows;
+}
+
+// What a target holds for the source's rows sent in `form`: RoundTrip, stored in `dtype`.
+std::vector<float> Expected(std::vector<float> rows, WireForm form, bool values, int64_t n,
+                            const ModelConfig& c, DType dtype) {
+  EXPECT_TRUE(RoundTrip(form, values, rows.data(), 0, n, c.n_kv_heads, c.head_dim).ok());
+  if (dtype == DType::kF16) {
+    for (float& v : rows) v = F16ToF32(F32ToF16(v));
+  }
+  return rows;
+}
+
+TEST_F(Migration, QuantizedFullKvSendsEncodedBytesAndTheTargetHoldsRoundTrip) {
+  const ModelConfig& c = model_->config();
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    Session source = Start(60, {}, dtype);  // 99 history rows: three groups and 3 rows
+    const int64_t history = 99;
+    const auto plain = Frames(source, MigrationMode::kFullKv, 1000);
+    for (WireForm form : {WireForm::kInt8, WireForm::kInt4}) {
+      SCOPED_TRACE(std::string(WireFormName(form)) + " from " + DTypeName(dtype));
+      const int64_t group = MinChunkBytes(form, c.n_kv_heads, c.head_dim, dtype);
+      // One group per chunk, then every layer's tensor in one chunk.
+      for (int64_t max_chunk : {group, int64_t{1} << 20}) {
+        const auto frames = Frames(source, MigrationMode::kFullKv, max_chunk, form);
+        const auto& h = frames[0].handshake();
+        EXPECT_EQ(h.wire_form(), WireFormToProto(form));
+        EXPECT_EQ(h.history_tokens(), history);
+        EXPECT_EQ(h.kv_bytes(), 8 * LayerWireBytes(form, history, c.n_kv_heads, c.head_dim, dtype));
+        EXPECT_LT(h.kv_bytes(),
+                  plain[0].handshake().kv_bytes() / (form == WireForm::kInt8 ? 1 : 2));
+        EXPECT_EQ(h.chunk_count(), 8 * 2 * (max_chunk == group ? 4 : 1));
+        int64_t bytes = 0;
+        for (size_t i = 1; i + 1 < frames.size(); ++i) {
+          const v1::KvChunk& k = frames[i].chunk();
+          EXPECT_EQ(k.first_token() % kTokenGroup, 0);
+          EXPECT_TRUE(k.token_count() % kTokenGroup == 0 ||
+                      k.first_token() + k.token_count() == history);
+          EXPECT_EQ(static_cast<int64_t>(k.data().size()),
+                    EncodedBytes(form, k.values(), k.first_token(), k.token_count(), c.n_kv_heads,
+                                 c.head_dim, dtype));
+          EXPECT_LE(static_cast<int64_t>(k.data().size()), max_chunk);
+          EXPECT_EQ(k.crc32c(),
+                    Crc32c({reinterpret_cast<const uint8_t*>(k.data().data()), k.data().size()}));
+          bytes += static_cast<int64_t>(k.data().size());
+        }
+        EXPECT_EQ(bytes, h.kv_bytes());
+        auto resumed = Receive(frames);
+        ASSERT_TRUE(resumed.ok()) << resumed.status();
+        EXPECT_EQ(resumed->figures.kv_bytes_received, h.kv_bytes());
+        for (int32_t layer = 0; layer < 8; ++layer) {
+          for (bool values : {false, true}) {
+            const std::vector<float> want = Expected(LayerRows(*source.kv, layer, values, history),
+                                                     form, values, history, c, dtype);
+            EXPECT_EQ(LayerRows(*resumed->session.kv, layer, values, history), want)
+                << "layer " << layer << (values ? " values" : " keys");
+          }
+        }
+        Session moved = FromResumed(std::move(resumed->session));
+        Continue(moved, 8);  // the session decodes on
+        EXPECT_EQ(moved.tokens.size(), source.tokens.size() + 9);
+      }
+    }
+  }
+}
+
+TEST_F(Migration, ReconstructSendsThePolicysWireFormAndRebuildsFromDequantizedAnchors) {
+  const ModelConfig& c = model_->config();
+  RetentionPolicy int8 = *policy_;
+  int8.wire_form = "int8";
+  Session source = Start(60);
+  const int64_t history = 99;
+  // The request's form is FULL_KV's: RECONSTRUCT sends the policy's whatever it says.
+  const auto frames = Frames(source, MigrationMode::kReconstruct, 1 << 20, WireForm::kInt4, &int8);
+  const auto& h = frames[0].handshake();
+  EXPECT_EQ(h.wire_form(), v1::KV_WIRE_INT8);
+  EXPECT_EQ(h.kv_bytes(),
+            4 * LayerWireBytes(WireForm::kInt8, history, c.n_kv_heads, c.head_dim, DType::kF32));
+  TargetContext ctx = Target();
+  ctx.policy = &int8;
+  auto resumed = Receive(frames, ctx);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  // The target's cache: the kept layers as RoundTrip gives them, the rebuilt ones predicted from
+  // those dequantized anchors.
+  auto expect = *CacheOf(*source.kv).Clone();
+  for (int32_t layer : int8.kept_layers) {
+    for (bool values : {false, true}) {
+      std::vector<float> rows = Expected(LayerRows(*source.kv, layer, values, history),
+                                         WireForm::kInt8, values, history, c, DType::kF32);
+      ASSERT_TRUE((values ? expect->WriteValues(layer, 0, history, rows.data())
+                          : expect->WriteKeys(layer, 0, history, rows.data()))
+                      .ok());
+    }
+  }
+  for (const FoldedGroup& g : (*bank_)->groups()) {
+    ASSERT_TRUE(RebuildGroup(*expect, g, c, model_->backend(), 0, history).ok());
+  }
+  KvCache& got = CacheOf(*resumed->session.kv);
+  std::vector<float> a(history * c.kv_width()), b(a.size());
+  for (int32_t layer = 0; layer < 8; ++layer) {
+    ASSERT_TRUE(expect->ReadKeys(layer, 0, history, a.data()).ok());
+    ASSERT_TRUE(got.ReadKeys(layer, 0, history, b.data()).ok());
+    EXPECT_EQ(a, b) << "keys of layer " << layer;
+    ASSERT_TRUE(expect->ReadValues(layer, 0, history, a.data()).ok());
+    ASSERT_TRUE(got.ReadValues(layer, 0, history, b.data()).ok());
+    EXPECT_EQ(a, b) << "values of layer " << layer;
+  }
+  EXPECT_NE(LayerRows(*resumed->session.kv, 0, false, history),
+            LayerRows(*source.kv, 0, false, history))
+      << "int8 anchors are not the exact rows";
+}
+
+TEST_F(Migration, BadWireFormsAreRefusedNamingThemAndNothingIsApplied) {
+  const ModelConfig& c = model_->config();
+  Session s = Start(60);
+  const auto good = Frames(s, MigrationMode::kFullKv, 1 << 20, WireForm::kInt8);
+  // Each case runs on a fresh receiver; a failure must leave nothing resumed or adopted.
+  auto expect = [&](std::vector<v1::MigrationFrame> frames, absl::StatusCode code,
+                    const std::string& needle, const std::string& reason,
+                    TargetContext ctx = Target()) {
+    bool adopted = false;
+    ctx.adopt = [&](ResumedSession) -> absl::StatusOr<std::string> {
+      adopted = true;
+      return std::string("x");
+    };
+    MigrationReceiver r(ctx);
+    frames.emplace_back().mutable_commit();
+    absl::Status st;
+    for (const auto& f : frames) {
+      auto reply = r.OnFrame(f);
+      if (!reply.ok()) {
+        st = reply.status();
+        break;
+      }
+    }
+    EXPECT_EQ(st.code(), code) << needle << ": " << st;
+    EXPECT_NE(st.message().find(needle), std::string_view::npos) << st;
+    EXPECT_EQ(r.failure_reason(), reason) << needle;
+    EXPECT_EQ(r.resumed(), nullptr);
+    EXPECT_FALSE(adopted);
+    EXPECT_FALSE(r.committed());
+  };
+  auto recrc = [](v1::KvChunk* k) {
+    k->set_crc32c(Crc32c({reinterpret_cast<const uint8_t*>(k->data().data()), k->data().size()}));
+  };
+  // Key channel 5 of the first group: its f16 scale (bytes 20-21) NaN, then +inf; the CRC
+  // recomputed, so only the decoder can tell.
+  for (auto [bits, shows] : {std::pair<uint16_t, const char*>{0x7e00, "scale nan"},
+                             std::pair<uint16_t, const char*>{0x7c00, "scale inf"}}) {
+    auto f = good;
+    std::string* d = f[1].mutable_chunk()->mutable_data();
+    (*d)[20] = static_cast<char>(bits & 0xff);
+    (*d)[21] = static_cast<char>(bits >> 8);
+    recrc(f[1].mutable_chunk());
+    expect(f, absl::StatusCode::kInvalidArgument, shows, "bad_chunk");
+    expect(f, absl::StatusCode::kInvalidArgument, "channel 5 of the token group at 0", "bad_chunk");
+  }
+  auto f = good;  // one byte too many for its form, CRC intact
+  f[1].mutable_chunk()->mutable_data()->push_back('\0');
+  recrc(f[1].mutable_chunk());
+  expect(f, absl::StatusCode::kInvalidArgument,
+         absl::StrCat(f[1].chunk().data().size(), " bytes for 99 rows in int8; ",
+                      f[1].chunk().data().size() - 1, " expected"),
+         "bad_chunk");
+
+  // Chunks off their token groups: cut after 40 rows, or started at row 16.
+  const auto cut = Frames(s, MigrationMode::kFullKv, 1 << 20, WireForm::kInt8);
+  f = cut;
+  {
+    v1::KvChunk* k = f[1].mutable_chunk();
+    std::vector<float> rows = LayerRows(*s.kv, k->layer(), k->values(), 40);
+    Encode(WireForm::kInt8, k->values(), rows.data(), 0, 40, c.n_kv_heads, c.head_dim,
+           k->mutable_data());
+    k->set_token_count(40);
+    recrc(k);
+  }
+  expect(f, absl::StatusCode::kInvalidArgument, "int8 chunks hold whole 32-token groups",
+         "bad_chunk");
+  f = cut;
+  f[1].mutable_chunk()->set_first_token(16);
+  f[1].mutable_chunk()->set_token_count(83);
+  expect(f, absl::StatusCode::kInvalidArgument, "83 rows from row 16", "bad_chunk");
+
+  // Handshakes: a form this node does not know, one the policy was not calibrated for, and a
+  // form on TOKEN_REPLAY.
+  f = good;
+  f[0].mutable_handshake()->set_wire_form(static_cast<v1::KvWireForm>(7));
+  expect(f, absl::StatusCode::kFailedPrecondition, "wire form 7 is not one this node decodes",
+         "wire_form");
+  RetentionPolicy int8 = *policy_;
+  int8.wire_form = "int8";
+  const auto recon = Frames(s, MigrationMode::kReconstruct, 1 << 20, WireForm::kPlain, &int8);
+  EXPECT_TRUE(Receive(recon,
+                      [&] {
+                        TargetContext ctx = Target();
+                        ctx.policy = &int8;
+                        return ctx;
+                      }())
+                  .ok());
+  // The same stream to a target whose policy is plain: refused before any KV.
+  expect(recon, absl::StatusCode::kFailedPrecondition,
+         "wire form int8 is not the plain that policy tiny v3 was calibrated for", "wire_form");
+  f = recon;
+  f[0].mutable_handshake()->set_wire_form(v1::KV_WIRE_INT4);
+  TargetContext int8_target = Target();
+  int8_target.policy = &int8;
+  expect(f, absl::StatusCode::kFailedPrecondition,
+         "wire form int4 is not the int8 that policy tiny v3 was calibrated for", "wire_form",
+         int8_target);
+  f = Frames(s, MigrationMode::kTokenReplay);
+  f[0].mutable_handshake()->set_wire_form(v1::KV_WIRE_INT8);
+  expect(f, absl::StatusCode::kInvalidArgument, "TOKEN_REPLAY sends no KV", "handshake");
+
+  // A sender whose chunk bound is under one token group refuses before anything is sent.
+  const int64_t group = MinChunkBytes(WireForm::kInt4, c.n_kv_heads, c.head_dim, DType::kF32);
+  MigrationSender small(
+      s.View(), Options(MigrationMode::kFullKv, *fingerprint_, nullptr, group - 1, WireForm::kInt4),
+      nullptr);
+  const absl::Status st = small.Handshake().status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("less than one token group in int4"), std::string::npos) << st;
+
+  EXPECT_TRUE(Receive(good).ok()) << "the good stream still goes through";
 }
 
 }  // namespace

@@ -6,12 +6,12 @@
 namespace riskkv {
 namespace {
 
-// 1000 history tokens of 256-byte rows over 30 layers: 15.36 MB for FULL_KV.
+// 1000 history tokens of 256-byte rows over 30 layers: 15.36 MB for FULL_KV, 21 layers for
+// RECONSTRUCT.
 PlanInput Input(int64_t kept = 21) {
   return {.history_tokens = 1000,
-          .row_bytes = 256,
-          .n_layers = 30,
-          .kept_layers = kept,
+          .full_kv_bytes = 2 * 1000 * 256 * 30,
+          .reconstruct_bytes = kept < 0 ? -1 : 2 * 1000 * 256 * kept,
           .target = "b:7070"};
 }
 
@@ -68,6 +68,19 @@ TEST(ModePlanner, PinnedSpeedsStayPinned) {
   planner.MeasurePeer("b:7070", 1e6, 1.0, 5, 5);
   EXPECT_EQ(planner.measured_prefill_seconds_per_token(), 0);
   EXPECT_NE(planner.Rank(Input()).reason.find("token_replay 1 s"), std::string::npos);
+}
+
+TEST(ModePlanner, EstimatesTheBytesOfTheFormEachModeSends) {
+  // At 100 Mbit/s plain FULL_KV (1.2288 s) loses to RECONSTRUCT (0.86016 + 0.15 s); int8 FULL_KV
+  // (228480 of 368640 bytes per layer at SmolLM2's shape: 0.762 s) wins.
+  ModePlanner planner({.link_bytes_per_second = 12.5e6});
+  EXPECT_EQ(planner.Rank(Input()).modes.front(), MigrationMode::kReconstruct);
+  PlanInput int8 = Input();
+  int8.full_kv_bytes =
+      static_cast<int64_t>(static_cast<double>(int8.full_kv_bytes) * 228480 / 368640);
+  const ModePlan plan = planner.Rank(int8);
+  EXPECT_EQ(plan.modes.front(), MigrationMode::kFullKv);
+  EXPECT_NE(plan.reason.find("full_kv 0.76"), std::string::npos) << plan.reason;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "common/engine/cpu_engine.h"
 #include "common/model/model_fingerprint.h"
 #include "services/grpc_status.h"
+#include "services/migration/wire.h"
 #include "services/node/node_service.h"
 #include "tests/services/tiny_policy.h"
 #include "tests/test_paths.h"
@@ -689,6 +690,113 @@ TEST_F(Nodes, BadRequestsGetPreciseStatusesAndHarmNothing) {
             grpc::StatusCode::INVALID_ARGUMENT);
   // Everything still works.
   EXPECT_TRUE(Generate(*a, StartSession(*a), 2).ok());
+}
+
+// The policy of retention_ calibrated for `form`, with the same bank.
+std::shared_ptr<const Retention> RetentionIn(const std::shared_ptr<const Retention>& r,
+                                             const std::string& form) {
+  RetentionPolicy p = r->policy;
+  p.wire_form = form;
+  auto made = MakeRetention(std::move(p), r->bank);
+  EXPECT_TRUE(made.ok()) << made.status();
+  return *made;
+}
+
+TEST_F(Nodes, QuantizedWireFormsMoveFewerBytesAndTheSessionDecodesOn) {
+  const std::shared_ptr<const Retention> int8 = RetentionIn(*retention_, "int8");
+  auto with_int8 = [&](NodeOptions& o) { o.retention = int8; };
+  auto a = Start(false, 0, 3e-3, with_int8), b = Start(false, 0, 3e-3, with_int8);
+  const ModelConfig& c = a->engine->config();
+  std::vector<int32_t> x;
+  for (int i = 0; i < 16; ++i) x.push_back((i * 97 + 13) % 500);
+  for (auto mode : {v1::FULL_KV, v1::RECONSTRUCT}) {
+    SCOPED_TRACE(v1::MigrationMode_Name(mode));
+    const std::string stay = StartSession(*a), move = StartSession(*a);
+    ASSERT_TRUE(Generate(*a, stay, 5).ok());
+    ASSERT_TRUE(Generate(*a, move, 5).ok());
+    const double ref = Score(*a, stay, x);
+    const int64_t history = 30 + 5 - 1;
+    v1::MigrateReply reply;
+    grpc::ClientContext ctx;
+    v1::MigrateRequest req;
+    req.set_session_id(move);
+    req.set_target_address(b->address);
+    req.set_mode(mode);
+    // FULL_KV's form; RECONSTRUCT sends the policy's int8 whatever the request says.
+    req.set_wire_form(mode == v1::FULL_KV ? v1::KV_WIRE_INT8 : v1::KV_WIRE_INT4);
+    const grpc::Status s = a->stub->Migrate(&ctx, req, &reply);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(reply.mode(), mode);
+    EXPECT_EQ(reply.wire_form(), v1::KV_WIRE_INT8);
+    const int64_t layers = mode == v1::FULL_KV ? c.n_layers : 4;
+    EXPECT_EQ(reply.kv_bytes_sent(), StreamKvBytes(WireForm::kInt8, history, layers, c.n_kv_heads,
+                                                   c.head_dim, DType::kF32));
+    EXPECT_LT(reply.kv_bytes_sent(), StreamKvBytes(WireForm::kPlain, history, layers, c.n_kv_heads,
+                                                   c.head_dim, DType::kF32) /
+                                         3);
+    EXPECT_EQ(reply.kv_bytes_omitted(), mode == v1::FULL_KV
+                                            ? 0
+                                            : StreamKvBytes(WireForm::kInt8, history, 4,
+                                                            c.n_kv_heads, c.head_dim, DType::kF32));
+    // The moved session continues: its continuation's NLL close to the exact one, but not it.
+    const double moved = Score(*b, reply.target_session_id(), x);
+    std::fprintf(stderr, "%s int8: continuation NLL %.5f vs %.5f exact\n",
+                 v1::MigrationMode_Name(mode).c_str(), moved, ref);
+    EXPECT_NE(moved, ref);
+    EXPECT_LT(std::abs(moved - ref), 0.1 * ref);
+    EXPECT_EQ(Tokens(*b, reply.target_session_id()), Tokens(*a, stay));
+    auto more = Generate(*b, reply.target_session_id(), 12);
+    ASSERT_TRUE(more.ok()) << more.status();
+    EXPECT_EQ(more->size(), 12u);
+  }
+  EXPECT_NE(a->Metrics().find("riskkv_migrations_total{mode=\"reconstruct\",model=\"tiny\","
+                              "outcome=\"ok\",role=\"source\"} 1"),
+            std::string::npos)
+      << a->Metrics();
+}
+
+TEST_F(Nodes, AHandshakeInAFormThePolicyDoesNotAllowIsRefusedAndCounted) {
+  // A follows an int8 policy, B the same version calibrated plain.
+  const std::shared_ptr<const Retention> int8 = RetentionIn(*retention_, "int8");
+  auto a = Start(false, 0, 3e-3, [&](NodeOptions& o) { o.retention = int8; });
+  auto b = Start(true);
+  const std::string id = StartSession(*a);
+  ASSERT_TRUE(Generate(*a, id, 3).ok());
+  const std::vector<int32_t> before = Tokens(*a, id);
+  v1::MigrateReply reply;
+  grpc::Status s = Migrate(*a, id, *b, v1::RECONSTRUCT, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("wire form int8 is not the plain that policy tiny v3 was "
+                                   "calibrated for"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_NE(b->Metrics().find("reason=\"wire_form\",role=\"target\"} 1"), std::string::npos)
+      << b->Metrics();
+  EXPECT_NE(a->Metrics().find("reason=\"handshake_refused\",role=\"source\"} 1"),
+            std::string::npos);
+  // Nothing moved: the session is on A as it was, B serves nothing, and both keep serving.
+  EXPECT_EQ(Tokens(*a, id), before);
+  EXPECT_NE(b->Metrics().find("riskkv_active_sessions{model=\"tiny\"} 0"), std::string::npos);
+  ASSERT_TRUE(Generate(*a, id, 2).ok());
+  // With fallback the same request runs FULL_KV, in its own (plain) form.
+  reply.Clear();
+  s = Migrate(*a, id, *b, v1::RECONSTRUCT, &reply, /*fallback=*/true);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.mode(), v1::FULL_KV);
+  EXPECT_EQ(reply.wire_form(), v1::KV_WIRE_PLAIN);
+  EXPECT_NE(reply.mode_reason().find("wire form int8"), std::string::npos) << reply.mode_reason();
+  // A request naming a form this node does not know is refused before anything starts.
+  const std::string other = StartSession(*a);
+  grpc::ClientContext ctx;
+  v1::MigrateRequest req;
+  req.set_session_id(other);
+  req.set_target_address(b->address);
+  req.set_mode(v1::FULL_KV);
+  req.set_wire_form(static_cast<v1::KvWireForm>(9));
+  s = a->stub->Migrate(&ctx, req, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("wire form 9"), std::string::npos) << s.error_message();
+  ASSERT_TRUE(Generate(*a, other, 1).ok());
 }
 
 }  // namespace
