@@ -81,7 +81,8 @@ class Backend {
 // the names of the missing features, so callers can refuse with a message instead of SIGILL.
 std::string MissingCpuFeatures();
 
-// The multi-threaded Eigen CPU backend. threads <= 0 means all hardware threads.
+// The multi-threaded, batch-invariant CPU backend (kernels/cpu/fixed_order.h). threads <= 0 means
+// all hardware threads.
 std::unique_ptr<Backend> MakeCpuBackend(int threads,
                                         ActivationPrecision precision = ActivationPrecision::kF32);
 
