@@ -68,7 +68,7 @@ absl::StatusOr<RetentionPolicy> PolicyFromProto(const v1::RetentionPolicy& proto
   }
   for (const v1::PathPoint& pt : proto.path()) {
     p.path.push_back({pt.groups(), pt.kv_omitted_fraction(), FromProto(pt.delta_nll()),
-                      pt.gate_statistic(), pt.passed()});
+                      pt.gate_statistic(), pt.passed(), pt.wire_form(), pt.kv_sent_fraction()});
   }
   p.kv_bytes_per_token = proto.kv_bytes_per_token();
   p.kv_bytes_saved_per_token = proto.kv_bytes_saved_per_token();
@@ -113,6 +113,8 @@ v1::RetentionPolicy PolicyToProto(const RetentionPolicy& p) {
     ToProto(pt.delta_nll, point->mutable_delta_nll());
     point->set_gate_statistic(pt.gate_statistic);
     point->set_passed(pt.passed);
+    point->set_wire_form(pt.wire_form);
+    point->set_kv_sent_fraction(pt.kv_sent_fraction);
   }
   out.set_kv_bytes_per_token(p.kv_bytes_per_token);
   out.set_kv_bytes_saved_per_token(p.kv_bytes_saved_per_token);

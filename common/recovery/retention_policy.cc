@@ -63,6 +63,19 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
   if (!wire_form.empty()) {
     if (auto f = ParseWireForm(wire_form); !f.ok()) return bad(std::string(f.status().message()));
   }
+  for (size_t i = 0; i < path.size(); ++i) {
+    const PathPoint& pt = path[i];
+    if (!pt.wire_form.empty()) {
+      if (auto f = ParseWireForm(pt.wire_form); !f.ok()) {
+        return bad(absl::StrCat("path point ", i, ": ", f.status().message()));
+      }
+    }
+    const auto fraction = [](double f) { return f >= 0.0 && f <= 1.0; };  // false for NaN
+    if (!fraction(pt.kv_omitted_fraction) || !fraction(pt.kv_sent_fraction)) {
+      return bad(absl::StrCat("path point ", i, ": KV fractions ", pt.kv_omitted_fraction, " and ",
+                              pt.kv_sent_fraction, " must be within [0, 1]"));
+    }
+  }
   if (!arithmetic.empty() && arithmetic != "int8" && arithmetic != "f32") {
     return bad("arithmetic '" + arithmetic + "' is not int8 or f32");
   }

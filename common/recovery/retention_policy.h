@@ -34,13 +34,16 @@ struct RetentionPolicy {
     bool operator==(const GroupRisk&) const = default;
   };
 
-  // One configuration on the ordered path, measured on the selection (validation) requests.
+  // One configuration on the ordered path, measured on the selection (validation) requests: the
+  // first `groups` groups of the risk ranking rebuilt, the kept layers sent in `wire_form`.
   struct PathPoint {
-    int32_t groups = 0;                // the first `groups` groups of the risk ranking rebuilt
-    double kv_omitted_fraction = 0.0;  // of the KV bytes, not sent
+    int32_t groups = 0;
+    double kv_omitted_fraction = 0.0;  // of the layers' KV, not sent
     DeltaNll delta_nll;
-    double gate_statistic = 0.0;  // what the gate compared with epsilon
-    bool passed = false;          // within the gate's budget
+    double gate_statistic = 0.0;    // what the gate compared with epsilon
+    bool passed = false;            // within the gate's budget
+    std::string wire_form;          // "plain", "int8" or "int4"; empty reads as plain
+    double kv_sent_fraction = 0.0;  // bytes sent, as a share of every layer's KV in the KV dtype
 
     bool operator==(const PathPoint&) const = default;
   };

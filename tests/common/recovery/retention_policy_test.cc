@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -50,7 +51,9 @@ RetentionPolicy EveryField() {
        .kv_omitted_fraction = 4.0 / 30,
        .delta_nll = {.mean = 0.0036, .ci_low = 0.0012, .ci_high = 0.0061, .requests = 32},
        .gate_statistic = 0.0057,
-       .passed = false},
+       .passed = false,
+       .wire_form = "int4",
+       .kv_sent_fraction = 0.24},
   };
   p.test_delta_nll = {.mean = 0.0009, .ci_low = -0.0004, .ci_high = 0.0022, .requests = 128};
   p.history_tokens = 480;
@@ -167,6 +170,10 @@ const Case kMalformed[] = {
     {"history_tokens", [](RetentionPolicy* p) { p->history_tokens = -1; }},
     {"wire form 'int2'", [](RetentionPolicy* p) { p->wire_form = "int2"; }},
     {"arithmetic 'bf16'", [](RetentionPolicy* p) { p->arithmetic = "bf16"; }},
+    {"path point 0: wire form 'q3'", [](RetentionPolicy* p) { p->path[0].wire_form = "q3"; }},
+    {"path point 0: KV fractions", [](RetentionPolicy* p) { p->path[0].kv_sent_fraction = 1.5; }},
+    {"path point 0: KV fractions",
+     [](RetentionPolicy* p) { p->path[0].kv_omitted_fraction = std::nan(""); }},
 };
 
 TEST(RetentionPolicy, StructuralChecks) {
