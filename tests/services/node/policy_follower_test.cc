@@ -348,22 +348,31 @@ TEST_F(Follower, RefusesBankBytesThatAreCorruptOrDoNotHashToTheirName) {
 }
 
 TEST_F(Follower, RefusesAMalformedVersionBeforeFetchingItsBank) {
-  RetentionPolicy p = tiny_->policy;
-  p.version = 1;
-  p.kept_layers.push_back(1);  // both kept and rebuilt
-  FakeControl fake(p, *bank_bytes_);
-  std::string address;
-  auto server = Serve(fake, &address);
-  auto w = Follow(Options(address));
-  w->follower->Start();
-  ASSERT_TRUE(w->WaitFor([&] {
-    return w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"rejected\"} 1");
-  }));
-  EXPECT_EQ(w->follower->version(), 0u);
-  EXPECT_EQ(fake.bank_requests, 0);
-  w->follower->Stop();
-  server->Shutdown(std::chrono::system_clock::now());
-  EXPECT_FALSE(fs::exists(dir_ / "cache" / "policies" / "tiny.pb"));
+  // A layer both kept and rebuilt, a wire form no node decodes, and one in the measured path.
+  const std::vector<std::function<void(RetentionPolicy&)>> malformations = {
+      [](RetentionPolicy& p) { p.kept_layers.push_back(1); },
+      [](RetentionPolicy& p) { p.wire_form = "int3"; },
+      [](RetentionPolicy& p) { p.path.push_back({.groups = 1, .wire_form = "bf8"}); },
+  };
+  for (size_t i = 0; i < malformations.size(); ++i) {
+    SCOPED_TRACE(i);
+    RetentionPolicy p = tiny_->policy;
+    p.version = 1;
+    malformations[i](p);
+    FakeControl fake(p, *bank_bytes_);
+    std::string address;
+    auto server = Serve(fake, &address);
+    auto w = Follow(Options(address));
+    w->follower->Start();
+    ASSERT_TRUE(w->WaitFor([&] {
+      return w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"rejected\"} 1");
+    }));
+    EXPECT_EQ(w->follower->version(), 0u);
+    EXPECT_EQ(fake.bank_requests, 0);
+    w->follower->Stop();
+    server->Shutdown(std::chrono::system_clock::now());
+    EXPECT_FALSE(fs::exists(dir_ / "cache" / "policies" / "tiny.pb"));
+  }
 }
 
 TEST_F(Follower, ACorruptCacheIsReportedAndHealedFromTheControlPlane) {
