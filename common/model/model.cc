@@ -88,6 +88,12 @@ absl::Status Model::Forward(std::span<const int32_t> tokens, KvCache& cache,
                             const ForwardOptions& options, std::vector<float>* logits) {
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run");
   RETURN_IF_ERROR(CheckTokens(tokens, cache));
+  if (options.first_layer < 0 || options.first_layer >= config_.n_layers ||
+      (options.first_layer > 0) != (options.first_hidden != nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first_layer ", options.first_layer, " of ", config_.n_layers,
+                     " layers needs first_hidden exactly when it is above 0"));
+  }
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (logits != nullptr) logits->assign((options.all_logits ? n : 1) * config_.vocab, 0.0f);
   for (int64_t start = 0; start < n; start += kMicroBatch) {
@@ -96,13 +102,16 @@ absl::Status Model::Forward(std::span<const int32_t> tokens, KvCache& cache,
     float* out = nullptr;
     if (logits != nullptr && options.all_logits) out = logits->data() + start * config_.vocab;
     if (logits != nullptr && !options.all_logits && last_batch) out = logits->data();
-    ForwardBatch(tokens.subspan(start, m), cache, options, options.all_logits, out);
+    const float* hidden =
+        options.first_hidden == nullptr ? nullptr : options.first_hidden + start * config_.hidden;
+    ForwardBatch(tokens.subspan(start, m), cache, options, hidden, options.all_logits, out);
   }
   return absl::OkStatus();
 }
 
 void Model::ForwardBatch(std::span<const int32_t> tokens, KvCache& cache,
-                         const ForwardOptions& options, bool all_logits, float* logits) {
+                         const ForwardOptions& options, const float* hidden, bool all_logits,
+                         float* logits) {
   const ModelConfig& c = config_;
   Backend& be = *backend_;
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -117,9 +126,14 @@ void Model::ForwardBatch(std::span<const int32_t> tokens, KvCache& cache,
   const RopeParams rope = c.rope();
   const float eps = static_cast<float>(c.rms_eps);
 
-  be.Embed(token_embedding_, tokens.data(), n, x.data());
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  if (hidden != nullptr) {
+    std::copy(hidden, hidden + n * c.hidden, x.begin());
+  } else {
+    be.Embed(token_embedding_, tokens.data(), n, x.data());
+  }
+  for (int64_t l = options.first_layer; l < c.n_layers; ++l) {
     const Layer& w = layers_[l];
+    if (options.residual_hook) options.residual_hook(l, pos0, n, x.data());
     be.RmsNorm(x.data(), n, c.hidden, w.attn_norm.data(), eps, xn.data());
     if (options.attn_input_hook) options.attn_input_hook(l, pos0, n, xn.data());
     be.MatMul(xn.data(), n, w.wq, w.bq.empty() ? nullptr : w.bq.data(), q.data());

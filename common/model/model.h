@@ -31,9 +31,21 @@ struct ModelOptions {
 using AttnInputHook =
     std::function<void(int64_t layer, int64_t pos0, int64_t n, const float* attn_in)>;
 
+// Receives, for one layer, the residual stream entering it (the hidden state before its input
+// RMSNorm) for positions [pos0, pos0 + n): x is [n, hidden] f32, valid only during the call.
+using ResidualHook = std::function<void(int64_t layer, int64_t pos0, int64_t n, const float* x)>;
+
 struct ForwardOptions {
   bool all_logits = false;        // logits for every new token instead of only the last one
   AttnInputHook attn_input_hook;  // optional calibration capture
+  ResidualHook residual_hook;     // optional calibration capture
+  // Calibration's shortcut when only layers [first_layer, n_layers) can differ from a pass
+  // already run: start at first_layer from first_hidden ([n_tokens, hidden] f32, the residual
+  // stream entering first_layer for these tokens, as residual_hook saw it) instead of embedding
+  // the tokens. The layers below are not run, and their KV rows for these positions are left
+  // as they were. 0 (with first_hidden null) runs every layer.
+  int64_t first_layer = 0;
+  const float* first_hidden = nullptr;
 };
 
 struct NllResult {
@@ -94,9 +106,10 @@ class Model {
   struct Layer;
   Model();
   absl::Status CheckTokens(std::span<const int32_t> tokens, const KvCache& cache) const;
-  // One micro-batch; out_rows selects which rows' logits are produced (all or last).
+  // One micro-batch; out_rows selects which rows' logits are produced (all or last). hidden,
+  // when not null, is the batch's residual stream entering options.first_layer.
   void ForwardBatch(std::span<const int32_t> tokens, KvCache& cache, const ForwardOptions& options,
-                    bool all_logits, float* logits);
+                    const float* hidden, bool all_logits, float* logits);
 
   ModelConfig config_;
   std::unique_ptr<ModelFiles> files_;

@@ -1,6 +1,7 @@
 // Fitting group predictors and measuring NLL with rebuilt KV.
 #include "common/recovery/calibration.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -15,33 +16,36 @@
 namespace riskkv {
 namespace {
 
-// Runs a request's history with exact KV, collecting features of every group and the attention
-// inputs of every target layer.
-struct HistoryData {
-  std::vector<std::vector<float>> features;  // per group, [history, F]
-  std::vector<std::vector<float>> attn_in;   // per layer, [history, hidden] (targets only)
-};
-
-absl::Status CollectHistory(Model& model, const Request& r, std::span<const LayerGroup> groups,
-                            HistoryData* out) {
+// Runs a request's history with exact KV and adds its rows to every group's moments: the
+// group's features as x, its targets' attention inputs side by side as y.
+absl::Status AddHistory(Model& model, const Request& r, std::span<const LayerGroup> groups,
+                        std::vector<RidgeMoments>& moments) {
   const ModelConfig& c = model.config();
   ASSIGN_OR_RETURN(auto cache, model.NewKvCache(r.history));
-  out->attn_in.assign(c.n_layers, {});
-  std::vector<bool> wanted(c.n_layers, false);
+  std::vector<std::vector<float>> attn_in(c.n_layers);  // [history, hidden], targets only
   for (const LayerGroup& g : groups) {
-    for (int32_t l : g.targets) wanted[l] = true;
+    for (int32_t l : g.targets) attn_in[l].resize(r.history * c.hidden);
   }
   ForwardOptions options;
-  options.attn_input_hook = [&](int64_t layer, int64_t, int64_t n, const float* a) {
-    if (wanted[layer]) out->attn_in[layer].insert(out->attn_in[layer].end(), a, a + n * c.hidden);
+  options.attn_input_hook = [&](int64_t layer, int64_t pos0, int64_t n, const float* a) {
+    if (!attn_in[layer].empty()) std::copy(a, a + n * c.hidden, &attn_in[layer][pos0 * c.hidden]);
   };
   RETURN_IF_ERROR(
       model.Forward(std::span<const int32_t>(r.tokens).first(r.history), *cache, options, nullptr));
-  out->features.clear();
-  for (const LayerGroup& g : groups) {
-    std::vector<float> f(r.history * FeatureWidth(g, c.kv_width()));
-    RETURN_IF_ERROR(BuildFeatures(*cache, g, c, model.backend(), 0, r.history, f.data()));
-    out->features.push_back(std::move(f));
+  std::vector<float> x, y;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& targets = groups[g].targets;
+    x.resize(r.history * FeatureWidth(groups[g], c.kv_width()));
+    RETURN_IF_ERROR(BuildFeatures(*cache, groups[g], c, model.backend(), 0, r.history, x.data()));
+    const int64_t d = static_cast<int64_t>(targets.size()) * c.hidden;
+    y.resize(r.history * d);
+    for (int64_t i = 0; i < r.history; ++i) {
+      for (size_t t = 0; t < targets.size(); ++t) {
+        const float* src = &attn_in[targets[t]][i * c.hidden];
+        std::copy(src, src + c.hidden, &y[i * d + t * c.hidden]);
+      }
+    }
+    RETURN_IF_ERROR(moments[g].Add(x.data(), y.data(), r.history));
   }
   return absl::OkStatus();
 }
@@ -82,49 +86,39 @@ absl::StatusOr<std::vector<GroupFit>> FitGroups(Model& model, std::span<const Re
   RETURN_IF_ERROR(CheckRequests(validation, c));
   RETURN_IF_ERROR(
       ValidateGroups({groups.begin(), groups.end()}, static_cast<int32_t>(c.n_layers), {}));
-  // Concatenate every request's history rows: features per group, attention inputs per layer.
-  auto gather = [&](std::span<const Request> reqs, HistoryData* all, int64_t* done,
-                    int64_t total) -> absl::Status {
-    all->features.assign(groups.size(), {});
-    all->attn_in.assign(c.n_layers, {});
-    for (const Request& r : reqs) {
-      HistoryData one;
-      RETURN_IF_ERROR(CollectHistory(model, r, groups, &one));
-      for (size_t g = 0; g < groups.size(); ++g) {
-        all->features[g].insert(all->features[g].end(), one.features[g].begin(),
-                                one.features[g].end());
-      }
-      for (int64_t l = 0; l < c.n_layers; ++l) {
-        all->attn_in[l].insert(all->attn_in[l].end(), one.attn_in[l].begin(), one.attn_in[l].end());
-      }
-      if (progress) progress(++*done, total);
-    }
-    return absl::OkStatus();
-  };
   int64_t target_count = 0;
-  for (const LayerGroup& g : groups) target_count += static_cast<int64_t>(g.targets.size());
+  std::vector<RidgeMoments> tr, va;
+  for (const LayerGroup& g : groups) {
+    const auto t = static_cast<int64_t>(g.targets.size());
+    target_count += t;
+    tr.emplace_back(FeatureWidth(g, c.kv_width()), t * c.hidden);
+    va.emplace_back(FeatureWidth(g, c.kv_width()), t * c.hidden);
+  }
   const int64_t total = static_cast<int64_t>(train.size() + validation.size()) + target_count;
   int64_t done = 0;
-  HistoryData tr, va;
-  RETURN_IF_ERROR(gather(train, &tr, &done, total));
-  RETURN_IF_ERROR(gather(validation, &va, &done, total));
+  for (const Request& r : train) {
+    RETURN_IF_ERROR(AddHistory(model, r, groups, tr));
+    if (progress) progress(++done, total);
+  }
+  for (const Request& r : validation) {
+    RETURN_IF_ERROR(AddHistory(model, r, groups, va));
+    if (progress) progress(++done, total);
+  }
 
   std::vector<GroupFit> fits;
   for (size_t g = 0; g < groups.size(); ++g) {
-    const int64_t f = FeatureWidth(groups[g], c.kv_width());
-    const int64_t n_train = static_cast<int64_t>(tr.features[g].size()) / f;
-    const int64_t n_val = static_cast<int64_t>(va.features[g].size()) / f;
     GroupFit fit{groups[g], {}};
-    for (int32_t layer : groups[g].targets) {
-      ASSIGN_OR_RETURN(RidgeResult ridge,
-                       FitRidge({tr.features[g].data(), tr.attn_in[layer].data(), n_train},
-                                {va.features[g].data(), va.attn_in[layer].data(), n_val}, f,
-                                c.hidden, DefaultRidgeGrid()));
-      ASSIGN_OR_RETURN(LayerFit folded, FoldIntoProjections(ridge, f, layer, model));
+    for (size_t t = 0; t < groups[g].targets.size(); ++t) {
+      ASSIGN_OR_RETURN(RidgeResult ridge, FitRidge(tr[g], va[g], static_cast<int64_t>(t) * c.hidden,
+                                                   c.hidden, DefaultRidgeGrid()));
+      ASSIGN_OR_RETURN(LayerFit folded,
+                       FoldIntoProjections(ridge, tr[g].f(), groups[g].targets[t], model));
       fit.layers.push_back(std::move(folded));
       if (progress) progress(++done, total);
     }
     fits.push_back(std::move(fit));
+    tr[g] = RidgeMoments(0, 0);
+    va[g] = RidgeMoments(0, 0);
   }
   return fits;
 }
@@ -161,22 +155,12 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
   int64_t done = 0;
   const int64_t total = static_cast<int64_t>(requests.size() * n_configs);
   for (size_t r = 0; r < requests.size(); ++r) {
-    const Request& req = requests[r];
-    const auto tokens = std::span<const int32_t>(req.tokens);
-    ASSIGN_OR_RETURN(auto exact, model.NewKvCache(static_cast<int64_t>(req.tokens.size())));
-    if (req.moved_rows() > 0) {
-      RETURN_IF_ERROR(model.Prefill(tokens.first(req.moved_rows()), *exact).status());
-    }
-    ASSIGN_OR_RETURN(auto work, exact->Clone());
+    ASSIGN_OR_RETURN(std::unique_ptr<RequestScorer> scorer,
+                     RequestScorer::Create(model, requests[r]));
     for (size_t k = 0; k < n_configs; ++k) {
-      RETURN_IF_ERROR(work->CopyFrom(*exact));
-      RETURN_IF_ERROR(apply(k, r, *exact, *work));
-      // What a migration target does next: decode the last history token over the moved (and
-      // rebuilt) rows; its logits score the first eval token.
-      ASSIGN_OR_RETURN(std::vector<float> last, model.Decode(tokens[req.moved_rows()], *work));
-      ASSIGN_OR_RETURN(NllResult res,
-                       model.TeacherForcedNll(tokens.subspan(req.history), *work, last));
-      nll[k][r] = res.mean;
+      ASSIGN_OR_RETURN(KvCache * work, scorer->NextConfiguration());
+      RETURN_IF_ERROR(apply(k, r, scorer->exact(), *work));
+      ASSIGN_OR_RETURN(nll[k][r], scorer->Score());
       if (progress) progress(++done, total);
     }
   }

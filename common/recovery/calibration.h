@@ -13,19 +13,9 @@
 #include "common/model/model.h"
 #include "common/recovery/folded_map.h"
 #include "common/recovery/layer_group.h"
+#include "common/recovery/request_scorer.h"
 
 namespace riskkv {
-
-// A session of `history` tokens when it migrates, followed by `eval` tokens scored. As in a
-// migration, the KV rows of all but the last history token are what moves (and what a
-// configuration rebuilds); the target then decodes the last history token over those rows, so
-// every eval token, the first included, sees the configuration.
-struct Request {
-  std::vector<int32_t> tokens;
-  int64_t history = 0;
-
-  int64_t moved_rows() const { return history - 1; }
-};
 
 // Cuts consecutive, non-overlapping windows of history + eval tokens (at most max_requests; 0
 // means as many as fit).
@@ -46,7 +36,8 @@ absl::StatusOr<std::vector<GroupFit>> FitGroups(Model& model, std::span<const Re
 // Per-request NLL of the eval tokens for each configuration. configs[c] lists indices into
 // `groups` (the groups rebuilt over the history for that configuration; empty = exact KV).
 // Returns nll[c][r], the mean NLL over request r's eval tokens. Every configuration of a request
-// starts from the same exact prefill, so differences are paired.
+// starts from the same exact prefill, so differences are paired; each pass starts at the lowest
+// layer the configuration changes (see RequestScorer), bit-identical to a full pass.
 absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
     Model& model, std::span<const Request> requests, std::span<const FoldedGroup> groups,
     std::span<const std::vector<int>> configs, const Progress& progress = {});

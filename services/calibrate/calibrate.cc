@@ -196,20 +196,33 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     p.kv_fraction = static_cast<double>(p.layers) / n_layers;
     res.path.push_back(std::move(p));
   }
-  // Fills `field` of every path point; returns the requests' exact NLLs.
+  // Fills `field` of every path point; returns the requests' exact NLLs. On the selection
+  // requests the exact NLLs are the singleton phase's, so the path skips the exact pass, and its
+  // first point (the least risky singleton) must reproduce that phase's figures bit for bit.
   auto measure_path = [&](std::span<const Request> reqs, const char* phase,
-                          Measured PathPointResult::*field) -> absl::StatusOr<std::vector<double>> {
+                          Measured PathPointResult::*field,
+                          bool selection) -> absl::StatusOr<std::vector<double>> {
     auto b = bar(phase);
-    ASSIGN_OR_RETURN(auto v, MeasureNll(model, reqs, folded, configs, b->Callback()));
+    const auto measured = std::span<const std::vector<int>>(configs).subspan(selection ? 1 : 0);
+    ASSIGN_OR_RETURN(auto v, MeasureNll(model, reqs, folded, measured, b->Callback()));
+    if (selection) {
+      if (v[0] != singleton_nll[res.ranking[0] + 1]) {
+        return absl::InternalError(absl::StrCat(
+            "the path's first point on the selection requests differs from the singleton "
+            "measurement of ",
+            res.groups[res.ranking[0]].ToString(), ": the forward pass is not deterministic"));
+      }
+      v.insert(v.begin(), singleton_nll[0]);
+    }
     for (int k = 0; k < G; ++k) {
       ASSIGN_OR_RETURN(res.path[k].*field, Summarize(v[k + 1], v[0], o));
     }
     return v[0];
   };
-  RETURN_IF_ERROR(measure_path(val, "path", &PathPointResult::validation).status());
+  RETURN_IF_ERROR(measure_path(val, "path", &PathPointResult::validation, true).status());
   clock.End("path");
   if (o.confirm > 0) {
-    RETURN_IF_ERROR(measure_path(confirm, "confirm", &PathPointResult::confirm).status());
+    RETURN_IF_ERROR(measure_path(confirm, "confirm", &PathPointResult::confirm, false).status());
     clock.End("confirm");
   }
 
@@ -228,7 +241,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   res.chosen = res.gates[static_cast<int>(o.gate)].decision.chosen;
 
   ASSIGN_OR_RETURN(const std::vector<double> test_exact,
-                   measure_path(test, "test", &PathPointResult::test));
+                   measure_path(test, "test", &PathPointResult::test, false));
   ASSIGN_OR_RETURN(res.test_exact, Summarize(test_exact, test_exact, o));
   clock.End("test");
 

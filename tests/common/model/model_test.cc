@@ -104,6 +104,69 @@ TEST(Model, AttentionInputHookSeesEveryLayerAndPosition) {
   for (int64_t l = 0; l < layers; ++l) EXPECT_EQ(seen[l], 21) << "layer " << l;
 }
 
+TEST(Model, StartingAtALayerFromItsResidualStreamMatchesTheFullPass) {
+  auto m = LoadOrDie(Tiny("tiny_llama_deep.gguf"));
+  ASSERT_NE(m, nullptr);
+  const ModelConfig& c = m->config();
+  ASSERT_GE(c.n_layers, 3);
+  std::vector<int32_t> history(40), next(24);
+  for (size_t i = 0; i < history.size(); ++i) history[i] = static_cast<int32_t>(i * 7 % 90 + 1);
+  for (size_t i = 0; i < next.size(); ++i) next[i] = static_cast<int32_t>(i * 13 % 80 + 2);
+  auto full = m->NewKvCache(64);
+  ASSERT_TRUE(m->Prefill(history, **full).ok());
+  auto partial = (*full)->Clone();
+  ASSERT_TRUE(partial.ok());
+
+  // The full pass over `next`, keeping every layer's residual stream.
+  std::vector<std::vector<float>> residual(c.n_layers);
+  ForwardOptions options;
+  options.all_logits = true;
+  options.residual_hook = [&](int64_t layer, int64_t pos0, int64_t n, const float* x) {
+    EXPECT_EQ(pos0, static_cast<int64_t>(history.size()));
+    residual[layer].insert(residual[layer].end(), x, x + n * c.hidden);
+  };
+  std::vector<float> full_logits;
+  ASSERT_TRUE(m->Forward(next, **full, options, &full_logits).ok());
+
+  const int64_t first = 2;
+  ForwardOptions from;
+  from.all_logits = true;
+  from.first_layer = first;
+  from.first_hidden = residual[first].data();
+  int64_t hooked = 0;
+  from.residual_hook = [&](int64_t layer, int64_t, int64_t, const float*) {
+    EXPECT_GE(layer, first);
+    ++hooked;
+  };
+  std::vector<float> partial_logits;
+  ASSERT_TRUE(m->Forward(next, **partial, from, &partial_logits).ok());
+  EXPECT_EQ(hooked, c.n_layers - first);
+  EXPECT_EQ(partial_logits, full_logits);  // bit for bit
+  EXPECT_EQ((*partial)->n_tokens(), (*full)->n_tokens());
+  const int64_t w = (*full)->width(), rows = static_cast<int64_t>(next.size());
+  for (int64_t l = first; l < c.n_layers; ++l) {
+    std::vector<float> a(rows * w), b(rows * w);
+    ASSERT_TRUE((*full)->ReadKeys(l, history.size(), rows, a.data()).ok());
+    ASSERT_TRUE((*partial)->ReadKeys(l, history.size(), rows, b.data()).ok());
+    EXPECT_EQ(a, b) << "keys of layer " << l;
+    ASSERT_TRUE((*full)->ReadValues(l, history.size(), rows, a.data()).ok());
+    ASSERT_TRUE((*partial)->ReadValues(l, history.size(), rows, b.data()).ok());
+    EXPECT_EQ(a, b) << "values of layer " << l;
+  }
+
+  // A start layer needs its hidden state, and only a start layer above 0 takes one.
+  ASSERT_TRUE((*partial)->SetTokens(history.size()).ok());
+  for (auto [layer, hidden] : std::vector<std::pair<int64_t, const float*>>{
+           {first, nullptr}, {0, residual[0].data()}, {-1, nullptr}, {c.n_layers, nullptr}}) {
+    ForwardOptions bad;
+    bad.first_layer = layer;
+    bad.first_hidden = hidden;
+    EXPECT_EQ(m->Forward(next, **partial, bad, nullptr).code(), absl::StatusCode::kInvalidArgument)
+        << "first_layer " << layer;
+  }
+  EXPECT_EQ((*partial)->n_tokens(), static_cast<int64_t>(history.size()));
+}
+
 TEST(Model, RejectsBadTokensAndOverlongPrompts) {
   auto m = LoadOrDie(Tiny("tiny_llama.gguf"));
   ASSERT_NE(m, nullptr);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "common/base/status_macros.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/predictor_bank.h"
 #include "tests/test_paths.h"
@@ -80,6 +81,102 @@ TEST(Calibration, ExactConfigurationMatchesPlainScoringAndRebuildIsPaired) {
   const std::vector<std::vector<int>> bad = {{7}};
   EXPECT_FALSE(MeasureNll(m, all.subspan(4), (*bank)->groups(), bad).ok());
   EXPECT_FALSE(FitGroups(m, {}, {}, *groups).ok());
+}
+
+// Configurations that change chosen layers' moved rows by a fixed perturbation.
+absl::Status Perturb(const std::vector<int64_t>& layers, int64_t rows, KvCache& cache) {
+  std::vector<float> k(rows * cache.width()), v(k.size());
+  for (int64_t l : layers) {
+    RETURN_IF_ERROR(cache.ReadKeys(l, 0, rows, k.data()));
+    RETURN_IF_ERROR(cache.ReadValues(l, 0, rows, v.data()));
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] += 0.3f * std::sin(0.7f * i + l);
+      v[i] *= 1.0f + 0.2f * std::cos(0.3f * i);
+    }
+    RETURN_IF_ERROR(cache.WriteKeys(l, 0, rows, k.data()));
+    RETURN_IF_ERROR(cache.WriteValues(l, 0, rows, v.data()));
+  }
+  return absl::OkStatus();
+}
+
+// The full pass a migration target runs, every layer from the start.
+double FullPassNll(Model& m, const Request& req, const std::vector<int64_t>& layers) {
+  auto cache = m.NewKvCache(req.tokens.size());
+  const auto tokens = std::span<const int32_t>(req.tokens);
+  EXPECT_TRUE(m.Prefill(tokens.first(req.moved_rows()), **cache).ok());
+  EXPECT_TRUE(Perturb(layers, req.moved_rows(), **cache).ok());
+  auto last = m.Decode(tokens[req.moved_rows()], **cache);
+  EXPECT_TRUE(last.ok());
+  auto nll = m.TeacherForcedNll(tokens.subspan(req.history), **cache, *last);
+  EXPECT_TRUE(nll.ok()) << nll.status();
+  return nll.ok() ? nll->mean : NAN;
+}
+
+// Scores `configs` of `req` through MeasureNllWith and checks each against a full pass.
+void ExpectFullPassResults(Model& m, const Request& req,
+                           const std::vector<std::vector<int64_t>>& configs) {
+  auto nll = MeasureNllWith(m, std::span<const Request>(&req, 1), configs.size(),
+                            [&](size_t k, size_t, const KvCache&, KvCache& work) {
+                              return Perturb(configs[k], req.moved_rows(), work);
+                            });
+  ASSERT_TRUE(nll.ok()) << nll.status();
+  for (size_t k = 0; k < configs.size(); ++k) {
+    EXPECT_EQ((*nll)[k][0], FullPassNll(m, req, configs[k])) << "configuration " << k;
+  }
+}
+
+TEST(RequestScorer, StartsAtTheLowestChangedLayerAndMatchesFullPassesBitForBit) {
+  auto model = Model::Load((testing::TestdataDir() / "tiny_llama_deep.gguf").string(),
+                           {.threads = 2, .activations = ActivationPrecision::kF32});
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  ASSERT_EQ(m.config().n_layers, 8);
+  std::vector<int32_t> tokens(80);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 29 + 3) % 300);
+  const Request req = MakeRequests(tokens, 50, 30, 1).at(0);
+  // Each configuration starts from the exact pass or the previous configuration, whichever
+  // agrees on more layers; repeats cost nothing.
+  const std::vector<std::vector<int64_t>> configs = {{}, {5}, {2}, {2, 5}, {2, 5}, {}, {6}, {1, 6}};
+  const std::vector<int64_t> layers_run = {8, 3, 6, 3, 0, 0, 2, 7};
+  auto scorer = RequestScorer::Create(m, req);
+  ASSERT_TRUE(scorer.ok()) << scorer.status();
+  for (size_t k = 0; k < configs.size(); ++k) {
+    const int64_t before = (*scorer)->layers_run();
+    auto work = (*scorer)->NextConfiguration();
+    ASSERT_TRUE(work.ok());
+    ASSERT_TRUE(Perturb(configs[k], req.moved_rows(), **work).ok());
+    auto nll = (*scorer)->Score();
+    ASSERT_TRUE(nll.ok()) << nll.status();
+    EXPECT_EQ(*nll, FullPassNll(m, req, configs[k])) << "configuration " << k;
+    EXPECT_EQ((*scorer)->layers_run() - before, layers_run[k]) << "configuration " << k;
+  }
+  EXPECT_EQ((*scorer)->Score().status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // Without the exact configuration the first one runs in full, the next from it.
+  auto chain = RequestScorer::Create(m, req);
+  ASSERT_TRUE(chain.ok());
+  for (const auto& [config, run] :
+       std::vector<std::pair<std::vector<int64_t>, int64_t>>{{{3}, 8}, {{3, 5}, 3}}) {
+    const int64_t before = (*chain)->layers_run();
+    auto work = (*chain)->NextConfiguration();
+    ASSERT_TRUE(work.ok());
+    ASSERT_TRUE(Perturb(config, req.moved_rows(), **work).ok());
+    auto nll = (*chain)->Score();
+    ASSERT_TRUE(nll.ok());
+    EXPECT_EQ(*nll, FullPassNll(m, req, config));
+    EXPECT_EQ((*chain)->layers_run() - before, run);
+  }
+}
+
+TEST(RequestScorer, SmolLM2ScoresAcrossMicroBatchesMatchFullPasses) {
+  // 300 scored tokens span two of the model's 256-token micro-batches, so the saved stream is
+  // read back at the right offsets.
+  auto model = Model::Load(testing::DefaultModelPath().string(),
+                           {.threads = 2, .activations = ActivationPrecision::kF32});
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<int32_t> tokens(333);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 97 + 5) % 20000);
+  ExpectFullPassResults(**model, MakeRequests(tokens, 33, 300, 1).at(0), {{}, {20}, {20, 9}, {28}});
 }
 
 }  // namespace

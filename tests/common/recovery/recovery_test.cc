@@ -2,6 +2,7 @@
 // folding into the K/V projections, and rebuilding real SmolLM2 layers from their anchors.
 #include <gtest/gtest.h>
 
+#include <Eigen/Dense>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +99,105 @@ TEST(Ridge, RejectsBadInput) {
   EXPECT_FALSE(FitRidge(five, {}, 2, 1, std::vector<double>{-1.0}).ok());
   x[3] = NAN;
   EXPECT_FALSE(FitRidge(five, {}, 2, 1, DefaultRidgeGrid()).ok());
+}
+
+// An independent ridge fit from rows held in memory: explicit centring, one linear solve per
+// lambda (no eigendecomposition), the validation error from explicit predictions.
+struct ReferenceRidge {
+  Eigen::MatrixXd w;  // [d, f]
+  Eigen::VectorXd b;
+  double lambda = 0.0, mse = 0.0;
+};
+ReferenceRidge FitReference(const Eigen::MatrixXd& x, const Eigen::MatrixXd& y,
+                            const Eigen::MatrixXd& xv, const Eigen::MatrixXd& yv) {
+  const Eigen::RowVectorXd xm = x.colwise().mean(), ym = y.colwise().mean();
+  const Eigen::MatrixXd xc = x.rowwise() - xm, yc = y.rowwise() - ym;
+  const Eigen::MatrixXd gram = xc.transpose() * xc;
+  const double scale = gram.trace() / x.cols();
+  ReferenceRidge best;
+  best.mse = INFINITY;
+  for (double lambda : DefaultRidgeGrid()) {
+    const Eigen::MatrixXd a = gram + lambda * scale * Eigen::MatrixXd::Identity(x.cols(), x.cols());
+    const Eigen::MatrixXd wt = a.ldlt().solve(xc.transpose() * yc);
+    const Eigen::RowVectorXd b = ym - xm * wt;
+    const double mse = ((xv * wt).rowwise() + b - yv).squaredNorm() / yv.size();
+    if (mse < best.mse) best = {wt.transpose(), b.transpose(), lambda, mse};
+  }
+  return best;
+}
+
+TEST(Ridge, StreamedMomentsMatchAnIndependentFitOfTheRows) {
+  // Features far from zero (keys have large offsets) stress the centring; targets in two
+  // column blocks fitted separately from one set of moments; noise picks a middle lambda.
+  const int64_t f = 24, d = 6, n = 300, nv = 120;
+  std::mt19937 rng(11);
+  std::normal_distribution<double> normal;
+  Eigen::MatrixXd w_true(d, f);
+  for (auto& v : w_true.reshaped()) v = normal(rng) * 0.3;
+  auto make = [&](int64_t rows, Eigen::MatrixXd* x, Eigen::MatrixXd* y) {
+    *x = Eigen::MatrixXd(rows, f);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t c = 0; c < f; ++c) x->coeffRef(i, c) = 40.0 + c + (1 + c % 5) * normal(rng);
+    }
+    *y = (*x) * w_true.transpose();
+    for (auto& v : y->reshaped()) v = static_cast<float>(v + 2.0 * normal(rng));
+    *x = x->cast<float>().cast<double>();  // the rows as the f32 the fit reads
+    *y = y->cast<float>().cast<double>();
+  };
+  Eigen::MatrixXd x, y, xv, yv;
+  make(n, &x, &y);
+  make(nv, &xv, &yv);
+  using RowF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const RowF xf = x.cast<float>(), yf = y.cast<float>(), xvf = xv.cast<float>(),
+             yvf = yv.cast<float>();
+  RidgeMoments train(f, d), val(f, d);
+  const std::vector<int64_t> cuts = {0, 7, 100, 251, n};  // uneven batches
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    ASSERT_TRUE(
+        train.Add(xf.data() + cuts[i] * f, yf.data() + cuts[i] * d, cuts[i + 1] - cuts[i]).ok());
+  }
+  ASSERT_TRUE(val.Add(xvf.data(), yvf.data(), 50).ok());
+  ASSERT_TRUE(val.Add(xvf.data() + 50 * f, yvf.data() + 50 * d, nv - 50).ok());
+  EXPECT_EQ(train.n(), n);
+
+  for (auto [begin, count] : {std::pair<int64_t, int64_t>{0, 4}, {4, 2}}) {
+    const ReferenceRidge ref =
+        FitReference(x, y.middleCols(begin, count), xv, yv.middleCols(begin, count));
+    ASSERT_NE(ref.lambda, DefaultRidgeGrid().front());  // the choice is a real one
+    ASSERT_NE(ref.lambda, DefaultRidgeGrid().back());
+    auto fit = FitRidge(train, val, begin, count, DefaultRidgeGrid());
+    ASSERT_TRUE(fit.ok()) << fit.status();
+    EXPECT_EQ(fit->lambda, ref.lambda);
+    // Rounding only: the two differ in summation order and in how they solve.
+    EXPECT_NEAR(fit->validation_mse, ref.mse, 1e-9 * ref.mse);
+    for (int64_t r = 0; r < count; ++r) {
+      EXPECT_NEAR(fit->b[r], ref.b[r], 1e-8 * std::abs(ref.b[r]) + 1e-9) << r;
+      for (int64_t c = 0; c < f; ++c) {
+        EXPECT_NEAR(fit->w[r * f + c], ref.w(r, c), 1e-8) << r << "," << c;
+      }
+    }
+  }
+  // The rows-in-memory form is the same fit.
+  auto rows =
+      FitRidge({xf.data(), yf.data(), n}, {xvf.data(), yvf.data(), nv}, f, d, DefaultRidgeGrid());
+  auto all = FitRidge(train, val, 0, d, DefaultRidgeGrid());
+  ASSERT_TRUE(rows.ok() && all.ok());
+  EXPECT_EQ(rows->lambda, all->lambda);
+  for (int64_t i = 0; i < d * f; ++i) EXPECT_NEAR(rows->w[i], all->w[i], 1e-9) << i;
+}
+
+TEST(Ridge, MomentsRejectBadInput) {
+  RidgeMoments m(2, 1), other(3, 1);
+  std::vector<float> x = {1, 2, 3, 4, 5, 7}, y = {1, 2, 4};
+  ASSERT_TRUE(m.Add(x.data(), y.data(), 3).ok());
+  x[1] = INFINITY;
+  EXPECT_FALSE(m.Add(x.data(), y.data(), 3).ok());
+  EXPECT_EQ(m.n(), 3);                                                          // nothing added
+  EXPECT_TRUE(FitRidge(m, RidgeMoments(2, 1), 0, 1, DefaultRidgeGrid()).ok());  // on train
+  EXPECT_FALSE(FitRidge(m, other, 0, 1, DefaultRidgeGrid()).ok());              // widths
+  EXPECT_FALSE(FitRidge(m, m, 0, 2, DefaultRidgeGrid()).ok());                  // columns
+  EXPECT_FALSE(FitRidge(m, m, -1, 1, DefaultRidgeGrid()).ok());
+  EXPECT_FALSE(FitRidge(RidgeMoments(2, 1), m, 0, 1, DefaultRidgeGrid()).ok());  // no rows
 }
 
 std::unique_ptr<Model> Load(const std::filesystem::path& path) {
