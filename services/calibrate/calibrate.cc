@@ -10,9 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/kvcodec/kv_codec.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/rebuild.h"
+#include "common/recovery/wire_apply.h"
 #include "services/calibrate/paired_stats.h"
 #include "services/progress.h"
 
@@ -98,6 +100,8 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   }
 
   ASSIGN_OR_RETURN(res.fingerprint, ModelFingerprint(model));
+  res.arithmetic =
+      model.backend().activation_precision() == ActivationPrecision::kInt8 ? "int8" : "f32";
   clock.End("fingerprint");
 
   // 1. Corpus and requests.
@@ -184,37 +188,78 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   });
   clock.End("singleton");
 
-  // 4. The ordered path, on validation, confirmation and test requests.
-  configs = {{}};
-  for (int k = 0; k < G; ++k) {
-    std::vector<int> next = configs.back();
-    next.push_back(res.ranking[k]);
-    configs.push_back(next);
-    PathPointResult p;
-    p.groups = next;
-    for (int g : next) p.layers += static_cast<int>(res.groups[g].targets.size());
-    p.kv_fraction = static_cast<double>(p.layers) / n_layers;
-    res.path.push_back(std::move(p));
+  // 4. The ordered path, on validation, confirmation and test requests: for each wire form, the
+  // kept layers sent in that form with the first k ranked groups rebuilt from them (k from 1 for
+  // plain, whose k = 0 is exact KV; from 0 for the quantized forms, which is FULL_KV in that
+  // form without reconstruction).
+  const int64_t moved = o.history - 1;
+  const double full_bytes = static_cast<double>(
+      n_layers * LayerWireBytes(WireForm::kPlain, moved, c.n_kv_heads, c.head_dim, o.kv_dtype));
+  for (WireForm form : o.wire_forms) {
+    std::vector<int> groups;
+    for (int k = form == WireForm::kPlain ? 1 : 0; k <= G; ++k) {
+      if (k > 0) groups.push_back(res.ranking[k - 1]);
+      PathPointResult p;
+      p.form = form;
+      p.groups = groups;
+      std::vector<bool> rebuilt(n_layers, false);
+      for (int g : groups) {
+        p.layers += static_cast<int>(res.groups[g].targets.size());
+        for (int32_t l : res.groups[g].targets) rebuilt[l] = true;
+      }
+      p.kv_fraction = static_cast<double>(p.layers) / n_layers;
+      double sent = 0.0;
+      for (int32_t l = 0; l < n_layers; ++l) {
+        if (rebuilt[l]) continue;
+        p.kept_layers.push_back(l);
+        sent +=
+            static_cast<double>(LayerWireBytes(form, moved, c.n_kv_heads, c.head_dim, o.kv_dtype));
+      }
+      p.sent_fraction = sent / full_bytes;
+      res.path.push_back(std::move(p));
+    }
   }
+  const int n_points = static_cast<int>(res.path.size());
+  // Configuration 0 is exact KV and configuration k + 1 path point k (with skip_exact, k is
+  // path point k): the kept layers through the wire form, as a target receives them, then the
+  // groups rebuilt from those anchors.
+  auto apply_point = [&](std::span<const Request> reqs, bool skip_exact) {
+    return [&, reqs, skip_exact](size_t config, size_t r, const KvCache&,
+                                 KvCache& work) -> absl::Status {
+      if (!skip_exact && config == 0) return absl::OkStatus();
+      const PathPointResult& p = res.path[skip_exact ? config : config - 1];
+      const int64_t h = reqs[r].moved_rows();
+      RETURN_IF_ERROR(ApplyWireForm(p.form, p.kept_layers, h, work));
+      for (int g : p.groups) {
+        RETURN_IF_ERROR(RebuildGroup(work, folded[g], c, model.backend(), 0, h));
+      }
+      return absl::OkStatus();
+    };
+  };
   // Fills `field` of every path point; returns the requests' exact NLLs. On the selection
-  // requests the exact NLLs are the singleton phase's, so the path skips the exact pass, and its
-  // first point (the least risky singleton) must reproduce that phase's figures bit for bit.
+  // requests the exact NLLs are the singleton phase's (so the path skips the exact pass), and
+  // the first plain point (the least risky singleton) must reproduce that phase's figures bit
+  // for bit.
   auto measure_path = [&](std::span<const Request> reqs, const char* phase,
                           Measured PathPointResult::*field,
                           bool selection) -> absl::StatusOr<std::vector<double>> {
     auto b = bar(phase);
-    const auto measured = std::span<const std::vector<int>>(configs).subspan(selection ? 1 : 0);
-    ASSIGN_OR_RETURN(auto v, MeasureNll(model, reqs, folded, measured, b->Callback()));
+    ASSIGN_OR_RETURN(auto v, MeasureNllWith(model, reqs, n_points + (selection ? 0 : 1),
+                                            apply_point(reqs, selection), b->Callback()));
     if (selection) {
-      if (v[0] != singleton_nll[res.ranking[0] + 1]) {
-        return absl::InternalError(absl::StrCat(
-            "the path's first point on the selection requests differs from the singleton "
-            "measurement of ",
-            res.groups[res.ranking[0]].ToString(), ": the forward pass is not deterministic"));
+      for (int k = 0; k < n_points; ++k) {
+        const PathPointResult& p = res.path[k];
+        if (p.form == WireForm::kPlain && p.groups.size() == 1 &&
+            v[k] != singleton_nll[p.groups[0] + 1]) {
+          return absl::InternalError(absl::StrCat(
+              "the path's first point on the selection requests differs from the singleton "
+              "measurement of ",
+              res.groups[p.groups[0]].ToString(), ": the forward pass is not deterministic"));
+        }
       }
       v.insert(v.begin(), singleton_nll[0]);
     }
-    for (int k = 0; k < G; ++k) {
+    for (int k = 0; k < n_points; ++k) {
       ASSIGN_OR_RETURN(res.path[k].*field, Summarize(v[k + 1], v[0], o));
     }
     return v[0];
@@ -229,7 +274,8 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   // 5. Gates.
   std::vector<PathPoint> points;
   for (const PathPointResult& p : res.path) {
-    points.push_back({p.kv_fraction, p.validation.deltas, p.confirm.deltas});
+    // The gate keeps the point that sends the fewest bytes among those that pass.
+    points.push_back({1.0 - p.sent_fraction, p.validation.deltas, p.confirm.deltas});
   }
   const BootstrapOptions boot{o.bootstrap_resamples, o.seed};
   for (Gate gate : {Gate::kMean, Gate::kUpper90, Gate::kStableSplit}) {

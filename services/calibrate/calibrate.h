@@ -4,9 +4,11 @@
 //   2. fit every candidate group's folded predictor on training histories (ridge strength
 //      chosen on validation histories);
 //   3. measure each group's singleton risk on validation requests and rank the groups;
-//   4. measure the joint configurations along the ranking (G more evaluations), on validation
-//      requests and on independent confirmation requests from the same split;
-//   5. choose with the quality gate (the largest passing configuration, else exact KV);
+//   4. measure the joint configurations along the ranking (G more evaluations per wire form: the
+//      kept layers sent plain, int8 or int4, the rebuilt ones predicted from those anchors), on
+//      validation requests and on independent confirmation requests from the same split;
+//   5. choose with the quality gate (the passing configuration that sends the fewest bytes, else
+//      exact KV);
 //   6. report every configuration of the path on the held-out test requests, the
 //      Gaussian-noise control, and (for small G) the exhaustive search the path stands in for.
 #pragma once
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kvcodec/wire_form.h"
 #include "common/model/model.h"
 #include "common/recovery/folded_map.h"
 #include "common/recovery/layer_group.h"
@@ -60,6 +63,8 @@ struct CalibrateOptions {
 
   DType bank_dtype = DType::kF16;  // storage of the folded maps
   DType kv_dtype = DType::kF16;    // KV dtype a migration sends; sizes the byte counts
+  // The wire forms whose paths are measured and among which the gate chooses.
+  std::vector<WireForm> wire_forms = {WireForm::kPlain, WireForm::kInt8, WireForm::kInt4};
   std::string policy_id;
   uint64_t policy_version = 1;
   bool quiet = false;  // no progress bars
@@ -80,9 +85,12 @@ struct Measured {
 };
 
 struct PathPointResult {
+  WireForm form = WireForm::kPlain;  // of the kept layers
   std::vector<int> groups;  // indices into CalibrationResult::groups: the ranking's first k
-  int layers = 0;           // rebuilt layers
-  double kv_fraction = 0.0;
+  std::vector<int32_t> kept_layers;  // the others, ascending
+  int layers = 0;                    // rebuilt layers
+  double kv_fraction = 0.0;          // of the layers, rebuilt
+  double sent_fraction = 1.0;        // bytes sent, as a share of FULL_KV plain at kv_dtype
   Measured validation, confirm, test;
 };
 
@@ -135,14 +143,17 @@ struct CalibrationResult {
   CorpusStats corpus;
   std::array<SplitStats, 3> splits;
 
-  std::vector<LayerGroup> groups;     // candidates
-  std::vector<GroupFit> fits;         // parallel to groups
-  std::vector<Measured> singleton;    // parallel to groups, on validation requests
-  std::vector<int> ranking;           // group indices, least risky first
-  std::vector<PathPointResult> path;  // path[k] rebuilds the first k + 1 ranked groups
-  std::array<GateResult, 3> gates;    // kMean, kUpper90, kStableSplit
-  int chosen = -1;                    // path index chosen by options.gate; -1: exact KV
-  Measured test_exact;                // exact KV on the test requests (deltas all zero)
+  std::vector<LayerGroup> groups;   // candidates
+  std::vector<GroupFit> fits;       // parallel to groups
+  std::vector<Measured> singleton;  // parallel to groups, on validation requests
+  std::vector<int> ranking;         // group indices, least risky first
+  // For each wire form in options.wire_forms, in order: the points rebuilding the first k ranked
+  // groups, k = 1..G for plain (k = 0 is exact KV) and k = 0..G for the quantized forms.
+  std::vector<PathPointResult> path;
+  std::string arithmetic;           // the model's activation precision: "int8" or "f32"
+  std::array<GateResult, 3> gates;  // kMean, kUpper90, kStableSplit
+  int chosen = -1;                  // path index chosen by options.gate; -1: exact KV
+  Measured test_exact;              // exact KV on the test requests (deltas all zero)
 
   std::vector<NoiseResult> noise;            // empty when skipped
   double noise_rank_correlation = 0.0;       // Spearman, noise vs rebuilt singleton risk

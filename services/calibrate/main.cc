@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
 #include "common/model/model.h"
 #include "services/calibrate/calibrate.h"
 #include "services/cli_args.h"
@@ -51,7 +52,11 @@ ABSL_FLAG(std::string, policy_id, "", "policy id (default: from the model name)"
 ABSL_FLAG(uint64_t, policy_version, 1, "policy version");
 ABSL_FLAG(uint64_t, seed, 1, "document assignment, bootstrap and noise seed");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
-ABSL_FLAG(std::string, activations, "f32", "int8 or f32 (exact, the default for calibration)");
+ABSL_FLAG(
+    std::string, activations, "int8",
+    "int8 (what nodes serve with by default) or f32: the arithmetic every NLL is measured in");
+ABSL_FLAG(std::string, wire_forms, "plain,int8,int4",
+          "wire forms of the kept layers to measure and choose among (comma-separated)");
 ABSL_FLAG(bool, quiet, false, "no progress bars");
 
 namespace {
@@ -120,6 +125,12 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
   auto kv = riskkv::FloatDTypeFromFlag("kv-dtype", absl::GetFlag(FLAGS_kv_dtype));
   if (!kv.ok()) return kv.status();
   o.kv_dtype = *kv;
+  o.wire_forms.clear();
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_wire_forms), ',')) {
+    auto form = riskkv::ParseWireForm(std::string_view(name.data(), name.size()));
+    if (!form.ok()) return form.status();
+    o.wire_forms.push_back(*form);
+  }
   o.policy_id = absl::GetFlag(FLAGS_policy_id);
   o.policy_version = absl::GetFlag(FLAGS_policy_version);
   o.seed = absl::GetFlag(FLAGS_seed);
@@ -159,8 +170,13 @@ int main(int argc, char** argv) {
   const riskkv::Measured& t = r.chosen >= 0 ? r.path[r.chosen].test : r.test_exact;
   std::printf("%s gate at epsilon %g: ", riskkv::GateName(options->gate), options->epsilon);
   if (r.chosen >= 0) {
-    std::printf("rebuild %d of %lld layers (%.1f%% of the KV omitted)\n", r.path[r.chosen].layers,
-                static_cast<long long>(r.config.n_layers), 100 * r.path[r.chosen].kv_fraction);
+    const riskkv::PathPointResult& p = r.path[r.chosen];
+    std::printf(
+        "rebuild %d of %lld layers, send the others %s: %.1f%% of FULL_KV's bytes (%s "
+        "arithmetic)\n",
+        p.layers, static_cast<long long>(r.config.n_layers),
+        std::string(riskkv::WireFormName(p.form)).c_str(), 100 * p.sent_fraction,
+        r.arithmetic.c_str());
   } else {
     std::printf("nothing passes; every layer kept exact\n");
   }

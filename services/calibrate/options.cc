@@ -50,6 +50,14 @@ absl::Status CalibrateOptions::Validate() const {
         absl::StrCat("--exhaustive-max-groups must be in [1, 16], got ", exhaustive_max_groups));
   if (bank_dtype != DType::kF16 && bank_dtype != DType::kF32) return bad("bank dtype: f16 or f32");
   if (kv_dtype != DType::kF16 && kv_dtype != DType::kF32) return bad("KV dtype: f16 or f32");
+  if (wire_forms.empty()) return bad("--wire-forms names no form");
+  for (size_t i = 0; i < wire_forms.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (wire_forms[i] == wire_forms[j]) {
+        return bad("--wire-forms names " + std::string(WireFormName(wire_forms[i])) + " twice");
+      }
+    }
+  }
   return rule.Validate();
 }
 

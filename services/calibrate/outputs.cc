@@ -1,5 +1,7 @@
 // What riskkv-calibrate hands on: the chosen configuration's predictor bank and retention policy,
 // and the files of WriteOutputs.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "common/base/atomic_file.h"
@@ -11,7 +13,10 @@
 namespace riskkv {
 
 absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationResult& res) {
-  if (res.chosen < 0) return std::unique_ptr<PredictorBank>();
+  // Exact KV, or a quantized form without reconstruction: nothing to rebuild.
+  if (res.chosen < 0 || res.path[res.chosen].groups.empty()) {
+    return std::unique_ptr<PredictorBank>();
+  }
   std::vector<GroupFit> fits;
   for (const LayerGroup& g : res.ChosenGroups()) {
     for (const GroupFit& f : res.fits) {
@@ -35,9 +40,8 @@ RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank
   };
   p.rebuilt_groups = res.ChosenGroups();
   std::vector<bool> rebuilt(res.config.n_layers, false);
-  int rebuilt_layers = 0;
   for (const LayerGroup& g : p.rebuilt_groups) {
-    for (int32_t l : g.targets) rebuilt[l] = true, ++rebuilt_layers;
+    for (int32_t l : g.targets) rebuilt[l] = true;
   }
   for (int32_t l = 0; l < res.config.n_layers; ++l) {
     if (!rebuilt[l]) p.kept_layers.push_back(l);
@@ -46,8 +50,10 @@ RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank
   const GateDecision& d = res.gates[static_cast<int>(o.gate)].decision;
   for (size_t k = 0; k < res.path.size(); ++k) {
     RetentionPolicy::PathPoint pt;
-    pt.groups = static_cast<int32_t>(k + 1);
+    pt.groups = static_cast<int32_t>(res.path[k].groups.size());
     pt.kv_omitted_fraction = res.path[k].kv_fraction;
+    pt.wire_form = std::string(WireFormName(res.path[k].form));
+    pt.kv_sent_fraction = res.path[k].sent_fraction;
     pt.delta_nll = delta(res.path[k].validation);
     if (k < d.statistic.size()) {
       pt.gate_statistic = d.statistic[k];
@@ -56,7 +62,14 @@ RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank
     p.path.push_back(pt);
   }
   p.kv_bytes_per_token = res.kv_bytes_per_token;
-  p.kv_bytes_saved_per_token = res.kv_bytes_per_token * rebuilt_layers / res.config.n_layers;
+  // Not sent: the rebuilt layers, and what the wire form saves on the others.
+  const double sent = res.chosen >= 0 ? res.path[res.chosen].sent_fraction : 1.0;
+  p.kv_bytes_saved_per_token = std::min(
+      res.kv_bytes_per_token, static_cast<int64_t>(std::llround(
+                                  static_cast<double>(res.kv_bytes_per_token) * (1.0 - sent))));
+  p.wire_form =
+      std::string(WireFormName(res.chosen >= 0 ? res.path[res.chosen].form : WireForm::kPlain));
+  p.arithmetic = res.arithmetic;
   p.predictor_bank_sha256 = bank_sha256;
   p.test_delta_nll = delta(res.chosen >= 0 ? res.path[res.chosen].test : res.test_exact);
   p.history_tokens = static_cast<int32_t>(o.history);

@@ -25,32 +25,42 @@ std::string PathChart(const CalibrationResult& r) {
       ylo = std::min(ylo, m->ci95.lo);
       yhi = std::max(yhi, m->ci95.hi);
     }
-    xhi = std::max(xhi, 100 * p.kv_fraction);
   }
+  xhi = 100;
   for (const ExhaustiveResult& e : r.exhaustive) {
     ylo = std::min(ylo, e.mean);
     yhi = std::max(yhi, e.mean);
   }
   Widen(&ylo, &yhi);
-  Plot p{0, std::max(xhi, 1.0) * 1.05, ylo, yhi};
+  Plot p{0, xhi * 1.05, ylo, yhi};
   std::string s =
-      p.Axes("KV omitted (% of layers)", "mean \xCE\x94NLL (nats/token)", "%.0f", "%.3g");
+      p.Axes("KV bytes sent (% of FULL_KV plain)", "mean \xCE\x94NLL (nats/token)", "%.0f", "%.3g");
   for (const ExhaustiveResult& e : r.exhaustive) {
     s +=
         F("<circle cx='%.1f' cy='%.1f' r='2.5' class='subset'><title>subset %u: %.5f</title>"
           "</circle>",
-          p.X(100 * e.kv_fraction), p.Y(e.mean), e.mask, e.mean);
+          p.X(100 * (1 - e.kv_fraction)), p.Y(e.mean), e.mask, e.mean);
   }
   s += F("<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' class='eps'/>", p.left, p.Y(eps),
          p.left + p.w, p.Y(eps));
   s += F("<text x='%.1f' y='%.1f' class='eps-label'>&#949; = %g</text>", p.left + 4, p.Y(eps) - 4,
          eps);
+  // One line per wire form and split; the plain line starts at exact KV.
   auto series = [&](Measured PathPointResult::*field, const char* cls, double dx) {
-    std::string line = F("M %.1f %.1f", p.X(0) + dx, p.Y(0));
-    for (const PathPointResult& pt : r.path) {
+    std::string line;
+    for (size_t k = 0; k < r.path.size(); ++k) {
+      const PathPointResult& pt = r.path[k];
       const Measured& m = pt.*field;
-      const double x = p.X(100 * pt.kv_fraction) + dx;
-      line += F(" L %.1f %.1f", x, p.Y(m.ci95.mean));
+      const double x = p.X(100 * pt.sent_fraction) + dx;
+      if (k == 0 || pt.form != r.path[k - 1].form) {
+        if (!line.empty()) s += F("<path d='%s' class='%s-line'/>", line.c_str(), cls);
+        line = pt.form == WireForm::kPlain ? F("M %.1f %.1f L", p.X(100) + dx, p.Y(0)) : "M";
+        s += F("<text x='%.1f' y='%.1f' class='eps-label'>%s</text>", x + 6, p.Y(m.ci95.mean) - 6,
+               std::string(WireFormName(pt.form)).c_str());
+      } else {
+        line += " L";
+      }
+      line += F(" %.1f %.1f", x, p.Y(m.ci95.mean));
       s += F("<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' class='%s-ci'/>", x, p.Y(m.ci95.lo), x,
              p.Y(m.ci95.hi), cls);
       s +=
@@ -58,13 +68,13 @@ std::string PathChart(const CalibrationResult& r) {
             "</circle>",
             x, p.Y(m.ci95.mean), cls, 100 * pt.kv_fraction, m.ci95.mean);
     }
-    s += F("<path d='%s' class='%s-line'/>", line.c_str(), cls);
+    if (!line.empty()) s += F("<path d='%s' class='%s-line'/>", line.c_str(), cls);
   };
   series(&PathPointResult::validation, "val", -2);
   series(&PathPointResult::test, "test", 2);
   if (r.chosen >= 0) {
     const PathPointResult& c = r.path[r.chosen];
-    s += F("<circle cx='%.1f' cy='%.1f' r='9' class='chosen'/>", p.X(100 * c.kv_fraction),
+    s += F("<circle cx='%.1f' cy='%.1f' r='9' class='chosen'/>", p.X(100 * c.sent_fraction),
            p.Y(c.test.ci95.mean));
   }
   const double ly = p.top + p.h + 50;

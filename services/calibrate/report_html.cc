@@ -56,7 +56,7 @@ int BestOnPath(const CalibrationResult& r, bool upper, double eps) {
   int best = -1;
   for (size_t k = 0; k < r.path.size(); ++k) {
     const Measured& m = r.path[k].validation;
-    if ((upper ? m.upper90 : m.ci95.mean) <= eps &&
+    if (r.path[k].form == WireForm::kPlain && (upper ? m.upper90 : m.ci95.mean) <= eps &&
         (best < 0 || r.path[k].layers > r.path[best].layers)) {
       best = static_cast<int>(k);
     }
@@ -87,12 +87,14 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
   h += F("<p><b>Chosen:</b> %s gate at &#949; = %g: ", GateName(o.gate), o.epsilon);
   if (r.chosen >= 0) {
     h +=
-        F("rebuild %d of %lld layers (%.1f%% of the KV omitted, %lld of %lld bytes per token "
-          "not sent). Held-out test: &#916;NLL %s, &#916;PPL %+.3f%%.</p>",
-          r.path[r.chosen].layers, static_cast<long long>(c.n_layers), omitted,
+        F("rebuild %d of %lld layers and send the others %s (%.1f%% of the KV omitted, %lld of "
+          "%lld bytes per token not sent), measured in %s arithmetic. Held-out test: &#916;NLL "
+          "%s, &#916;PPL %+.3f%%.</p>",
+          r.path[r.chosen].layers, static_cast<long long>(c.n_layers),
+          std::string(WireFormName(r.path[r.chosen].form)).c_str(), omitted,
           static_cast<long long>(policy.kv_bytes_saved_per_token),
-          static_cast<long long>(policy.kv_bytes_per_token), Ci(chosen_test).c_str(),
-          DeltaPplPercent(chosen_test));
+          static_cast<long long>(policy.kv_bytes_per_token), r.arithmetic.c_str(),
+          Ci(chosen_test).c_str(), DeltaPplPercent(chosen_test));
   } else {
     h += "no configuration on the path passes; the policy keeps every layer exact.</p>";
   }
@@ -171,23 +173,28 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
        F("%zu", r.test_exact.deltas.size()) +
        " test requests. PPL = exp(mean NLL); &#916;PPL from the mean paired &#916;NLL. Gate "
        "columns: the decision on validation data.</p>";
-  h += "<table><tr><th>k</th><th class='l'>group added</th><th>layers</th><th>KV "
-       "omitted</th><th>&#916;NLL mean [95% CI]</th><th>PPL exact</th><th>PPL "
+  h += "<table><tr><th>k</th><th class='l'>wire</th><th class='l'>group added</th><th>layers</th>"
+       "<th>KV omitted</th><th>bytes sent</th><th>&#916;NLL mean [95% CI]</th><th>PPL "
+       "exact</th><th>PPL "
        "rebuilt</th><th>&#916;PPL</th><th>requests &gt; &#949;</th><th>val mean</th><th>val "
        "upper 90%</th><th>mean</th><th>upper90</th><th>stable-split</th></tr>";
   h +=
-      F("<tr><td>0</td><td class='l'>exact KV</td><td>0</td><td>0.0%%</td><td>0</td><td>%.4f</"
+      F("<tr><td>0</td><td class='l'>plain</td><td class='l'>exact KV</td><td>0</td><td>0.0%%</"
+        "td><td>100.0%%</td><td>0</td><td>%.4f</"
         "td><td>%.4f</td><td>0</td><td>0</td><td></td><td></td><td></td><td></td><td></td></tr>",
         Ppl(r.test_exact.exact_nll), Ppl(r.test_exact.exact_nll));
   for (size_t k = 0; k < r.path.size(); ++k) {
     const PathPointResult& p = r.path[k];
-    h += F(
-        "<tr%s><td>%zu</td><td class='l'>%s</td><td>%d</td><td>%.1f%%</td><td>%s</td><td>%.4f</"
-        "td><td>%.4f</td><td>%+.3f%%</td><td>%d/%zu</td><td>%+.5f</td><td>%+.5f</td>",
-        static_cast<int>(k) == r.chosen ? " class='chosen'" : "", k + 1,
-        Esc(r.groups[p.groups.back()].ToString()).c_str(), p.layers, 100 * p.kv_fraction,
-        Ci(p.test).c_str(), Ppl(p.test.exact_nll), Ppl(p.test.rebuilt_nll), DeltaPplPercent(p.test),
-        p.test.violations, p.test.deltas.size(), p.validation.ci95.mean, p.validation.upper90);
+    h +=
+        F("<tr%s><td>%zu</td><td class='l'>%s</td><td class='l'>%s</td><td>%d</td><td>%.1f%%</"
+          "td><td>%.1f%%</td><td>%s</td><td>%.4f</"
+          "td><td>%.4f</td><td>%+.3f%%</td><td>%d/%zu</td><td>%+.5f</td><td>%+.5f</td>",
+          static_cast<int>(k) == r.chosen ? " class='chosen'" : "", p.groups.size(),
+          std::string(WireFormName(p.form)).c_str(),
+          p.groups.empty() ? "none (FULL_KV)" : Esc(r.groups[p.groups.back()].ToString()).c_str(),
+          p.layers, 100 * p.kv_fraction, 100 * p.sent_fraction, Ci(p.test).c_str(),
+          Ppl(p.test.exact_nll), Ppl(p.test.rebuilt_nll), DeltaPplPercent(p.test),
+          p.test.violations, p.test.deltas.size(), p.validation.ci95.mean, p.validation.upper90);
     for (Gate g : {Gate::kMean, Gate::kUpper90, Gate::kStableSplit}) {
       h += "<td>" + GateMark(r, g, k) + "</td>";
     }
@@ -195,8 +202,9 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
   }
   h += "</table>";
 
-  h += "<h2>Quality gates</h2><p class='note'>Each gate picks the configuration with the most KV "
-       "omitted among those that pass on validation data (Stable-split also on the confirmation "
+  h += "<h2>Quality gates</h2><p class='note'>Each gate picks the configuration that sends the "
+       "fewest bytes among those that pass on validation data (Stable-split also on the "
+       "confirmation "
        "requests), or falls back to exact KV. Outcomes on the held-out test split.</p>";
   h += "<table><tr><th class='l'>gate</th><th class='l'>decision</th><th>KV omitted</th><th>test "
        "&#916;NLL [95% CI]</th><th>test &#916;PPL</th><th>test requests &gt; &#949;</th></tr>";
@@ -214,7 +222,10 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
         F("<tr%s><td class='l'>%s</td><td class='l'>%s</td><td>%.1f%%</td><td>%s</td><td>%+.3f%%"
           "</td><td>%d/%zu</td></tr>",
           g.gate == o.gate ? " class='chosen'" : "", GateName(g.gate),
-          k >= 0 ? F("path point %d", k + 1).c_str() : "exact KV (fallback)",
+          k >= 0 ? F("%s, %zu groups", std::string(WireFormName(r.path[k].form)).c_str(),
+                     r.path[k].groups.size())
+                       .c_str()
+                 : "exact KV (fallback)",
           k >= 0 ? 100 * r.path[k].kv_fraction : 0.0, Ci(m).c_str(), DeltaPplPercent(m),
           m.violations, m.deltas.size());
   }

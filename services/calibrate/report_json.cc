@@ -48,9 +48,11 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
   }
   for (size_t k = 0; k < r.path.size(); ++k) {
     const PathPointResult& p = r.path[k];
-    json pt = {{"groups", k + 1},
+    json pt = {{"groups", p.groups.size()},
+               {"wire_form", std::string(WireFormName(p.form))},
                {"layers", p.layers},
                {"kv_fraction", p.kv_fraction},
+               {"sent_fraction", p.sent_fraction},
                {"validation", measured(p.validation)},
                {"test", measured(p.test)}};
     if (!p.confirm.deltas.empty()) pt["confirm"] = measured(p.confirm);
@@ -61,6 +63,10 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
   }
   j["chosen"] = {{"path_index", r.chosen},
                  {"kv_fraction", r.chosen >= 0 ? r.path[r.chosen].kv_fraction : 0.0},
+                 {"sent_fraction", r.chosen >= 0 ? r.path[r.chosen].sent_fraction : 1.0},
+                 {"wire_form", std::string(WireFormName(r.chosen >= 0 ? r.path[r.chosen].form
+                                                                      : WireForm::kPlain))},
+                 {"arithmetic", r.arithmetic},
                  {"test", measured(r.chosen >= 0 ? r.path[r.chosen].test : r.test_exact)},
                  {"test_exact_ppl", Ppl(r.test_exact.exact_nll)}};
   for (const NoiseResult& n : r.noise) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "common/kvcodec/kv_codec.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/retention_policy.h"
@@ -89,7 +90,9 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   const int G = 3;
   ASSERT_EQ(r.groups.size(), static_cast<size_t>(G));
   EXPECT_EQ(r.groups[1].targets, std::vector<int32_t>({3}));
-  ASSERT_EQ(r.path.size(), static_cast<size_t>(G));
+  // The plain path (k = 1..G), then int8 and int4 paths from k = 0 (FULL_KV in that form).
+  const int n_points = G + 2 * (G + 1);
+  ASSERT_EQ(r.path.size(), static_cast<size_t>(n_points));
   ASSERT_EQ(r.exhaustive.size(), (1u << G) - 1);
   ASSERT_EQ(r.noise.size(), static_cast<size_t>(G));
   for (int s = 0; s < 3; ++s) EXPECT_GT(r.splits[s].documents, 0);
@@ -113,11 +116,40 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
     EXPECT_LE(r.singleton[r.ranking[k - 1]].ci95.mean, r.singleton[r.ranking[k]].ci95.mean);
   }
   // Every configuration changes something: rebuilt layers of a random model are not exact.
-  EXPECT_NE(r.path.back().validation.ci95.mean, 0.0);
+  EXPECT_NE(r.path[G - 1].validation.ci95.mean, 0.0);
 
-  // Gate: epsilon 10 admits everything, so the largest point is chosen.
-  EXPECT_EQ(r.chosen, G - 1);
-  EXPECT_EQ(r.gates[static_cast<int>(Gate::kMean)].decision.chosen, G - 1);
+  // The quantized paths: the same ranking, the kept layers in the form, and the bytes a
+  // migration of the moved rows (history - 1 = 47) sends, from the codec's own sizes.
+  const int64_t kvh = model_->config().n_kv_heads, hd = model_->config().head_dim;
+  const int64_t moved = 47,
+                plain_layer = LayerWireBytes(WireForm::kPlain, moved, kvh, hd, DType::kF16);
+  EXPECT_EQ(plain_layer, 2 * moved * 32 * 2);
+  for (int f = 0; f < 2; ++f) {
+    const WireForm form = f == 0 ? WireForm::kInt8 : WireForm::kInt4;
+    const int64_t layer_bytes = LayerWireBytes(form, moved, kvh, hd, DType::kF16);
+    EXPECT_LT(layer_bytes, plain_layer / (f == 0 ? 1 : 2));
+    for (int k = 0; k <= G; ++k) {
+      const PathPointResult& p = r.path[G + f * (G + 1) + k];
+      EXPECT_EQ(p.form, form);
+      ASSERT_EQ(p.groups.size(), static_cast<size_t>(k));
+      for (int i = 0; i < k; ++i) EXPECT_EQ(p.groups[i], r.ranking[i]);
+      EXPECT_EQ(p.kept_layers.size(), static_cast<size_t>(8 - k));
+      EXPECT_DOUBLE_EQ(p.sent_fraction,
+                       static_cast<double>((8 - k) * layer_bytes) / (8 * plain_layer));
+      EXPECT_EQ(p.test.deltas.size(), 3u);
+      // Quantized anchors change the continuation even with nothing rebuilt.
+      EXPECT_NE(p.validation.ci95.mean, 0.0) << WireFormName(form) << " k=" << k;
+    }
+  }
+  for (int k = 0; k < G; ++k) {
+    EXPECT_DOUBLE_EQ(r.path[k].sent_fraction, static_cast<double>(8 - (k + 1)) / 8);
+  }
+  EXPECT_EQ(r.arithmetic, "f32");
+
+  // Gate: epsilon 10 admits everything, so the point sending the fewest bytes is chosen: int4
+  // with every group rebuilt.
+  EXPECT_EQ(r.chosen, n_points - 1);
+  EXPECT_EQ(r.gates[static_cast<int>(Gate::kMean)].decision.chosen, n_points - 1);
 
   const fs::path out = *dir_ / "out";
   ASSERT_TRUE(WriteOutputs(r, out.string()).ok());
@@ -130,13 +162,21 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   EXPECT_EQ(policy->rebuilt_groups.size(), static_cast<size_t>(G));
   EXPECT_EQ(policy->kept_layers.size(), static_cast<size_t>(8 - G));
   EXPECT_EQ(policy->singleton_risks.size(), static_cast<size_t>(G));
-  EXPECT_EQ(policy->path.size(), static_cast<size_t>(G));
+  ASSERT_EQ(policy->path.size(), static_cast<size_t>(n_points));
+  EXPECT_EQ(policy->path[0].wire_form, "plain");
+  EXPECT_EQ(policy->path[G].wire_form, "int8");
+  EXPECT_EQ(policy->path[G].groups, 0);
+  EXPECT_DOUBLE_EQ(policy->path[n_points - 1].kv_sent_fraction, r.path[n_points - 1].sent_fraction);
+  EXPECT_EQ(policy->wire_form, "int4");
+  EXPECT_EQ(PolicyWireForm(*policy), WireForm::kInt4);
+  EXPECT_EQ(policy->arithmetic, "f32");
   EXPECT_EQ(policy->history_tokens, 48);
   EXPECT_EQ(policy->kv_dtype, "f16");
   EXPECT_EQ(policy->kv_bytes_per_token, 8 * 2 * 32 * 2);
-  EXPECT_EQ(policy->kv_bytes_saved_per_token, G * 2 * 32 * 2);
+  EXPECT_EQ(policy->kv_bytes_saved_per_token,
+            std::llround(8 * 2 * 32 * 2 * (1 - r.path[n_points - 1].sent_fraction)));
   EXPECT_EQ(policy->test_delta_nll.requests, 3);
-  EXPECT_DOUBLE_EQ(policy->test_delta_nll.mean, r.path[G - 1].test.ci95.mean);
+  EXPECT_DOUBLE_EQ(policy->test_delta_nll.mean, r.path[n_points - 1].test.ci95.mean);
 
   auto bank = PredictorBank::Open((out / "bank.rkvbank").string(), *fp);
   ASSERT_TRUE(bank.ok()) << bank.status();
@@ -173,9 +213,12 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   std::ifstream json_in(out / "calibration.json");
   auto j = nlohmann::json::parse(json_in, nullptr, false);
   ASSERT_FALSE(j.is_discarded());
-  EXPECT_EQ(j["path"].size(), static_cast<size_t>(G));
+  EXPECT_EQ(j["path"].size(), static_cast<size_t>(n_points));
+  EXPECT_EQ(j["path"][G + 1]["wire_form"], "int8");
   EXPECT_EQ(j["predictor_bank_sha256"], policy->predictor_bank_sha256);
-  EXPECT_EQ(j["chosen"]["path_index"], G - 1);
+  EXPECT_EQ(j["chosen"]["path_index"], n_points - 1);
+  EXPECT_EQ(j["chosen"]["wire_form"], "int4");
+  EXPECT_EQ(j["chosen"]["arithmetic"], "f32");
 
   std::ifstream text_in(out / "policy.txt");
   const std::string text((std::istreambuf_iterator<char>(text_in)), {});
@@ -193,12 +236,13 @@ TEST_F(CalibrateTiny, GateDecidesAndExactFallbackWritesNoBank) {
   ASSERT_TRUE(res.ok()) << res.status();
   EXPECT_TRUE(res->noise.empty());
   // The choice is Stable-split's rule applied to the path's own measurements: Upper-90 on the
-  // selection requests and the mean on the confirmation requests both within budget, the most
-  // layers among those that pass, else exact KV.
+  // selection requests and the mean on the confirmation requests both within budget, the fewest
+  // bytes sent among those that pass (the first on a tie), else exact KV.
   int expect = -1;
   for (size_t k = 0; k < res->path.size(); ++k) {
     const auto& p = res->path[k];
-    if (std::max(p.validation.upper90, p.confirm.ci95.mean) <= o.epsilon) {
+    if (std::max(p.validation.upper90, p.confirm.ci95.mean) <= o.epsilon &&
+        (expect < 0 || p.sent_fraction < res->path[expect].sent_fraction)) {
       expect = static_cast<int>(k);
     }
   }
