@@ -285,6 +285,29 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     ASSIGN_OR_RETURN(gr.decision, ApplyGate(gate, points, o.epsilon, boot));
   }
   res.chosen = res.gates[static_cast<int>(o.gate)].decision.chosen;
+  if (o.gate != Gate::kStableSplit || o.confirm > 0) {
+    std::vector<double> budgets = {o.epsilon};
+    for (double e : kReportBudgets) {
+      if (e != o.epsilon) budgets.push_back(e);
+    }
+    std::vector<PathPoint> no_omission;
+    std::vector<int> no_omission_index;
+    for (int k = 0; k < n_points; ++k) {
+      if (!res.path[k].groups.empty()) continue;
+      no_omission.push_back(points[k]);
+      no_omission_index.push_back(k);
+    }
+    for (double e : budgets) {
+      BudgetResult b{.epsilon = e};
+      ASSIGN_OR_RETURN(GateDecision all, ApplyGate(o.gate, points, e, boot));
+      b.with_reconstruction = all.chosen;
+      if (!no_omission.empty()) {
+        ASSIGN_OR_RETURN(GateDecision none, ApplyGate(o.gate, no_omission, e, boot));
+        b.without_reconstruction = none.chosen < 0 ? -1 : no_omission_index[none.chosen];
+      }
+      res.budgets.push_back(b);
+    }
+  }
 
   ASSIGN_OR_RETURN(const std::vector<double> test_exact,
                    measure_path(test, "test", &PathPointResult::test, false));

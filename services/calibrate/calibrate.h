@@ -94,9 +94,20 @@ struct PathPointResult {
   Measured validation, confirm, test;
 };
 
+// Budgets (nats per token) the report also shows the gate's choice at: about 0.5% and 1% PPL.
+inline constexpr double kReportBudgets[] = {0.005, 0.01};
+
 struct GateResult {
   Gate gate = Gate::kUpper90;
   GateDecision decision;  // over the path points
+};
+
+// What the gate chooses at another budget, from the same measurements: with reconstruction (any
+// path point) and without (the k = 0 points: FULL_KV in each wire form).
+struct BudgetResult {
+  double epsilon = 0.0;
+  int with_reconstruction = -1;     // path index; -1: exact KV
+  int without_reconstruction = -1;  // path index of a k = 0 point; -1: exact KV
 };
 
 struct NoiseResult {
@@ -150,10 +161,11 @@ struct CalibrationResult {
   // For each wire form in options.wire_forms, in order: the points rebuilding the first k ranked
   // groups, k = 1..G for plain (k = 0 is exact KV) and k = 0..G for the quantized forms.
   std::vector<PathPointResult> path;
-  std::string arithmetic;           // the model's activation precision: "int8" or "f32"
-  std::array<GateResult, 3> gates;  // kMean, kUpper90, kStableSplit
-  int chosen = -1;                  // path index chosen by options.gate; -1: exact KV
-  Measured test_exact;              // exact KV on the test requests (deltas all zero)
+  std::string arithmetic;             // the model's activation precision: "int8" or "f32"
+  std::array<GateResult, 3> gates;    // kMean, kUpper90, kStableSplit
+  int chosen = -1;                    // path index chosen by options.gate; -1: exact KV
+  std::vector<BudgetResult> budgets;  // options.gate at options.epsilon and at kReportBudgets
+  Measured test_exact;                // exact KV on the test requests (deltas all zero)
 
   std::vector<NoiseResult> noise;            // empty when skipped
   double noise_rank_correlation = 0.0;       // Spearman, noise vs rebuilt singleton risk

@@ -231,6 +231,36 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
   }
   h += "</table>";
 
+  if (!r.budgets.empty()) {
+    h +=
+        F("<h2>Bytes sent at each budget</h2><p class='note'>The %s gate's choice at each budget, "
+          "from the same validation measurements: among every configuration, and among those "
+          "that rebuild nothing (FULL_KV in a wire form), so the contribution of reconstruction "
+          "shows. Bytes as a share of FULL_KV plain; outcomes on the held-out test split.</p>",
+          GateName(o.gate));
+    h += "<table><tr><th>&#949;</th><th class='l'>with reconstruction</th><th>bytes "
+         "sent</th><th>test &#916;NLL [95% CI]</th><th>test &#916;PPL</th><th class='l'>without "
+         "reconstruction</th><th>bytes sent</th><th>test &#916;NLL [95% CI]</th><th>test "
+         "&#916;PPL</th></tr>";
+    auto cells = [&](int k) {
+      if (k < 0) {
+        return F("<td class='l'>exact KV</td><td>100.0%%</td><td>%s</td><td>%+.3f%%</td>",
+                 Ci(r.test_exact).c_str(), DeltaPplPercent(r.test_exact));
+      }
+      const PathPointResult& p = r.path[k];
+      return F(
+          "<td class='l'>%s, %d of %lld layers rebuilt</td><td>%.1f%%</td><td>%s</td><td>%+.3f%%"
+          "</td>",
+          std::string(WireFormName(p.form)).c_str(), p.layers, static_cast<long long>(c.n_layers),
+          100 * p.sent_fraction, Ci(p.test).c_str(), DeltaPplPercent(p.test));
+    };
+    for (const BudgetResult& b : r.budgets) {
+      h += F("<tr><td>%g</td>", b.epsilon) + cells(b.with_reconstruction) +
+           cells(b.without_reconstruction) + "</tr>";
+    }
+    h += "</table>";
+  }
+
   h += "<h2>Table III: predictor storage per group</h2>";
   double unf = 0, f32 = 0, f16 = 0;
   for (const StorageResult& s : r.storage) {

@@ -69,6 +69,20 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                  {"arithmetic", r.arithmetic},
                  {"test", measured(r.chosen >= 0 ? r.path[r.chosen].test : r.test_exact)},
                  {"test_exact_ppl", Ppl(r.test_exact.exact_nll)}};
+  for (const BudgetResult& b : r.budgets) {
+    auto point = [&](int k) {
+      const Measured& m = k >= 0 ? r.path[k].test : r.test_exact;
+      return json{
+          {"path_index", k},
+          {"wire_form", std::string(WireFormName(k >= 0 ? r.path[k].form : WireForm::kPlain))},
+          {"layers", k >= 0 ? r.path[k].layers : 0},
+          {"sent_fraction", k >= 0 ? r.path[k].sent_fraction : 1.0},
+          {"test", measured(m)}};
+    };
+    j["budgets"].push_back({{"epsilon", b.epsilon},
+                            {"with_reconstruction", point(b.with_reconstruction)},
+                            {"without_reconstruction", point(b.without_reconstruction)}});
+  }
   for (const NoiseResult& n : r.noise) {
     j["noise"]["groups"].push_back({{"group", r.groups[n.group].ToString()},
                                     {"rebuilt_mean", n.rebuilt_mean},

@@ -150,6 +150,20 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   // with every group rebuilt.
   EXPECT_EQ(r.chosen, n_points - 1);
   EXPECT_EQ(r.gates[static_cast<int>(Gate::kMean)].decision.chosen, n_points - 1);
+  // The same gate at the report's budgets: at 10 the choice above, and int4 FULL_KV without
+  // reconstruction; at the small ones whatever passes has its upper bound within budget.
+  ASSERT_EQ(r.budgets.size(), 3u);
+  EXPECT_EQ(r.budgets[0].epsilon, 10.0);
+  EXPECT_EQ(r.budgets[0].with_reconstruction, r.chosen);
+  EXPECT_EQ(r.budgets[0].without_reconstruction, G + (G + 1));
+  for (const BudgetResult& b : r.budgets) {
+    for (int k : {b.with_reconstruction, b.without_reconstruction}) {
+      if (k >= 0) EXPECT_LE(r.path[k].validation.upper90, b.epsilon) << b.epsilon;
+    }
+    if (b.without_reconstruction >= 0) {
+      EXPECT_TRUE(r.path[b.without_reconstruction].groups.empty());
+    }
+  }
 
   const fs::path out = *dir_ / "out";
   ASSERT_TRUE(WriteOutputs(r, out.string()).ok());
@@ -198,8 +212,8 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   size_t svgs = 0;
   for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
   EXPECT_EQ(svgs, 4u);  // layer strip, singleton risk, ordered path, noise control
-  for (const char* part : {"Table I", "Table III", "Quality gates", "Gaussian noise",
-                           "Exhaustive search", "</html>"}) {
+  for (const char* part : {"Table I", "Table III", "Quality gates", "Bytes sent at each budget",
+                           "Gaussian noise", "Exhaustive search", "</html>"}) {
     EXPECT_NE(html.find(part), std::string::npos) << part;
   }
 
@@ -219,6 +233,8 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   EXPECT_EQ(j["chosen"]["path_index"], n_points - 1);
   EXPECT_EQ(j["chosen"]["wire_form"], "int4");
   EXPECT_EQ(j["chosen"]["arithmetic"], "f32");
+  ASSERT_EQ(j["budgets"].size(), 3u);
+  EXPECT_EQ(j["budgets"][0]["without_reconstruction"]["wire_form"], "int4");
 
   std::ifstream text_in(out / "policy.txt");
   const std::string text((std::istreambuf_iterator<char>(text_in)), {});
