@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: sets everything up, builds, calibrates a retention policy for SmolLM2-135M when
-# none is cached (quick settings, about a minute), starts the control plane and puts the policy
+# The main job: sets everything up, builds, takes the retention policy for SmolLM2-135M that ships
+# with the project (deploy/policies/smollm2-135m-instruct: calibrated by riskkv-calibrate, its
+# report beside it; RISKKV_POLICY_DIR names another), starts the control plane and puts the policy
 # there, starts two edge nodes on this machine that follow it (node A sends over an emulated
 # 100 Mbit/s link), starts a session on A, generates, migrates copies of it to B in each mode,
 # continues on B, and prints mode, KV bytes sent, transfer and recovery time and the
@@ -21,10 +22,10 @@ deploy/build.sh release
 RISKKV_HOME="${RISKKV_HOME:-$HOME/.cache/riskkv}"
 MODEL="$RISKKV_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 BIN=build/release/services
-POLICY_DIR="$RISKKV_HOME/policies/smollm2-135m-instruct"
+POLICY_DIR="${RISKKV_POLICY_DIR:-deploy/policies/smollm2-135m-instruct}"
 if [ ! -f "$POLICY_DIR/policy.pb" ]; then
-  echo "== calibrating a retention policy (--quick) into $POLICY_DIR"
-  "$BIN/riskkv-calibrate" --model "$MODEL" --out "$POLICY_DIR" --quick
+  echo "no policy.pb in $POLICY_DIR (RISKKV_POLICY_DIR names a riskkv-calibrate --out directory)" >&2
+  exit 1
 fi
 
 # Logs, the control plane's store and the nodes' policy caches, fresh for every run.
@@ -98,10 +99,11 @@ SCENARIO_CHART="$DEMO/recovery-by-mode.svg" \
 last=$SCENARIO_LAST
 "$BIN/riskkvctl" --control $CONTROL policy-get --policy-id "$POLICY_ID" | python3 -c "
 import json,sys; p=json.load(sys.stdin)['policy']; t=p.get('testDeltaNll', {})
-print('the policy (%s v%s) rebuilds %d of %d layers; calibration measured dNLL %+.5f [95%% CI %+.5f, %+.5f]'
+print('the policy (%s v%s) rebuilds %d of %d layers and sends the others %s; calibration measured dNLL %+.5f [95%% CI %+.5f, %+.5f] in %s arithmetic'
       % (p['policyId'], p['version'], sum(len(g['targets']) for g in p.get('rebuiltGroups', [])),
          len(p.get('keptLayers', [])) + sum(len(g['targets']) for g in p.get('rebuiltGroups', [])),
-         t.get('mean', 0), t.get('ciLow', 0), t.get('ciHigh', 0)))
+         p.get('wireForm') or 'plain', t.get('mean', 0), t.get('ciLow', 0), t.get('ciHigh', 0),
+         p.get('arithmetic') or 'unknown'))
 print('on %s held-out requests of %s + %s tokens; the dNLL column above is one %s-token continuation'
       % (t.get('requests', 0), p.get('historyTokens'), p.get('evalTokens'), $SCENARIO_CONTINUATION_TOKENS))"
 echo

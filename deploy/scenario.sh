@@ -9,8 +9,8 @@
 #     the continuation on B against the never-migrated copy on A, and prints one row: mode, wire
 #     form, KV bytes sent and their share of FULL_KV plain (f16 at the nodes' default KV dtype),
 #     the transfer rate those bytes achieved, transfer, recovery and rebuild time, and the
-#     continuation's NLL change. FULL_KV runs twice, plain and int8 (compressed KV without
-#     reconstruction). Sets SCENARIO_LAST to the last session moved to B.
+#     continuation's NLL change. FULL_KV runs three times, plain, int8 and int4 (compressed KV
+#     without reconstruction); RECONSTRUCT sends the policy's wire form. Sets SCENARIO_LAST to the last session moved to B.
 #     With SCENARIO_CHART set to a path, also draws recovery time and bytes sent per mode there
 #     (deploy/chart_modes.py) and keeps the rows beside it (.jsonl).
 
@@ -33,7 +33,8 @@ import json,sys; h=$history; t=json.load(sys.stdin)['tokenIds']; print(json.dump
     "Mbit/s" "transfer s" "recovery s" "rebuild s" "dNLL"
   local rows=${SCENARIO_CHART:+${SCENARIO_CHART%.svg}.jsonl}
   [ -n "$rows" ] && : >"$rows"
-  for run in full_kv:plain full_kv:int8 token_replay:plain reconstruct:plain auto:plain; do
+  for run in full_kv:plain full_kv:int8 full_kv:int4 token_replay:plain reconstruct:plain \
+    auto:plain; do
     mode=${run%%:*} wire=${run##*:}
     s=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
     reply=$(ctl_a migrate --session "$s" --to "$target" --mode $mode --wire-form $wire)

@@ -29,7 +29,7 @@ APT_PACKAGES=(
   libeigen3-dev prometheus-cpp-dev libspdlog-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
   python3 python3-venv python3-pip
-  jargon-text
+  jargon-text debian-reference-en
 )
 # Installs those of the named Debian packages that are missing.
 install_debs() {

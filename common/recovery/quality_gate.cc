@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -89,6 +91,34 @@ absl::StatusOr<double> BootstrapUpperBound(std::span<const double> deltas, doubl
   return Quantile(BootstrapMeans(deltas, options), level);
 }
 
+namespace {
+
+// Requests of each kind: `kinds` parallel to `values`, or one kind when empty.
+absl::StatusOr<std::vector<std::vector<double>>> ByKind(std::span<const double> values,
+                                                        std::span<const int> kinds, int n_kinds,
+                                                        const char* what) {
+  if (kinds.empty()) return std::vector<std::vector<double>>{{values.begin(), values.end()}};
+  if (kinds.size() != values.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", kinds.size(), " kinds for ", values.size(), " requests"));
+  }
+  std::vector<std::vector<double>> out(n_kinds);
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (kinds[i] < 0 || kinds[i] >= n_kinds) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": bad kind ", kinds[i]));
+    }
+    out[kinds[i]].push_back(values[i]);
+  }
+  for (int k = 0; k < n_kinds; ++k) {
+    if (out[k].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": no request of kind ", k));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<GateDecision> ApplyGate(Gate gate, std::span<const PathPoint> path, double epsilon,
                                        const BootstrapOptions& options) {
   if (!std::isfinite(epsilon) || epsilon < 0.0) {
@@ -101,33 +131,53 @@ absl::StatusOr<GateDecision> ApplyGate(Gate gate, std::span<const PathPoint> pat
     if (auto s = CheckDeltas(p.deltas); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("path point ", i, ": ", s.message()));
     }
-    double stat = 0.0;
-    switch (gate) {
-      case Gate::kMean:
-        stat = Mean(p.deltas);
-        break;
-      case Gate::kUpper90: {
-        auto ub = BootstrapUpperBound(p.deltas, 0.9, options);
-        if (!ub.ok()) return ub.status();
-        stat = *ub;
-        break;
+    const int n_kinds = p.kinds.empty() ? 1 : *std::max_element(p.kinds.begin(), p.kinds.end()) + 1;
+    const std::string where = absl::StrCat("path point ", i);
+    auto selection = ByKind(p.deltas, p.kinds, n_kinds, where.c_str());
+    if (!selection.ok()) return selection.status();
+    std::vector<std::vector<double>> confirm;
+    if (gate == Gate::kStableSplit) {
+      if (auto s = CheckDeltas(p.confirm); !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("path point ", i, " confirmation set: ", s.message()));
       }
-      case Gate::kStableSplit: {
-        if (auto s = CheckDeltas(p.confirm); !s.ok()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("path point ", i, " confirmation set: ", s.message()));
+      auto c = ByKind(p.confirm, p.confirm_kinds, n_kinds, (where + " confirmation").c_str());
+      if (!c.ok()) return c.status();
+      confirm = std::move(*c);
+    }
+    double stat = -std::numeric_limits<double>::infinity();
+    int worst = 0;
+    for (int k = 0; k < n_kinds; ++k) {
+      const std::vector<double>& deltas = (*selection)[k];
+      double s = 0.0;
+      switch (gate) {
+        case Gate::kMean:
+          s = Mean(deltas);
+          break;
+        case Gate::kUpper90: {
+          auto ub = BootstrapUpperBound(deltas, 0.9, options);
+          if (!ub.ok()) return ub.status();
+          s = *ub;
+          break;
         }
-        // Upper-90 on the selection requests, and additionally the mean on independent ones:
-        // the worse of the two decides, so this gate is never looser than Upper-90.
-        auto ub = BootstrapUpperBound(p.deltas, 0.9, options);
-        if (!ub.ok()) return ub.status();
-        stat = std::max(*ub, Mean(p.confirm));
-        break;
+        case Gate::kStableSplit: {
+          // Upper-90 on the selection requests, and additionally the mean on independent
+          // ones: the worse of the two decides, so this gate is never looser than Upper-90.
+          auto ub = BootstrapUpperBound(deltas, 0.9, options);
+          if (!ub.ok()) return ub.status();
+          s = std::max(*ub, Mean(confirm[k]));
+          break;
+        }
+      }
+      if (s > stat) {
+        stat = s;
+        worst = k;
       }
     }
     const bool pass = stat <= epsilon;
     d.statistic.push_back(stat);
     d.passed.push_back(pass);
+    d.worst_kind.push_back(worst);
     if (pass && p.kv_saved > best_saved) {
       best_saved = p.kv_saved;
       d.chosen = static_cast<int>(i);

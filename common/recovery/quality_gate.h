@@ -43,15 +43,21 @@ struct PathPoint {
   double kv_saved = 0.0;        // fraction (or bytes) of KV omitted; larger is better
   std::vector<double> deltas;   // per-request NLL increase on the selection requests
   std::vector<double> confirm;  // the same on independent requests (kStableSplit only)
+  // The kind of text of each request (parallel to deltas and confirm; empty: one kind). Every
+  // kind must have requests in deltas (and, for kStableSplit, in confirm).
+  std::vector<int> kinds, confirm_kinds;
 };
 
 struct GateDecision {
   int chosen = -1;                // index into the path; -1 means keep every layer exact
   std::vector<double> statistic;  // per point: the value compared with epsilon
   std::vector<bool> passed;       // per point
+  std::vector<int> worst_kind;    // per point: the kind whose statistic it is
 };
 
-// Evaluates every point and chooses the one with the most KV saved among those that pass.
+// Evaluates every point and chooses the one with the most KV saved among those that pass. With
+// several kinds of text the statistic is the worst kind's: each gate's statistic computed on
+// every kind's requests alone, and the largest compared with epsilon.
 absl::StatusOr<GateDecision> ApplyGate(Gate gate, std::span<const PathPoint> path, double epsilon,
                                        const BootstrapOptions& options = {});
 

@@ -8,8 +8,8 @@
 # Needs root; only uses addresses inside the namespaces it creates (10.199.0.0/22).
 #   sudo deploy/netns/two_hosts.sh [--model GGUF] [--policy-dir DIR] [--rate 100mbit]
 #                                  [--bin DIR] [--tokens JSON] [--chart OUT.svg]
-#   --policy-dir: riskkv-calibrate's output (policy.pb, bank.rkvbank); calibrated with --quick
-#   when it holds no policy. --tokens: the session's history as token ids instead of the
+#   --policy-dir: riskkv-calibrate's output (policy.pb, bank.rkvbank); by default the SmolLM2
+#   policy that ships with the project (deploy/policies/smollm2-135m-instruct). --tokens: the session's history as token ids instead of the
 #   Jargon File text the demo uses. --chart: draw recovery time and bytes sent per mode there.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,7 +18,7 @@ home=$HOME
 [ -n "${SUDO_USER:-}" ] && home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
 RISKKV_HOME="${RISKKV_HOME:-$home/.cache/riskkv}"
 MODEL="$RISKKV_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-POLICY_DIR="$RISKKV_HOME/policies/smollm2-135m-instruct"
+POLICY_DIR="$REPO/deploy/policies/smollm2-135m-instruct"
 RATE=100mbit
 BIN=$REPO/build/release/services
 TOKENS=""
@@ -50,10 +50,7 @@ if [ -z "$TOKENS" ] && [ ! -f "$JARGON" ]; then
 fi
 [ -x "$BIN/riskkv-node" ] || { echo "two_hosts.sh: no $BIN/riskkv-node (deploy/build.sh)" >&2; exit 1; }
 [ -f "$MODEL" ] || { echo "two_hosts.sh: no model $MODEL (deploy/setup.sh)" >&2; exit 1; }
-if [ ! -f "$POLICY_DIR/policy.pb" ]; then
-  echo "== calibrating a retention policy (--quick) into $POLICY_DIR"
-  "$BIN/riskkv-calibrate" --model "$MODEL" --out "$POLICY_DIR" --quick
-fi
+[ -f "$POLICY_DIR/policy.pb" ] || { echo "two_hosts.sh: no policy.pb in $POLICY_DIR" >&2; exit 1; }
 
 NA=rkv$$a NB=rkv$$b NC=rkv$$c
 WORK=$(mktemp -d)

@@ -16,6 +16,7 @@
 #include "common/recovery/rebuild.h"
 #include "common/recovery/wire_apply.h"
 #include "services/calibrate/paired_stats.h"
+#include "services/calibrate/requests.h"
 #include "services/progress.h"
 
 namespace riskkv {
@@ -105,58 +106,17 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   clock.End("fingerprint");
 
   // 1. Corpus and requests.
-  ASSIGN_OR_RETURN(std::string text, ReadCorpusText(o.corpus));
-  ASSIGN_OR_RETURN(std::vector<std::string> docs, SplitDocuments(text, o.doc_boundary));
-  res.corpus.documents = static_cast<int64_t>(docs.size());
-  docs = KeepProse(std::move(docs), o.min_prose);
-  res.corpus.dropped = res.corpus.documents - static_cast<int64_t>(docs.size());
-  if (docs.size() < 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("corpus ", o.corpus, " has ", docs.size(),
-                     " document(s) of prose under the boundary "
-                     "pattern '",
-                     o.doc_boundary, "' (", res.corpus.dropped,
-                     " dropped by --min-prose); three splits need at least 3"));
-  }
-  auto splits = AssignSplits(std::move(docs), o.fractions, o.seed);
-  const int64_t len = o.history + o.eval;
-  // Four request sets from four disjoint sets of documents: the validation split's documents
-  // feed the selection requests first and the confirmation requests from the documents after.
-  struct Part {
-    Split split;
-    int wanted;
-    const char* name;
+  ASSIGN_OR_RETURN(RequestSets sets, MakeRequestSets(model.tokenizer(), o, &res));
+  res.validation_kinds = sets.kinds[kSelectionSet];
+  res.confirm_kinds = sets.kinds[kConfirmSet];
+  res.test_kinds = sets.kinds[kTestSet];
+  const std::span<const Request> train(sets.requests[kTrainSet]), val(sets.requests[kSelectionSet]),
+      confirm(sets.requests[kConfirmSet]), test(sets.requests[kTestSet]);
+  const int n_kinds = static_cast<int>(res.kinds.size());
+  auto summarize = [&](std::span<const double> rebuilt, std::span<const double> exact,
+                       const std::vector<int>& kinds) {
+    return Summarize(rebuilt, exact, kinds, n_kinds, o);
   };
-  const std::array<Part, 4> parts = {{{kTrain, o.train, "train"},
-                                      {kValidation, o.validation, "validation"},
-                                      {kValidation, o.confirm, "confirmation"},
-                                      {kTest, o.test, "test"}}};
-  std::array<std::vector<Request>, 4> sets;
-  std::array<int64_t, 3> next_doc = {0, 0, 0};
-  for (int s = 0; s < 3; ++s) res.splits[s].documents = static_cast<int64_t>(splits[s].size());
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const Part& part = parts[i];
-    if (part.wanted == 0) continue;
-    SplitStats& st = res.splits[part.split];
-    const auto docs_left = std::span<const std::string>(splits[part.split])
-                               .subspan(static_cast<size_t>(next_doc[part.split]));
-    int64_t used = 0;
-    ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
-                     TokenizeDocuments(model.tokenizer(), docs_left, part.wanted * len, &used));
-    next_doc[part.split] += used;
-    st.documents_used += used;
-    st.tokens += static_cast<int64_t>(tokens.size());
-    sets[i] = MakeRequests(tokens, o.history, o.eval, part.wanted);
-    st.requests += static_cast<int>(sets[i].size());
-    if (static_cast<int>(sets[i].size()) < part.wanted) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the ", SplitName(part.split), " split of ", o.corpus, " has ", docs_left.size(),
-          " documents left for ", part.name, " requests, giving ", tokens.size(),
-          " tokens: ", sets[i].size(), " requests of ", len, " tokens, ", part.wanted,
-          " needed; use a larger corpus, shorter requests or fewer of them"));
-    }
-  }
-  const std::span<const Request> train(sets[0]), val(sets[1]), confirm(sets[2]), test(sets[3]);
   clock.End("corpus");
 
   // 2. Fit.
@@ -177,7 +137,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     ASSIGN_OR_RETURN(nll, MeasureNll(model, val, folded, configs, b->Callback()));
   }
   for (int g = 0; g < G; ++g) {
-    ASSIGN_OR_RETURN(Measured m, Summarize(nll[g + 1], nll[0], o));
+    ASSIGN_OR_RETURN(Measured m, summarize(nll[g + 1], nll[0], res.validation_kinds));
     res.singleton.push_back(std::move(m));
   }
   const std::vector<std::vector<double>> singleton_nll = nll;
@@ -240,8 +200,8 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   // requests the exact NLLs are the singleton phase's (so the path skips the exact pass), and
   // the first plain point (the least risky singleton) must reproduce that phase's figures bit
   // for bit.
-  auto measure_path = [&](std::span<const Request> reqs, const char* phase,
-                          Measured PathPointResult::*field,
+  auto measure_path = [&](std::span<const Request> reqs, const std::vector<int>& kinds,
+                          const char* phase, Measured PathPointResult::*field,
                           bool selection) -> absl::StatusOr<std::vector<double>> {
     auto b = bar(phase);
     ASSIGN_OR_RETURN(auto v, MeasureNllWith(model, reqs, n_points + (selection ? 0 : 1),
@@ -260,14 +220,17 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       v.insert(v.begin(), singleton_nll[0]);
     }
     for (int k = 0; k < n_points; ++k) {
-      ASSIGN_OR_RETURN(res.path[k].*field, Summarize(v[k + 1], v[0], o));
+      ASSIGN_OR_RETURN(res.path[k].*field, summarize(v[k + 1], v[0], kinds));
     }
     return v[0];
   };
-  RETURN_IF_ERROR(measure_path(val, "path", &PathPointResult::validation, true).status());
+  RETURN_IF_ERROR(
+      measure_path(val, res.validation_kinds, "path", &PathPointResult::validation, true).status());
   clock.End("path");
   if (o.confirm > 0) {
-    RETURN_IF_ERROR(measure_path(confirm, "confirm", &PathPointResult::confirm, false).status());
+    RETURN_IF_ERROR(
+        measure_path(confirm, res.confirm_kinds, "confirm", &PathPointResult::confirm, false)
+            .status());
     clock.End("confirm");
   }
 
@@ -275,7 +238,8 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   std::vector<PathPoint> points;
   for (const PathPointResult& p : res.path) {
     // The gate keeps the point that sends the fewest bytes among those that pass.
-    points.push_back({1.0 - p.sent_fraction, p.validation.deltas, p.confirm.deltas});
+    points.push_back({1.0 - p.sent_fraction, p.validation.deltas, p.confirm.deltas,
+                      res.validation_kinds, res.confirm_kinds});
   }
   const BootstrapOptions boot{o.bootstrap_resamples, o.seed};
   for (Gate gate : {Gate::kMean, Gate::kUpper90, Gate::kStableSplit}) {
@@ -310,8 +274,8 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   }
 
   ASSIGN_OR_RETURN(const std::vector<double> test_exact,
-                   measure_path(test, "test", &PathPointResult::test, false));
-  ASSIGN_OR_RETURN(res.test_exact, Summarize(test_exact, test_exact, o));
+                   measure_path(test, res.test_kinds, "test", &PathPointResult::test, false));
+  ASSIGN_OR_RETURN(res.test_exact, summarize(test_exact, test_exact, res.test_kinds));
   clock.End("test");
 
   // 6a. Gaussian replacement of matched per-request K/V NRMSE.
@@ -387,7 +351,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       e.mask = mask;
       for (int g : subsets[mask]) e.layers += static_cast<int>(res.groups[g].targets.size());
       e.kv_fraction = static_cast<double>(e.layers) / n_layers;
-      ASSIGN_OR_RETURN(Measured m, Summarize(v[mask], v[0], o));
+      ASSIGN_OR_RETURN(Measured m, summarize(v[mask], v[0], res.validation_kinds));
       e.mean = m.ci95.mean;
       e.upper90 = m.upper90;
       res.exhaustive.push_back(e);

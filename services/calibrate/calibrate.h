@@ -28,22 +28,17 @@
 #include "common/recovery/quality_gate.h"
 #include "common/recovery/retention_policy.h"
 #include "services/calibrate/corpus.h"
+#include "services/calibrate/corpus_kinds.h"
 
 namespace riskkv {
 
-// Lines that start a document in the Jargon File (Debian package jargon-text): lexicon entries
-// (an indented ":term:") and headings (chapters, appendices and their sections start at column 0;
-// body text is indented).
-inline constexpr char kJargonBoundary[] = R"(^([A-Za-z]|\s+:[^:]+:))";
-inline constexpr char kJargonCorpus[] = "/usr/share/doc/jargon-text/jargon.txt.gz";
-
 struct CalibrateOptions {
-  std::string corpus = kJargonCorpus;
-  std::string doc_boundary = kJargonBoundary;
+  std::vector<CorpusKind> corpus = DefaultCorpus();  // each kind split by document on its own
   double min_prose = 0.5;  // drop documents with less running prose (see ProseFraction)
   SplitFractions fractions;
   uint64_t seed = 1;  // document assignment, bootstrap and noise draws
 
+  // Request counts are totals over the kinds of text, shared out evenly (KindShare).
   int64_t history = 512;   // H
   int64_t eval = 512;      // T
   int train = 64;          // requests fitting the predictors (train split)
@@ -74,14 +69,25 @@ struct CalibrateOptions {
   absl::Status Validate() const;
 };
 
-// Per-request NLL increases of one configuration on one set of requests, with their summaries.
-struct Measured {
-  std::vector<double> deltas;
+// The requests of kind `kind` (of n_kinds) among `total` requests: total / n_kinds, one more
+// for the first total % n_kinds kinds.
+int KindShare(int total, int n_kinds, int kind);
+
+// Summaries of per-request NLL increases.
+struct DeltaSummary {
   Interval ci95;
   double upper90 = 0.0;
   double exact_nll = 0.0;    // mean over requests, exact KV
   double rebuilt_nll = 0.0;  // mean over requests, this configuration
   int violations = 0;        // requests whose delta exceeds epsilon
+  int requests = 0;
+};
+
+// Per-request NLL increases of one configuration on one set of requests, with their summaries,
+// over all requests and for each kind of text alone.
+struct Measured : DeltaSummary {
+  std::vector<double> deltas;
+  std::vector<DeltaSummary> by_kind;  // indexed like CalibrationResult::kinds
 };
 
 struct PathPointResult {
@@ -146,13 +152,23 @@ struct SplitStats {
   int requests = 0;
 };
 
+// One kind of text: its source, documents and what each split gave.
+struct KindStats {
+  CorpusKind kind;
+  CorpusStats corpus;
+  std::array<SplitStats, 3> splits;
+};
+
 struct CalibrationResult {
   CalibrateOptions options;
   std::string model_path;
   ModelConfig config;
   std::string fingerprint;
-  CorpusStats corpus;
-  std::array<SplitStats, 3> splits;
+  CorpusStats corpus;                // totals over the kinds
+  std::array<SplitStats, 3> splits;  // totals over the kinds
+  std::vector<KindStats> kinds;
+  // The kind of each selection, confirmation and test request (indices into kinds).
+  std::vector<int> validation_kinds, confirm_kinds, test_kinds;
 
   std::vector<LayerGroup> groups;   // candidates
   std::vector<GroupFit> fits;       // parallel to groups

@@ -19,9 +19,14 @@ ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory (re
 ABSL_FLAG(std::string, out, "",
           "output directory: policy.pb, policy.txt, bank.rkvbank, "
           "report.html, calibration.json (required)");
-ABSL_FLAG(std::string, corpus, riskkv::kJargonCorpus, "UTF-8 text, plain or gzip");
-ABSL_FLAG(std::string, doc_boundary, riskkv::kJargonBoundary,
-          "regular expression matching the first line of each document");
+ABSL_FLAG(
+    std::string, corpus, "",
+    "kinds of text, KIND=PATH[,KIND=PATH...] (PATH: UTF-8 text, plain or gzip, or a directory "
+    "of such files), or one PATH; default: lexicon (Jargon File), legal "
+    "(/usr/share/common-licenses) and manual (Debian Reference)");
+ABSL_FLAG(std::string, doc_boundary, "",
+          "regular expression matching the first line of each document, for every kind (default: "
+          "each default kind's own; the Jargon File's for KIND=PATH kinds)");
 ABSL_FLAG(double, min_prose, 0.5,
           "drop documents with a smaller share of characters on lines of 40+ characters "
           "(indexes, word lists)");
@@ -81,9 +86,17 @@ bool Given(const std::string& name) {
 
 absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
   riskkv::CalibrateOptions o;
+  const std::string boundary = absl::GetFlag(FLAGS_doc_boundary);
+  if (const std::string spec = absl::GetFlag(FLAGS_corpus); !spec.empty()) {
+    auto kinds = riskkv::ParseCorpusSpec(spec, riskkv::kJargonBoundary);
+    if (!kinds.ok()) return kinds.status();
+    o.corpus = *kinds;
+  }
+  if (!boundary.empty()) {
+    for (riskkv::CorpusKind& k : o.corpus) k.boundary = boundary;
+  }
+  // Quick sizes are per kind of text, so the kinds come first.
   if (absl::GetFlag(FLAGS_quick)) o.MakeQuick();
-  o.corpus = absl::GetFlag(FLAGS_corpus);
-  o.doc_boundary = absl::GetFlag(FLAGS_doc_boundary);
   o.min_prose = absl::GetFlag(FLAGS_min_prose);
   o.fractions = {absl::GetFlag(FLAGS_train_fraction), absl::GetFlag(FLAGS_validation_fraction)};
   auto take = [](const char* name, auto flag_value, auto* field) {
@@ -183,6 +196,18 @@ int main(int argc, char** argv) {
   std::printf("held-out test (%zu requests): dNLL %+.5f [%+.5f, %+.5f], dPPL %+.3f%%\n",
               t.deltas.size(), t.ci95.mean, t.ci95.lo, t.ci95.hi,
               100.0 * (std::exp(t.ci95.mean) - 1.0));
+  const riskkv::Measured& v = r.chosen >= 0 ? r.path[r.chosen].validation : r.test_exact;
+  for (size_t k = 0; k < r.kinds.size() && r.kinds.size() > 1; ++k) {
+    const riskkv::DeltaSummary& kt = t.by_kind[k];
+    std::printf("  %-12s test (%d): dNLL %+.5f [%+.5f, %+.5f]", r.kinds[k].kind.name.c_str(),
+                kt.requests, kt.ci95.mean, kt.ci95.lo, kt.ci95.hi);
+    if (r.chosen >= 0) {
+      const riskkv::DeltaSummary& kv = v.by_kind[k];
+      std::printf("; selection (%d): %+.5f [%+.5f, %+.5f], upper-90 %+.5f", kv.requests,
+                  kv.ci95.mean, kv.ci95.lo, kv.ci95.hi, kv.upper90);
+    }
+    std::printf("\n");
+  }
   std::printf("wrote %s/{policy.pb,policy.txt,%sreport.html,calibration.json,*.svg}\n", out.c_str(),
               r.chosen >= 0 ? "bank.rkvbank," : "");
   return 0;

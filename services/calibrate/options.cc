@@ -1,5 +1,6 @@
 // riskkv-calibrate's inputs: the options' quick sizes and validation, and the explicit candidate
 // group list of --groups.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -9,12 +10,14 @@
 namespace riskkv {
 
 void CalibrateOptions::MakeQuick() {
+  // Per kind of text (three by default): 3 training, 2 selection, 2 confirmation, 2 test.
+  const int kinds = std::max<int>(1, static_cast<int>(corpus.size()));
   history = 128;
   eval = 64;
-  train = 8;
-  validation = 4;
-  confirm = 3;
-  test = 4;
+  train = 3 * kinds;
+  validation = 2 * kinds;
+  confirm = 2 * kinds;
+  test = 2 * kinds;
   noise_requests = 2;
   noise_draws = 1;
   bootstrap_resamples = 500;
@@ -48,6 +51,17 @@ absl::Status CalibrateOptions::Validate() const {
   if (exhaustive_max_groups < 1 || exhaustive_max_groups > 16)
     return bad(
         absl::StrCat("--exhaustive-max-groups must be in [1, 16], got ", exhaustive_max_groups));
+  if (absl::Status s = ValidateCorpusKinds(corpus); !s.ok()) return s;
+  // Every kind needs requests of its own in every set its statistics are taken on.
+  const int kinds = static_cast<int>(corpus.size());
+  if (train < kinds)
+    return bad(absl::StrCat("--train ", train, " gives no request to some of the ", kinds,
+                            " kinds of text"));
+  if (validation < 2 * kinds || test < 2 * kinds || (confirm > 0 && confirm < 2 * kinds)) {
+    return bad(absl::StrCat("--validation ", validation, ", --test ", test, " and --confirm ",
+                            confirm, " must each give every one of the ", kinds,
+                            " kinds of text at least 2 requests (--confirm may be 0)"));
+  }
   if (bank_dtype != DType::kF16 && bank_dtype != DType::kF32) return bad("bank dtype: f16 or f32");
   if (kv_dtype != DType::kF16 && kv_dtype != DType::kF32) return bad("KV dtype: f16 or f32");
   if (wire_forms.empty()) return bad("--wire-forms names no form");

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/recovery/quality_gate.h"
 
@@ -18,18 +19,49 @@ double Mean(std::span<const double> v) {
 
 }  // namespace
 
-absl::StatusOr<Measured> Summarize(std::span<const double> rebuilt, std::span<const double> exact,
-                                   const CalibrateOptions& o) {
-  Measured m;
-  for (size_t r = 0; r < exact.size(); ++r) {
-    m.deltas.push_back(rebuilt[r] - exact[r]);
-    if (m.deltas.back() > o.epsilon) ++m.violations;
-  }
+namespace {
+
+absl::StatusOr<DeltaSummary> SummarizeDeltas(std::span<const double> rebuilt,
+                                             std::span<const double> exact,
+                                             std::span<const double> deltas,
+                                             const CalibrateOptions& o) {
+  DeltaSummary m;
+  for (double d : deltas) m.violations += d > o.epsilon ? 1 : 0;
   const BootstrapOptions boot{o.bootstrap_resamples, o.seed};
-  ASSIGN_OR_RETURN(m.ci95, BootstrapMeanInterval(m.deltas, 0.95, boot));
-  ASSIGN_OR_RETURN(m.upper90, BootstrapUpperBound(m.deltas, 0.9, boot));
+  ASSIGN_OR_RETURN(m.ci95, BootstrapMeanInterval(deltas, 0.95, boot));
+  ASSIGN_OR_RETURN(m.upper90, BootstrapUpperBound(deltas, 0.9, boot));
   m.exact_nll = Mean(exact);
   m.rebuilt_nll = Mean(rebuilt);
+  m.requests = static_cast<int>(deltas.size());
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<Measured> Summarize(std::span<const double> rebuilt, std::span<const double> exact,
+                                   std::span<const int> kinds, int n_kinds,
+                                   const CalibrateOptions& o) {
+  if (rebuilt.size() != exact.size() || kinds.size() != exact.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("paired summary of ", rebuilt.size(), " and ",
+                                                   exact.size(), " requests with ", kinds.size(),
+                                                   " kinds"));
+  }
+  Measured m;
+  for (size_t r = 0; r < exact.size(); ++r) m.deltas.push_back(rebuilt[r] - exact[r]);
+  ASSIGN_OR_RETURN(DeltaSummary all, SummarizeDeltas(rebuilt, exact, m.deltas, o));
+  static_cast<DeltaSummary&>(m) = all;
+  for (int k = 0; k < n_kinds; ++k) {
+    std::vector<double> kr, ke, kd;
+    for (size_t r = 0; r < exact.size(); ++r) {
+      if (kinds[r] != k) continue;
+      kr.push_back(rebuilt[r]);
+      ke.push_back(exact[r]);
+      kd.push_back(m.deltas[r]);
+    }
+    if (kd.empty()) return absl::InvalidArgumentError(absl::StrCat("no request of kind ", k));
+    ASSIGN_OR_RETURN(DeltaSummary s, SummarizeDeltas(kr, ke, kd, o));
+    m.by_kind.push_back(s);
+  }
   return m;
 }
 

@@ -45,6 +45,6 @@ std::string Esc(const std::string& s) {
 }
 
 double Ppl(double nll) { return std::exp(nll); }
-double DeltaPplPercent(const Measured& m) { return 100.0 * (std::exp(m.ci95.mean) - 1.0); }
+double DeltaPplPercent(const DeltaSummary& m) { return 100.0 * (std::exp(m.ci95.mean) - 1.0); }
 
 }  // namespace riskkv::report

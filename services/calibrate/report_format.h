@@ -18,6 +18,6 @@ std::string Esc(const std::string& s);
 double Ppl(double nll);
 
 // The perplexity change, in percent, implied by the mean paired NLL increase.
-double DeltaPplPercent(const Measured& m);
+double DeltaPplPercent(const DeltaSummary& m);
 
 }  // namespace riskkv::report

@@ -13,7 +13,7 @@ using report::Esc;
 using report::F;
 using report::Ppl;
 
-std::string Ci(const Measured& m) {
+std::string Ci(const DeltaSummary& m) {
   return F("%+.5f [%+.5f, %+.5f]", m.ci95.mean, m.ci95.lo, m.ci95.hi);
 }
 double Mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -107,11 +107,10 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
   row("fingerprint", "<code>" + Esc(r.fingerprint) + "</code>");
   row("layers, KV width",
       F("%lld, %lld", static_cast<long long>(c.n_layers), static_cast<long long>(c.kv_width())));
-  row("corpus", Esc(o.corpus));
-  row("documents", F("%lld cut at <code>", static_cast<long long>(r.corpus.documents)) +
-                       Esc(o.doc_boundary) +
-                       F("</code>; %lld dropped as not prose (min prose share %g)",
-                         static_cast<long long>(r.corpus.dropped), o.min_prose));
+  row("corpus", F("%zu kind(s) of text, %lld documents; %lld dropped as not prose (min prose "
+                  "share %g); each kind split by document on its own",
+                  r.kinds.size(), static_cast<long long>(r.corpus.documents),
+                  static_cast<long long>(r.corpus.dropped), o.min_prose));
   row("request", F("%lld history tokens (H) + %lld scored tokens (T)",
                    static_cast<long long>(o.history), static_cast<long long>(o.eval)));
   row("policy",
@@ -140,6 +139,22 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
       F("</table><p class='note'>Validation requests: %d for selection, %d for Stable-split "
         "confirmation.</p>",
         o.validation, o.confirm);
+  h +=
+      "<table><tr><th class='l'>kind</th><th class='l'>source</th><th class='l'>document "
+      "boundary</th><th>documents</th><th>dropped</th><th>train docs / requests</th><th>validation "
+      "docs / requests</th><th>test docs / requests</th></tr>";
+  for (const KindStats& ks : r.kinds) {
+    h += "<tr><td class='l'>" + Esc(ks.kind.name) + "</td><td class='l'>" + Esc(ks.kind.path) +
+         "</td><td class='l'><code>" + Esc(ks.kind.boundary) + "</code></td>" +
+         F("<td>%lld</td><td>%lld</td>", static_cast<long long>(ks.corpus.documents),
+           static_cast<long long>(ks.corpus.dropped));
+    for (int sp = 0; sp < 3; ++sp) {
+      h += F("<td>%lld / %d</td>", static_cast<long long>(ks.splits[sp].documents),
+             ks.splits[sp].requests);
+    }
+    h += "</tr>";
+  }
+  h += "</table>";
 
   const auto charts = RenderCharts(r);
   auto chart = [&](const char* name) {
@@ -197,6 +212,36 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
           p.test.violations, p.test.deltas.size(), p.validation.ci95.mean, p.validation.upper90);
     for (Gate g : {Gate::kMean, Gate::kUpper90, Gate::kStableSplit}) {
       h += "<td>" + GateMark(r, g, k) + "</td>";
+    }
+    h += "</tr>";
+  }
+  h += "</table>";
+
+  h += "<h2>By kind of text</h2><p class='note'>Each kind's own requests: mean &#916;NLL with its "
+       "95% bootstrap interval on the selection and the held-out test split, and the Upper-90 "
+       "bound on the kind's selection requests. The gates compare the worst kind's statistic "
+       "with &#949; (Upper-90: the largest of the kinds' Upper-90 bounds).</p>";
+  h += "<table><tr><th>k</th><th class='l'>wire</th><th>layers</th><th class='l'>worst kind "
+       "(upper90 gate)</th>";
+  for (const KindStats& ks : r.kinds) {
+    h += "<th>" + Esc(ks.kind.name) + " selection &#916;NLL [95% CI]</th><th>" + Esc(ks.kind.name) +
+         " upper 90%</th><th>" + Esc(ks.kind.name) + " test &#916;NLL [95% CI]</th>";
+  }
+  h += "</tr>";
+  const GateDecision& upper = r.gates[static_cast<int>(Gate::kUpper90)].decision;
+  for (size_t k = 0; k < r.path.size(); ++k) {
+    const PathPointResult& p = r.path[k];
+    h += F("<tr%s><td>%zu</td><td class='l'>%s</td><td>%d</td><td class='l'>",
+           static_cast<int>(k) == r.chosen ? " class='chosen'" : "", p.groups.size(),
+           std::string(WireFormName(p.form)).c_str(), p.layers);
+    if (k < upper.worst_kind.size()) {
+      h += Esc(r.kinds[upper.worst_kind[k]].kind.name) + F(" %+.5f", upper.statistic[k]);
+    }
+    h += "</td>";
+    for (size_t kind = 0; kind < r.kinds.size(); ++kind) {
+      h += "<td>" + Ci(p.validation.by_kind[kind]) + "</td>" +
+           F("<td>%+.5f</td>", p.validation.by_kind[kind].upper90) + "<td>" +
+           Ci(p.test.by_kind[kind]) + "</td>";
     }
     h += "</tr>";
   }

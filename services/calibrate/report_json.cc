@@ -13,7 +13,7 @@ using report::Ppl;
 
 std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& policy) {
   using nlohmann::json;
-  auto measured = [](const Measured& m) {
+  auto summary = [](const DeltaSummary& m) {
     return json{{"mean", m.ci95.mean},
                 {"ci_low", m.ci95.lo},
                 {"ci_high", m.ci95.hi},
@@ -21,8 +21,16 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                 {"exact_nll", m.exact_nll},
                 {"rebuilt_nll", m.rebuilt_nll},
                 {"violations", m.violations},
-                {"requests", m.deltas.size()},
+                {"requests", m.requests},
                 {"delta_ppl_percent", DeltaPplPercent(m)}};
+  };
+  // Over all requests, and by kind of text under "by_kind".
+  auto measured = [&](const Measured& m) {
+    json j = summary(m);
+    for (size_t k = 0; k < m.by_kind.size() && k < r.kinds.size(); ++k) {
+      j["by_kind"][r.kinds[k].kind.name] = summary(m.by_kind[k]);
+    }
+    return j;
   };
   const CalibrateOptions& o = r.options;
   json j;
@@ -31,10 +39,28 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                 {"fingerprint", r.fingerprint},
                 {"layers", r.config.n_layers}};
   j["corpus"] = {{"documents", r.corpus.documents}, {"dropped", r.corpus.dropped}};
-  j["options"] = {{"corpus", o.corpus}, {"history", o.history},       {"eval", o.eval},
-                  {"train", o.train},   {"validation", o.validation}, {"confirm", o.confirm},
-                  {"test", o.test},     {"epsilon", o.epsilon},       {"gate", GateName(o.gate)},
-                  {"seed", o.seed}};
+  for (const KindStats& ks : r.kinds) {
+    json kind = {{"name", ks.kind.name},
+                 {"path", ks.kind.path},
+                 {"boundary", ks.kind.boundary},
+                 {"documents", ks.corpus.documents},
+                 {"dropped", ks.corpus.dropped}};
+    for (int s = 0; s < 3; ++s) {
+      const SplitStats& st = ks.splits[s];
+      kind["splits"][SplitName(static_cast<Split>(s))] = {{"documents", st.documents},
+                                                          {"documents_used", st.documents_used},
+                                                          {"tokens", st.tokens},
+                                                          {"requests", st.requests}};
+    }
+    j["corpus"]["kinds"].push_back(kind);
+  }
+  json corpus_option = json::array();
+  for (const CorpusKind& k : o.corpus) corpus_option.push_back(k.name + "=" + k.path);
+  j["options"] = {
+      {"corpus", corpus_option}, {"history", o.history},       {"eval", o.eval},
+      {"train", o.train},        {"validation", o.validation}, {"confirm", o.confirm},
+      {"test", o.test},          {"epsilon", o.epsilon},       {"gate", GateName(o.gate)},
+      {"seed", o.seed}};
   for (int s = 0; s < 3; ++s) {
     const SplitStats& st = r.splits[s];
     j["splits"][SplitName(static_cast<Split>(s))] = {{"documents", st.documents},
@@ -56,6 +82,12 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                {"validation", measured(p.validation)},
                {"test", measured(p.test)}};
     if (!p.confirm.deltas.empty()) pt["confirm"] = measured(p.confirm);
+    for (const GateResult& g : r.gates) {
+      if (g.decision.passed.size() <= k) continue;
+      pt["gates"][GateName(g.gate)] = {{"statistic", g.decision.statistic[k]},
+                                       {"passed", static_cast<bool>(g.decision.passed[k])},
+                                       {"worst_kind", r.kinds[g.decision.worst_kind[k]].kind.name}};
+    }
     j["path"].push_back(pt);
   }
   for (const GateResult& g : r.gates) {
@@ -68,6 +100,7 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                                                                       : WireForm::kPlain))},
                  {"arithmetic", r.arithmetic},
                  {"test", measured(r.chosen >= 0 ? r.path[r.chosen].test : r.test_exact)},
+                 {"validation", r.chosen >= 0 ? measured(r.path[r.chosen].validation) : json()},
                  {"test_exact_ppl", Ppl(r.test_exact.exact_nll)}};
   for (const BudgetResult& b : r.budgets) {
     auto point = [&](int k) {

@@ -139,6 +139,52 @@ TEST(Gates, PicksTheMostKvSavedNotTheLastPassing) {
   EXPECT_EQ(d->chosen, 0);
 }
 
+TEST(Gates, SeveralKindsAreGatedByTheWorstKind) {
+  // Kind 0 is safe and tight; kind 1, half as many requests, is over budget on its own. Pooled,
+  // the point would pass; by kind it fails, and kind 1 is named.
+  std::vector<double> deltas, confirm;
+  std::vector<int> kinds, confirm_kinds;
+  for (int i = 0; i < 40; ++i) {
+    deltas.push_back(i % 2 ? 0.0010 : 0.0012);
+    kinds.push_back(0);
+  }
+  std::vector<double> hard;
+  for (int i = 0; i < 20; ++i) {
+    deltas.push_back(i % 2 ? 0.006 : 0.008);
+    kinds.push_back(1);
+    hard.push_back(deltas.back());
+  }
+  for (int i = 0; i < 6; ++i) {
+    confirm.push_back(0.001);
+    confirm_kinds.push_back(i % 2);
+  }
+  const std::vector<PathPoint> path = {{0.2, deltas, confirm, kinds, confirm_kinds}};
+  const std::vector<PathPoint> pooled = {{0.2, deltas, confirm}};
+  auto pooled_mean = ApplyGate(Gate::kMean, pooled, 0.005);
+  ASSERT_TRUE(pooled_mean.ok());
+  EXPECT_TRUE(pooled_mean->passed[0]);
+  for (Gate g : {Gate::kMean, Gate::kUpper90, Gate::kStableSplit}) {
+    auto d = ApplyGate(g, path, 0.005);
+    ASSERT_TRUE(d.ok()) << GateName(g);
+    EXPECT_FALSE(d->passed[0]) << GateName(g);
+    EXPECT_EQ(d->worst_kind[0], 1) << GateName(g);
+  }
+  auto upper = ApplyGate(Gate::kUpper90, path, 0.005);
+  auto alone = BootstrapUpperBound(hard, 0.9);
+  ASSERT_TRUE(upper.ok() && alone.ok());
+  EXPECT_EQ(upper->statistic[0], *alone);  // kind 1's own bound, nothing pooled
+  auto mean = ApplyGate(Gate::kMean, path, 0.005);
+  EXPECT_NEAR(mean->statistic[0], 0.007, 1e-12);
+
+  // Every kind needs requests, and kinds must match the requests.
+  std::vector<PathPoint> missing = path;
+  missing[0].confirm_kinds.assign(6, 0);
+  EXPECT_FALSE(ApplyGate(Gate::kStableSplit, missing, 0.005).ok());
+  std::vector<PathPoint> short_kinds = path;
+  short_kinds[0].kinds.pop_back();
+  EXPECT_FALSE(ApplyGate(Gate::kMean, short_kinds, 0.005).ok());
+}
+
 TEST(Gates, RejectsBadInput) {
   EXPECT_FALSE(ApplyGate(Gate::kMean, HandMadePath(), -1.0).ok());
   std::vector<PathPoint> no_confirm = {{0.1, {0.001}, {}}};

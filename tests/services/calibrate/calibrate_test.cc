@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 
 #include "common/kvcodec/kv_codec.h"
@@ -22,11 +23,11 @@ namespace {
 namespace fs = std::filesystem;
 
 // English-looking documents, each starting with a "Doc N" heading at column 0.
-std::string SyntheticCorpus(int documents) {
+std::string SyntheticCorpus(int documents, unsigned seed = 5) {
   const char* words[] = {"the",  "hacker", "wrote", "a",       "program", "that", "ran",
                          "on",   "every",  "old",   "machine", "in",      "lab",  "and",
                          "then", "it",     "was",   "called",  "by",      "name", "of"};
-  std::mt19937 rng(5);
+  std::mt19937 rng(seed);
   std::string text;
   for (int d = 0; d < documents; ++d) {
     text += "Doc " + std::to_string(d) + "\n";
@@ -46,6 +47,11 @@ class CalibrateTiny : public ::testing::Test {
         new fs::path(fs::temp_directory_path() / ("riskkv_calibrate_" + std::to_string(getpid())));
     fs::create_directories(*dir_);
     std::ofstream(*dir_ / "corpus.txt") << SyntheticCorpus(300);
+    // A second kind: a directory of two files of other text.
+    fs::create_directories(*dir_ / "other");
+    std::ofstream(*dir_ / "other" / "a.txt") << SyntheticCorpus(150, 7);
+    std::ofstream(*dir_ / "other" / "b.txt") << SyntheticCorpus(150, 9);
+    std::ofstream(*dir_ / "little.txt") << SyntheticCorpus(2, 11);
     auto m = Model::Load((testing::TestdataDir() / "tiny_llama_deep.gguf").string(),
                          {.threads = 2, .activations = ActivationPrecision::kF32});
     ASSERT_TRUE(m.ok()) << m.status();
@@ -60,8 +66,7 @@ class CalibrateTiny : public ::testing::Test {
   static CalibrateOptions Quick() {
     CalibrateOptions o;
     o.MakeQuick();
-    o.corpus = (*dir_ / "corpus.txt").string();
-    o.doc_boundary = "^Doc ";
+    o.corpus = {{"text", (*dir_ / "corpus.txt").string(), "^Doc "}};
     o.history = 48;
     o.eval = 24;
     o.train = 6;
@@ -307,11 +312,12 @@ TEST_F(CalibrateTiny, BadOptionsFailBeforeAnyWork) {
   o.test = 400;
   expect_error(o, "test split");
   o = Quick();
-  o.corpus = (*dir_ / "missing.txt").string();
+  o.corpus[0].path = (*dir_ / "missing.txt").string();
   auto missing = Calibrate(*model_, "tiny", o);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("missing.txt"), std::string_view::npos);
   o = Quick();
-  o.doc_boundary = "^never$";
+  o.corpus[0].boundary = "^never$";
   expect_error(o, "document");
   o = Quick();
   o.groups = {{{3}, {2, 4}}, {{4}, {3, 5}}};  // layer 3 both rebuilt and an anchor
@@ -324,6 +330,107 @@ TEST_F(CalibrateTiny, BadOptionsFailBeforeAnyWork) {
   o = Quick();
   o.epsilon = std::nan("");
   expect_error(o, "epsilon");
+}
+
+// Two kinds of text: every set holds both, each kind's figures are its own requests' and the
+// gates take the worst kind's statistic.
+TEST_F(CalibrateTiny, KindsAreMeasuredAndGatedEachOnTheirOwn) {
+  CalibrateOptions o = Quick();
+  o.corpus.push_back({"other", (*dir_ / "other").string(), "^Doc "});
+  o.validation = 6;
+  o.confirm = 4;
+  o.test = 5;
+  o.exhaustive = false;
+  o.noise_requests = 0;
+  o.epsilon = 10.0;
+  auto res = Calibrate(*model_, "tiny", o);
+  ASSERT_TRUE(res.ok()) << res.status();
+  const CalibrationResult& r = *res;
+  ASSERT_EQ(r.kinds.size(), 2u);
+  EXPECT_EQ(r.kinds[1].kind.name, "other");
+  EXPECT_EQ(r.validation_kinds, std::vector<int>({0, 1, 0, 1, 0, 1}));  // alternating
+  EXPECT_EQ(r.test_kinds, std::vector<int>({0, 1, 0, 1, 0}));           // 3 + 2
+  EXPECT_EQ(r.kinds[0].splits[kTest].requests + r.kinds[1].splits[kTest].requests, 5);
+  EXPECT_EQ(r.kinds[0].corpus.documents + r.kinds[1].corpus.documents, r.corpus.documents);
+  EXPECT_EQ(r.kinds[1].corpus.documents, 300);  // each file cut on its own
+
+  const BootstrapOptions boot{o.bootstrap_resamples, o.seed};
+  const GateDecision& upper = r.gates[static_cast<int>(Gate::kUpper90)].decision;
+  for (size_t k = 0; k < r.path.size(); ++k) {
+    const PathPointResult& p = r.path[k];
+    double worst = -INFINITY;
+    for (int kind = 0; kind < 2; ++kind) {
+      std::vector<double> val, test;
+      for (size_t i = 0; i < r.validation_kinds.size(); ++i) {
+        if (r.validation_kinds[i] == kind) val.push_back(p.validation.deltas[i]);
+      }
+      for (size_t i = 0; i < r.test_kinds.size(); ++i) {
+        if (r.test_kinds[i] == kind) test.push_back(p.test.deltas[i]);
+      }
+      const DeltaSummary& v = p.validation.by_kind[kind];
+      const DeltaSummary& t = p.test.by_kind[kind];
+      EXPECT_EQ(v.requests, static_cast<int>(val.size()));
+      EXPECT_EQ(t.requests, static_cast<int>(test.size()));
+      EXPECT_NEAR(v.ci95.mean, std::accumulate(val.begin(), val.end(), 0.0) / val.size(), 1e-12);
+      EXPECT_NEAR(t.ci95.mean, std::accumulate(test.begin(), test.end(), 0.0) / test.size(), 1e-12);
+      auto ub = BootstrapUpperBound(val, 0.9, boot);
+      ASSERT_TRUE(ub.ok());
+      EXPECT_EQ(v.upper90, *ub);
+      worst = std::max(worst, *ub);
+    }
+    EXPECT_EQ(upper.statistic[k], worst) << "path point " << k;
+  }
+
+  // The JSON carries the same per-kind figures.
+  const fs::path out = *dir_ / "kinds";
+  ASSERT_TRUE(WriteOutputs(r, out.string()).ok());
+  std::ifstream json_in(out / "calibration.json");
+  auto j = nlohmann::json::parse(json_in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  ASSERT_EQ(j["corpus"]["kinds"].size(), 2u);
+  EXPECT_EQ(j["corpus"]["kinds"][1]["name"], "other");
+  for (size_t k = 0; k < r.path.size(); ++k) {
+    for (int kind = 0; kind < 2; ++kind) {
+      const std::string name = r.kinds[kind].kind.name;
+      const auto& jt = j["path"][k]["test"]["by_kind"][name];
+      EXPECT_EQ(jt["mean"].get<double>(), r.path[k].test.by_kind[kind].ci95.mean);
+      EXPECT_EQ(jt["requests"].get<int>(), r.path[k].test.by_kind[kind].requests);
+      EXPECT_EQ(j["path"][k]["validation"]["by_kind"][name]["upper90"].get<double>(),
+                r.path[k].validation.by_kind[kind].upper90);
+    }
+    EXPECT_EQ(j["path"][k]["gates"]["upper90"]["statistic"].get<double>(), upper.statistic[k]);
+    EXPECT_EQ(j["path"][k]["gates"]["upper90"]["worst_kind"],
+              r.kinds[upper.worst_kind[k]].kind.name);
+  }
+  std::ifstream html_in(out / "report.html");
+  const std::string html((std::istreambuf_iterator<char>(html_in)), {});
+  EXPECT_NE(html.find("By kind of text"), std::string::npos);
+}
+
+TEST_F(CalibrateTiny, BadKindsFailBeforeAnyWorkNamingTheKind) {
+  auto expect_error = [&](CalibrateOptions o, absl::StatusCode code,
+                          std::vector<std::string> needles) {
+    o.quiet = true;
+    auto res = Calibrate(*model_, "tiny", o);
+    ASSERT_FALSE(res.ok()) << needles[0];
+    EXPECT_EQ(res.status().code(), code) << res.status();
+    for (const std::string& n : needles) {
+      EXPECT_NE(res.status().message().find(n), std::string_view::npos) << res.status();
+    }
+  };
+  CalibrateOptions o = Quick();
+  o.corpus.push_back({"little", (*dir_ / "little.txt").string(), "^Doc "});
+  o.validation = 4;
+  o.test = 4;
+  o.confirm = 4;
+  expect_error(o, absl::StatusCode::kInvalidArgument, {"kind 'little'", "little.txt"});
+  o.corpus[1] = {"text", (*dir_ / "other").string(), "^Doc "};
+  expect_error(o, absl::StatusCode::kInvalidArgument, {"'text' named twice"});
+  o.corpus[1] = {"gone", (*dir_ / "gone.txt").string(), "^Doc "};
+  expect_error(o, absl::StatusCode::kNotFound, {"kind 'gone'", "gone.txt"});
+  o.corpus[1] = {"other", (*dir_ / "other").string(), "^Doc "};
+  o.test = 3;  // one test request for one of the two kinds
+  expect_error(o, absl::StatusCode::kInvalidArgument, {"--test", "2 kinds"});
 }
 
 TEST(ParseGroupList, ReadsTargetsAndAnchors) {

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common/model/model.h"
+#include "services/calibrate/corpus_kinds.h"
 #include "tests/test_paths.h"
 
 namespace riskkv {
@@ -104,6 +105,64 @@ TEST_F(CorpusFiles, BadFilesAreNamedErrors) {
   for (size_t i = 20; i < 60; ++i) corrupt[i] = static_cast<char>(corrupt[i] ^ 0x5A);
   auto bad = ReadCorpusText(WritePlain("corrupt.gz", corrupt));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+}
+
+TEST_F(CorpusFiles, KindsReadFilesAndDirectoriesEachFileOnItsOwn) {
+  fs::create_directories(dir_ / "kind");
+  WritePlain("kind/b.txt", "Doc 3\n   three\nDoc 4\n   four\n");
+  WriteGzip("kind/a.txt.gz", "   before any heading\nDoc 1\n   one\n");
+  fs::create_symlink(dir_ / "kind" / "b.txt", dir_ / "kind" / "c.txt");  // read once
+  fs::create_directories(dir_ / "kind" / "sub");                         // not a file
+  auto docs = ReadKindDocuments({"k", (dir_ / "kind").string(), "^Doc "});
+  ASSERT_TRUE(docs.ok()) << docs.status();
+  // a.txt.gz first (name order), its leading text a document of its own, never joined to b.txt.
+  EXPECT_EQ(*docs, (std::vector<std::string>{"   before any heading\n", "Doc 1\n   one\n",
+                                             "Doc 3\n   three\n", "Doc 4\n   four\n"}));
+  auto one = ReadKindDocuments({"k", (dir_ / "kind" / "b.txt").string(), "^Doc "});
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->size(), 2u);
+
+  auto missing = ReadKindDocuments({"gone", (dir_ / "nothing.txt").string(), "^Doc "});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("kind 'gone'"), std::string::npos);
+  EXPECT_NE(missing.status().message().find("nothing.txt"), std::string::npos);
+  WritePlain("kind/bad.txt", std::string("Doc 5\n\xFF\xFE\n"));
+  auto bad = ReadKindDocuments({"k", (dir_ / "kind").string(), "^Doc "});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("bad.txt"), std::string::npos) << bad.status();
+  fs::create_directories(dir_ / "empty");
+  auto empty = ReadKindDocuments({"e", (dir_ / "empty").string(), "^Doc "});
+  EXPECT_NE(empty.status().message().find("holds no file"), std::string::npos);
+}
+
+TEST(CorpusKinds, SpecsNameKindsPathsAndDefaults) {
+  auto two = ParseCorpusSpec("a=/x/one.txt,b=/y", "^B");
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_EQ(two->size(), 2u);
+  EXPECT_EQ((*two)[1].name, "b");
+  EXPECT_EQ((*two)[1].path, "/y");
+  EXPECT_EQ((*two)[1].boundary, "^B");
+  auto defaults = ParseCorpusSpec("legal,mine=/m.txt", "^B");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ((*defaults)[0].path, DefaultCorpus()[1].path);
+  EXPECT_EQ((*defaults)[0].boundary, DefaultCorpus()[1].boundary);  // its own
+  auto bare = ParseCorpusSpec("/some/file.txt", "^B");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ((*bare)[0].name, "text");
+  EXPECT_EQ((*bare)[0].path, "/some/file.txt");
+  for (const auto& [spec, needle] :
+       std::vector<std::pair<std::string, std::string>>{{"a=/x,a=/y", "'a' named twice"},
+                                                        {"a=/x,,b=/y", "'' is neither"},
+                                                        {"a=/x,novel", "'novel' is neither"},
+                                                        {"=/x", "'=/x' is not KIND=PATH"},
+                                                        {"a=", "'a=' is not KIND=PATH"},
+                                                        {"bad name=/x", "kind name 'bad name'"}}) {
+    auto r = ParseCorpusSpec(spec, "^B");
+    ASSERT_FALSE(r.ok()) << spec;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status();
+  }
+  EXPECT_TRUE(ValidateCorpusKinds(DefaultCorpus()).ok());
+  EXPECT_FALSE(ValidateCorpusKinds({}).ok());
 }
 
 TEST(Corpus, SplitsDocumentsAtBoundaryLines) {
