@@ -209,6 +209,6 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   std::printf("wrote %s/{policy.pb,policy.txt,%sreport.html,calibration.json,*.svg}\n", out.c_str(),
-              r.chosen >= 0 ? "bank.rkvbank," : "");
+              r.ChosenGroups().empty() ? "" : "bank.rkvbank,");
   return 0;
 }
