@@ -10,6 +10,7 @@
 #include "common/base/status_macros.h"
 #include "common/recovery/features.h"
 #include "common/recovery/fold.h"
+#include "common/recovery/parallel_for.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/ridge.h"
 
@@ -32,20 +33,46 @@ absl::Status AddHistory(Model& model, const Request& r, std::span<const LayerGro
   };
   RETURN_IF_ERROR(
       model.Forward(std::span<const int32_t>(r.tokens).first(r.history), *cache, options, nullptr));
-  std::vector<float> x, y;
+  // Features and targets of every group first (the backend runs the inverse RoPE), then the
+  // groups' moments on separate threads.
+  std::vector<std::vector<float>> x(groups.size()), y(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& targets = groups[g].targets;
-    x.resize(r.history * FeatureWidth(groups[g], c.kv_width()));
-    RETURN_IF_ERROR(BuildFeatures(*cache, groups[g], c, model.backend(), 0, r.history, x.data()));
+    x[g].resize(r.history * FeatureWidth(groups[g], c.kv_width()));
+    RETURN_IF_ERROR(
+        BuildFeatures(*cache, groups[g], c, model.backend(), 0, r.history, x[g].data()));
     const int64_t d = static_cast<int64_t>(targets.size()) * c.hidden;
-    y.resize(r.history * d);
+    y[g].resize(r.history * d);
     for (int64_t i = 0; i < r.history; ++i) {
       for (size_t t = 0; t < targets.size(); ++t) {
         const float* src = &attn_in[targets[t]][i * c.hidden];
-        std::copy(src, src + c.hidden, &y[i * d + t * c.hidden]);
+        std::copy(src, src + c.hidden, &y[g][i * d + t * c.hidden]);
       }
     }
-    RETURN_IF_ERROR(moments[g].Add(x.data(), y.data(), r.history));
+  }
+  std::vector<absl::Status> status(groups.size());
+  ParallelChunks(static_cast<int64_t>(groups.size()), model.backend().threads(),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t g = begin; g < end; ++g) {
+                     status[g] = moments[g].Add(x[g].data(), y[g].data(), r.history);
+                   }
+                 });
+  for (const absl::Status& st : status) RETURN_IF_ERROR(st);
+  return absl::OkStatus();
+}
+
+// Fits and folds every target of one group from its moments.
+absl::Status FitGroup(const Model& model, const LayerGroup& group, const RidgeMoments& train,
+                      const RidgeMoments& validation, GroupFit* fit) {
+  const int64_t hidden = model.config().hidden;
+  *fit = GroupFit{group, {}};
+  for (size_t t = 0; t < group.targets.size(); ++t) {
+    ASSIGN_OR_RETURN(
+        RidgeResult ridge,
+        FitRidge(train, validation, static_cast<int64_t>(t) * hidden, hidden, DefaultRidgeGrid()));
+    ASSIGN_OR_RETURN(LayerFit folded,
+                     FoldIntoProjections(ridge, train.f(), group.targets[t], model));
+    fit->layers.push_back(std::move(folded));
   }
   return absl::OkStatus();
 }
@@ -105,20 +132,25 @@ absl::StatusOr<std::vector<GroupFit>> FitGroups(Model& model, std::span<const Re
     if (progress) progress(++done, total);
   }
 
-  std::vector<GroupFit> fits;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    GroupFit fit{groups[g], {}};
-    for (size_t t = 0; t < groups[g].targets.size(); ++t) {
-      ASSIGN_OR_RETURN(RidgeResult ridge, FitRidge(tr[g], va[g], static_cast<int64_t>(t) * c.hidden,
-                                                   c.hidden, DefaultRidgeGrid()));
-      ASSIGN_OR_RETURN(LayerFit folded,
-                       FoldIntoProjections(ridge, tr[g].f(), groups[g].targets[t], model));
-      fit.layers.push_back(std::move(folded));
-      if (progress) progress(++done, total);
+  // Each group's targets solved and folded on separate threads, a thread's worth of groups at a
+  // time so that progress advances and the moments are freed as they are used.
+  std::vector<GroupFit> fits(groups.size());
+  std::vector<absl::Status> status(groups.size());
+  const int threads = model.backend().threads();
+  for (size_t g0 = 0; g0 < groups.size(); g0 += threads) {
+    const size_t g1 = std::min(groups.size(), g0 + threads);
+    ParallelChunks(static_cast<int64_t>(g1 - g0), threads, [&](int64_t begin, int64_t end) {
+      for (size_t g = g0 + begin; g < g0 + end; ++g)
+        status[g] = FitGroup(model, groups[g], tr[g], va[g], &fits[g]);
+    });
+    for (size_t g = g0; g < g1; ++g) {
+      RETURN_IF_ERROR(status[g]);
+      tr[g] = RidgeMoments(0, 0);
+      va[g] = RidgeMoments(0, 0);
+      for (size_t t = 0; t < groups[g].targets.size(); ++t) {
+        if (progress) progress(++done, total);
+      }
     }
-    fits.push_back(std::move(fit));
-    tr[g] = RidgeMoments(0, 0);
-    va[g] = RidgeMoments(0, 0);
   }
   return fits;
 }

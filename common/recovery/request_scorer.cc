@@ -6,6 +6,7 @@
 #include <span>
 
 #include "common/base/status_macros.h"
+#include "common/recovery/parallel_for.h"
 
 namespace riskkv {
 
@@ -99,17 +100,31 @@ absl::StatusOr<double> RequestScorer::Run(KvCache& cache, int64_t first,
   std::vector<float> last;
   RETURN_IF_ERROR(model_.Forward(tokens.subspan(moved, 1), cache, options, &last));
   options.all_logits = true;
+  // The teacher-forced NLL of the eval tokens as ScoreContinuation computes it (token 0 from
+  // the decode's logits, token i + 1 from the logits after token i, the mean summed in order),
+  // with each block's rows scored on the backend's threads.
   const auto eval = tokens.subspan(request_.history);
-  ASSIGN_OR_RETURN(
-      NllResult res,
-      ScoreContinuation(eval, c.vocab, last,
-                        [&](std::span<const int32_t> batch, std::vector<float>* logits) {
-                          const int64_t pos = request_.history + (batch.data() - eval.data());
-                          if (first > 0) options.first_hidden = at(first, pos);
-                          return model_.Forward(batch, cache, options, logits);
-                        }));
+  const auto n = static_cast<int64_t>(eval.size());
+  std::vector<double> nll(n);
+  nll[0] = TokenNll(last, eval[0]);
+  std::vector<float> logits;
+  constexpr int64_t kBlock = 256;  // bounds the logits to kBlock x vocab
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t m = std::min(kBlock, n - start);
+    if (first > 0) options.first_hidden = at(first, request_.history + start);
+    RETURN_IF_ERROR(model_.Forward(eval.subspan(start, m), cache, options, &logits));
+    const int64_t rows = std::min(m, n - 1 - start);
+    ParallelChunks(rows, model_.backend().threads(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        nll[start + i + 1] = TokenNll(std::span<const float>(logits).subspan(i * c.vocab, c.vocab),
+                                      eval[start + i + 1]);
+      }
+    });
+  }
+  double sum = 0.0;
+  for (double v : nll) sum += v;
   layers_run_ += c.n_layers - first;
-  return res.mean;
+  return sum / static_cast<double>(n);
 }
 
 int64_t RequestScorer::FirstDifference(const KvCache& a, const KvCache& b) const {

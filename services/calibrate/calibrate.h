@@ -1,14 +1,14 @@
 // riskkv-calibrate's pipeline: from a model and a text corpus to a retention policy, the
 // predictor bank it needs and a report, following RISK-KV's offline selection:
-//   1. split the corpus by document into train / validation / test;
+//   1. split each kind of text of the corpus by document into train / validation / test;
 //   2. fit every candidate group's folded predictor on training histories (ridge strength
 //      chosen on validation histories);
 //   3. measure each group's singleton risk on validation requests and rank the groups;
 //   4. measure the joint configurations along the ranking (G more evaluations per wire form: the
 //      kept layers sent plain, int8 or int4, the rebuilt ones predicted from those anchors), on
 //      validation requests and on independent confirmation requests from the same split;
-//   5. choose with the quality gate (the passing configuration that sends the fewest bytes, else
-//      exact KV);
+//   5. choose with the quality gate on the worst kind of text (the passing configuration that
+//      sends the fewest bytes, else exact KV);
 //   6. report every configuration of the path on the held-out test requests, the
 //      Gaussian-noise control, and (for small G) the exhaustive search the path stands in for.
 #pragma once
