@@ -9,7 +9,8 @@
 #   sudo deploy/netns/two_hosts.sh [--model GGUF] [--policy-dir DIR] [--rate 100mbit]
 #                                  [--bin DIR] [--tokens JSON] [--chart OUT.svg]
 #   --policy-dir: riskkv-calibrate's output (policy.pb, bank.rkvbank); by default the SmolLM2
-#   policy that ships with the project (deploy/policies/smollm2-135m-instruct). --tokens: the session's history as token ids instead of the
+#   policy that ships with the project (deploy/policies/smollm2-135m-instruct); a directory
+#   without one gets a --quick calibration of --model. --tokens: the session's history as token ids instead of the
 #   Jargon File text the demo uses. --chart: draw recovery time and bytes sent per mode there.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -50,7 +51,10 @@ if [ -z "$TOKENS" ] && [ ! -f "$JARGON" ]; then
 fi
 [ -x "$BIN/riskkv-node" ] || { echo "two_hosts.sh: no $BIN/riskkv-node (deploy/build.sh)" >&2; exit 1; }
 [ -f "$MODEL" ] || { echo "two_hosts.sh: no model $MODEL (deploy/setup.sh)" >&2; exit 1; }
-[ -f "$POLICY_DIR/policy.pb" ] || { echo "two_hosts.sh: no policy.pb in $POLICY_DIR" >&2; exit 1; }
+if [ ! -f "$POLICY_DIR/policy.pb" ]; then
+  echo "== calibrating a retention policy for $MODEL (--quick) into $POLICY_DIR"
+  "$BIN/riskkv-calibrate" --model "$MODEL" --out "$POLICY_DIR" --quick
+fi
 
 NA=rkv$$a NB=rkv$$b NC=rkv$$c
 WORK=$(mktemp -d)

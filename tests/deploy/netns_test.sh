@@ -19,7 +19,7 @@ cat "$T/out"
 for mode in full_kv token_replay reconstruct; do
   grep -q "^$mode " "$T/out" || { echo "FAIL: no $mode row" >&2; exit 1; }
 done
-rate=$(awk '$1 == "full_kv" {print $3}' "$T/out")
+rate=$(awk '$1 == "full_kv" && $2 == "plain" {print $5}' "$T/out")  # mode wire bytes share Mbit/s ...
 python3 -c "import sys; r=float('$rate'); sys.exit(0 if 0.5 < r < 4.0 else 1)" ||
   { echo "FAIL: full_kv moved at $rate Mbit/s over a 2 Mbit/s link" >&2; exit 1; }
 echo "netns test passed: full_kv at $rate Mbit/s over a 2 Mbit/s link"
