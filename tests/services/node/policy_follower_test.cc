@@ -167,6 +167,22 @@ class Follower : public ::testing::Test {
       return done();
     }
   };
+  // Serves `fake`, follows it until the follower counts one rejected version, and checks that
+  // nothing was applied or cached.
+  void ExpectRejected(FakeControl& fake, const std::string& what) {
+    std::string address;
+    auto server = Serve(fake, &address);
+    auto w = Follow(Options(address));
+    w->follower->Start();
+    EXPECT_TRUE(w->WaitFor([&] {
+      return w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"rejected\"} 1");
+    })) << what;
+    EXPECT_EQ(w->follower->version(), 0u) << what;
+    w->follower->Stop();
+    server->Shutdown(std::chrono::system_clock::now());
+    EXPECT_FALSE(fs::exists(dir_ / "cache" / "policies" / "tiny.pb")) << what;
+  }
+
   std::unique_ptr<Watched> Follow(PolicyFollowerOptions o) {
     auto w = std::make_unique<Watched>();
     auto* raw = w.get();
@@ -331,19 +347,9 @@ TEST_F(Follower, RefusesBankBytesThatAreCorruptOrDoNotHashToTheirName) {
   for (const Case& c : {Case{corrupt, "does not load"},
                         Case{FileBytes(*f16.bank), "sent bank bytes with SHA-256"}}) {
     FakeControl fake(p, c.bytes);
-    std::string address;
-    auto server = Serve(fake, &address);
-    auto w = Follow(Options(address));
-    w->follower->Start();
-    ASSERT_TRUE(w->WaitFor([&] {
-      return w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"rejected\"} 1");
-    })) << c.expect;
-    EXPECT_EQ(w->follower->version(), 0u);
-    w->follower->Stop();
-    server->Shutdown(std::chrono::system_clock::now());
+    ExpectRejected(fake, c.expect);
     // Nothing of the bad bank stays in the cache.
     EXPECT_TRUE(fs::is_empty(dir_ / "cache" / "banks")) << c.expect;
-    EXPECT_FALSE(fs::exists(dir_ / "cache" / "policies" / "tiny.pb"));
   }
 }
 
@@ -360,18 +366,8 @@ TEST_F(Follower, RefusesAMalformedVersionBeforeFetchingItsBank) {
     p.version = 1;
     malformations[i](p);
     FakeControl fake(p, *bank_bytes_);
-    std::string address;
-    auto server = Serve(fake, &address);
-    auto w = Follow(Options(address));
-    w->follower->Start();
-    ASSERT_TRUE(w->WaitFor([&] {
-      return w->Has("riskkv_policy_updates_total{model=\"tiny\",outcome=\"rejected\"} 1");
-    }));
-    EXPECT_EQ(w->follower->version(), 0u);
+    ExpectRejected(fake, "malformation " + std::to_string(i));
     EXPECT_EQ(fake.bank_requests, 0);
-    w->follower->Stop();
-    server->Shutdown(std::chrono::system_clock::now());
-    EXPECT_FALSE(fs::exists(dir_ / "cache" / "policies" / "tiny.pb"));
   }
 }
 
