@@ -47,9 +47,15 @@ absl::StatusOr<ResumeResult> Engine::Resume(KvStore& store, std::span<const int3
   if (tokens.empty()) return absl::InvalidArgumentError("a session to resume has no tokens");
   ResumeResult r;
   ASSIGN_OR_RETURN(r.rebuild_seconds, WaitRebuilds(store));
-  if (replay && tokens.size() > 1) {
+  const auto history = static_cast<int64_t>(tokens.size()) - 1;
+  if (replay && store.n_tokens() > history) {
+    return absl::InvalidArgumentError(absl::StrCat("the store holds ", store.n_tokens(),
+                                                   " rows for a history of ", history));
+  }
+  if (replay && store.n_tokens() < history) {
     const Stopwatch prefill;
-    ASSIGN_OR_RETURN(std::vector<float> ignored, Prefill(tokens.first(tokens.size() - 1), store));
+    ASSIGN_OR_RETURN(std::vector<float> ignored,
+                     Prefill(tokens.subspan(store.n_tokens(), history - store.n_tokens()), store));
     r.prefill_seconds = prefill.Seconds();
   }
   ASSIGN_OR_RETURN(r.logits, Decode(tokens.back(), store));

@@ -137,8 +137,9 @@ class Engine {
                                          int64_t count) = 0;
 
   // The engine's work of resuming a received session, in one call: waits for the rebuilds still
-  // queued, runs the history (every token but the last) when `replay` (TOKEN_REPLAY: the store
-  // holds no rows), then feeds the last token. The store then holds a row for every token.
+  // queued, runs the history (every token but the last) past the rows the store holds when
+  // `replay` (TOKEN_REPLAY: none, or those a live migration prefilled), then feeds the last
+  // token. The store then holds a row for every token.
   absl::StatusOr<ResumeResult> Resume(KvStore& store, std::span<const int32_t> tokens, bool replay);
 
  protected:

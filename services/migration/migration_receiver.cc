@@ -71,6 +71,19 @@ absl::StatusOr<std::optional<v1::ReceiveReply>> MigrationReceiver::OnFrame(
       reply.mutable_resumed()->set_prefill_seconds(figures_.prefill_seconds);
       reply.mutable_resumed()->set_recovery_seconds(figures_.recovery_seconds);
       return reply;
+    case F::kRound: {
+      if (stage_ == Stage::kHandshake) {
+        return Fail("protocol", absl::InvalidArgumentError("the first frame must be a handshake"));
+      }
+      if (stage_ != Stage::kChunks || !live_) {
+        return Fail("protocol", Refuse(stage_ != Stage::kChunks
+                                           ? "a pre-copy round after the trailer"
+                                           : "a pre-copy round in a stop-and-copy migration"));
+      }
+      RETURN_IF_ERROR(OnRound(frame.round()));  // sets its own failure reason
+      reply.mutable_round_done()->set_history_tokens(closed_);
+      return reply;
+    }
     case F::kCommit: {
       if (stage_ != Stage::kResumed) {
         return Fail("protocol", absl::InvalidArgumentError(stage_ == Stage::kHandshake
@@ -126,6 +139,8 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   RETURN_IF_ERROR(ctx_.engine->CheckTokenIds(state.token_ids));
   const int64_t capacity =
       std::min(ctx_.capacity > 0 ? ctx_.capacity : c.context_length, c.context_length);
+  capacity_ = capacity;
+  live_ = h.live();
   if (history_ + 1 > capacity) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session of ", history_ + 1, " tokens does not fit this node's ", capacity, "-row cache"));
@@ -193,18 +208,21 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   announced_.assign(c.n_layers, false);
   rows_left_.assign(c.n_layers, 0);
   rows_done_.assign(2 * c.n_layers, {});
+  tensor_rows_.assign(2 * c.n_layers, 0);
   for (int32_t l : got) {
     announced_[l] = true;
     rows_left_[l] = 2 * history_;
     rows_done_[2 * l].assign(history_, false);
     rows_done_[2 * l + 1].assign(history_, false);
   }
+  closed_ = 0;
   session_.tokens = std::move(state.token_ids);
   session_.sampler = std::move(state.sampler);
   handshake_ = h;
   figures_.history_tokens = history_;
   stage_ = Stage::kChunks;
-  return RebuildReadyGroups();  // groups whose anchors carry no rows (empty history)
+  // Groups whose anchors carry no rows (empty history); a live migration rebuilds by round.
+  return live_ ? absl::OkStatus() : RebuildReadyGroups();
 }
 
 absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
@@ -219,13 +237,18 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
                                                    ", which the handshake does not announce"));
   }
   const int64_t first = chunk.first_token(), n = chunk.token_count();
-  if (first < 0 || n < 1 || first > history_ - n) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " has ", n,
-                                                   " rows from row ", first,
-                                                   ", outside the history of ", history_));
+  // Stop-and-copy rows lie in the announced history; live ones past the closed rounds, with room
+  // for the session's last token (the trailer checks they end where the history does).
+  const int64_t low = live_ ? closed_ : 0, high = live_ ? capacity_ - 1 : history_;
+  if (first < low || n < 1 || first > high - n) {
+    return absl::InvalidArgumentError(
+        live_ ? absl::StrCat("chunk ", chunk.sequence(), " has ", n, " rows from row ", first,
+                             ", outside rows [", low, ", ", high, ") still to come")
+              : absl::StrCat("chunk ", chunk.sequence(), " has ", n, " rows from row ", first,
+                             ", outside the history of ", history_));
   }
   if (form_ != WireForm::kPlain &&
-      (first % kTokenGroup != 0 || (n % kTokenGroup != 0 && first + n != history_))) {
+      (first % kTokenGroup != 0 || (n % kTokenGroup != 0 && first + n != history_ && !live_))) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk ", chunk.sequence(), " has ", n, " rows from row ", first, ": ",
                      std::string(WireFormName(form_)), " chunks hold whole ", kTokenGroup,
@@ -246,6 +269,7 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
                                             ") fails its CRC-32C: ", crc, " != ", chunk.crc32c()));
   }
   std::vector<bool>& done = rows_done_[2 * layer + (chunk.values() ? 1 : 0)];
+  if (static_cast<int64_t>(done.size()) < first + n) done.resize(first + n, false);
   for (int64_t t = first; t < first + n; ++t) {
     if (done[t]) {
       return absl::InvalidArgumentError(
@@ -267,11 +291,12 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
                                            reinterpret_cast<const uint8_t*>(rows_.data())));
   }
   std::fill(done.begin() + first, done.begin() + first + n, true);
+  tensor_rows_[2 * layer + (chunk.values() ? 1 : 0)] += n;
   rows_left_[layer] -= n;
   crc_of_crcs_ = ExtendWithCrc(crc_of_crcs_, crc);
   figures_.kv_bytes_received += size;
   ++next_sequence_;
-  if (rows_left_[layer] != 0) return absl::OkStatus();
+  if (live_ || rows_left_[layer] != 0) return absl::OkStatus();
   RETURN_IF_ERROR(session_.kv->FinishLayer(layer));
   return RebuildReadyGroups();
 }
@@ -294,8 +319,88 @@ absl::Status MigrationReceiver::RebuildReadyGroups() {
   return absl::OkStatus();
 }
 
+absl::Status MigrationReceiver::CheckRowsThrough(int64_t end) const {
+  for (size_t l = 0; l < announced_.size(); ++l) {
+    if (!announced_[l]) continue;
+    for (int v = 0; v < 2; ++v) {
+      const std::vector<bool>& done = rows_done_[2 * l + v];
+      // Rows are never accepted twice, so the count and the extent say the rows are [0, end).
+      if (tensor_rows_[2 * l + v] != end || static_cast<int64_t>(done.size()) > end) {
+        return absl::DataLossError(absl::StrCat("layer ", l, (v ? " values" : " keys"), " hold ",
+                                                tensor_rows_[2 * l + v], " rows where rows [0, ",
+                                                end, ") were due"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MigrationReceiver::ApplyRows(int64_t end) {
+  if (session_.mode == MigrationMode::kTokenReplay) {
+    // Positions [closed_, end) are history tokens the target prefills as they come.
+    if (end > closed_) {
+      const Stopwatch prefill;
+      const std::span<const int32_t> tokens(session_.tokens);
+      ASSIGN_OR_RETURN(std::vector<float> ignored,
+                       ctx_.engine->Prefill(tokens.subspan(closed_, end - closed_), *session_.kv));
+      figures_.prefill_seconds += prefill.Seconds();
+    }
+  } else {
+    RETURN_IF_ERROR(session_.kv->SetTokens(end));
+    for (size_t l = 0; l < announced_.size(); ++l) {
+      if (announced_[l]) RETURN_IF_ERROR(session_.kv->FinishLayer(static_cast<int32_t>(l)));
+    }
+    if (end > closed_) {
+      for (const FoldedGroup* g : pending_) {
+        ASSIGN_OR_RETURN(double seconds, ctx_.engine->Rebuild(*session_.kv, *ctx_.predictors, *g,
+                                                              closed_, end - closed_));
+        figures_.rebuild_seconds += seconds;
+      }
+    }
+  }
+  closed_ = end;
+  return absl::OkStatus();
+}
+
+absl::Status MigrationReceiver::OnRound(const v1::PrecopyRound& round) {
+  const int64_t end = round.history_tokens();
+  const auto added = static_cast<int64_t>(round.token_ids_size());
+  const auto known = static_cast<int64_t>(session_.tokens.size());
+  if (end < closed_ || end + 1 > capacity_ || known + added != end + 1) {
+    return Fail("bad_chunk", absl::InvalidArgumentError(absl::StrCat(
+                                 "a pre-copy round to row ", end, " with ", added,
+                                 " new tokens after ", known, " (this node's cache holds ",
+                                 capacity_, " rows)")));
+  }
+  if (form_ != WireForm::kPlain && end % kTokenGroup != 0) {
+    return Fail("bad_chunk", absl::InvalidArgumentError(
+                                 absl::StrCat("a pre-copy round in ", std::string(WireFormName(form_)),
+                                              " ends at row ", end, ", inside a ", kTokenGroup,
+                                              "-token group")));
+  }
+  if (rounds_ == 0 && (next_sequence_ != handshake_.chunk_count() ||
+                       figures_.kv_bytes_received != handshake_.kv_bytes())) {
+    return Fail("corrupt", absl::DataLossError(absl::StrCat(
+                               "the first round brought ", next_sequence_, " chunks and ",
+                               figures_.kv_bytes_received, " bytes; the handshake announced ",
+                               handshake_.chunk_count(), " and ", handshake_.kv_bytes())));
+  }
+  if (auto st = CheckRowsThrough(end); !st.ok()) return Fail("corrupt", st);
+  const std::vector<int32_t> ids(round.token_ids().begin(), round.token_ids().end());
+  if (auto st = ctx_.engine->CheckTokenIds(ids); !st.ok()) return Fail("bad_chunk", st);
+  session_.tokens.insert(session_.tokens.end(), ids.begin(), ids.end());
+  if (auto st = ApplyRows(end); !st.ok()) return Fail("resume", st);
+  ++rounds_;
+  return absl::OkStatus();
+}
+
 absl::Status MigrationReceiver::OnTrailer(const v1::MigrationTrailer& t) {
+  if (live_) return OnLiveTrailer(t);
   const int64_t received = figures_.kv_bytes_received;
+  if (t.has_session()) {
+    return Fail("protocol", absl::InvalidArgumentError(
+                                "the trailer of a stop-and-copy migration carries a session"));
+  }
   if (t.chunk_count() != next_sequence_ || handshake_.chunk_count() != next_sequence_ ||
       t.kv_bytes() != received || handshake_.kv_bytes() != received || t.crc32c() != crc_of_crcs_) {
     return Fail("corrupt", absl::DataLossError(absl::StrCat(
@@ -314,13 +419,61 @@ absl::Status MigrationReceiver::OnTrailer(const v1::MigrationTrailer& t) {
   if (!pending_.empty()) {
     return Fail("resume", absl::InternalError("groups left unrebuilt after every anchor arrived"));
   }
+  return Resume();
+}
+
+absl::Status MigrationReceiver::OnLiveTrailer(const v1::MigrationTrailer& t) {
+  const int64_t received = figures_.kv_bytes_received;
+  if (t.chunk_count() != next_sequence_ || t.kv_bytes() != received ||
+      t.crc32c() != crc_of_crcs_) {
+    return Fail("corrupt", absl::DataLossError(absl::StrCat(
+                               "stream ended after ", next_sequence_, " chunks and ", received,
+                               " bytes; the trailer says ", t.chunk_count(), " and ",
+                               t.kv_bytes())));
+  }
+  if (rounds_ == 0) {
+    return Fail("protocol", absl::InvalidArgumentError(
+                                "a live migration's trailer before any pre-copy round"));
+  }
+  absl::StatusOr<DecodingState> state = DecodeDecodingState(t.session());
+  if (!state.ok()) return Fail("bad_chunk", state.status());
+  if (t.session().sampling().SerializeAsString() !=
+      handshake_.session().sampling().SerializeAsString()) {
+    return Fail("bad_chunk", absl::InvalidArgumentError(
+                                 "the trailer's sampling differs from the handshake's"));
+  }
+  if (auto st = ctx_.engine->CheckTokenIds(state->token_ids); !st.ok()) {
+    return Fail("bad_chunk", st);
+  }
+  const int64_t end =
+      static_cast<int64_t>(session_.tokens.size() + state->token_ids.size()) - 1;
+  if (end + 1 > capacity_) {
+    return Fail("bad_chunk", absl::InvalidArgumentError(absl::StrCat(
+                                 "session of ", end + 1, " tokens does not fit this node's ",
+                                 capacity_, "-row cache")));
+  }
+  if (auto st = CheckRowsThrough(end); !st.ok()) return Fail("corrupt", st);
+  session_.tokens.insert(session_.tokens.end(), state->token_ids.begin(),
+                         state->token_ids.end());
+  session_.sampler = std::move(state->sampler);
+  history_ = end;
+  figures_.history_tokens = end;
+  // TOKEN_REPLAY's last history tokens are prefilled by the resume.
+  if (session_.mode != MigrationMode::kTokenReplay) {
+    if (auto st = ApplyRows(end); !st.ok()) return Fail("resume", st);
+  }
+  pending_.clear();
+  return Resume();
+}
+
+absl::Status MigrationReceiver::Resume() {
   auto r = ctx_.engine->Resume(*session_.kv, session_.tokens,
                                /*replay=*/session_.mode == MigrationMode::kTokenReplay);
   if (!r.ok()) return Fail("resume", r.status());
   if (session_.mode == MigrationMode::kReconstruct) {
     figures_.rebuild_seconds += r->rebuild_seconds;  // what still ran on the device
   }
-  figures_.prefill_seconds = r->prefill_seconds;
+  figures_.prefill_seconds += r->prefill_seconds;
   session_.logits = std::move(r->logits);
   figures_.recovery_seconds = since_handshake_.Seconds();
   resumed_ = std::move(session_);

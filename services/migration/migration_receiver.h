@@ -83,8 +83,14 @@ class MigrationReceiver {
   //   payload size other than its form's, rows sent twice, or rows that do not decode (a scale
   //   that is not finite, ...: kv_codec.h). Groups are rebuilt as soon as their anchors are
   //   complete.
+  // - round (live only): DataLoss unless every announced layer holds exactly the round's rows
+  //   (and the first round what the handshake announced); InvalidArgument for a round that goes
+  //   back, does not fit, ends inside a token group or brings another number of tokens; then
+  //   rebuilds the round's rows (RECONSTRUCT) or prefills its tokens (TOKEN_REPLAY); replies
+  //   `round_done`.
   // - trailer: DataLoss when the totals disagree or announced rows are missing; then rebuilds
   //   what remains, replays the history (TOKEN_REPLAY), feeds the last token; replies `resumed`.
+  //   A live trailer also carries the tokens since the last round and the sampler's state.
   // - commit: after the trailer only; calls `adopt` and replies `committed` with the id.
   // A second handshake, and a chunk or trailer after the trailer, are FailedPrecondition; a
   // commit before the trailer, and an empty frame anywhere, InvalidArgument.
@@ -113,6 +119,15 @@ class MigrationReceiver {
   absl::Status OnHandshake(const v1::MigrationHandshake& handshake);
   absl::Status OnChunk(const v1::KvChunk& chunk);
   absl::Status OnTrailer(const v1::MigrationTrailer& trailer);
+  absl::Status OnLiveTrailer(const v1::MigrationTrailer& trailer);
+  absl::Status OnRound(const v1::PrecopyRound& round);
+  // DataLoss unless every announced layer holds exactly rows [0, end) (live).
+  absl::Status CheckRowsThrough(int64_t end) const;
+  // Rows [closed_, end) are in: the store marks them, RECONSTRUCT rebuilds them, TOKEN_REPLAY
+  // prefills their tokens.
+  absl::Status ApplyRows(int64_t end);
+  // Waits for the rebuilds, replays what TOKEN_REPLAY has not, feeds the last token.
+  absl::Status Resume();
   absl::StatusOr<std::string> OnCommit();
   absl::Status RebuildReadyGroups();
   absl::Status Fail(const char* reason, absl::Status status);
@@ -138,6 +153,11 @@ class MigrationReceiver {
   std::vector<int64_t> rows_left_;            // per layer: K and V rows still missing
   std::vector<bool> announced_;               // per layer
   std::vector<const FoldedGroup*> pending_;   // groups not yet rebuilt
+  bool live_ = false;
+  int64_t capacity_ = 0;
+  int64_t closed_ = 0;  // live: rows of the rounds applied
+  int rounds_ = 0;
+  std::vector<int64_t> tensor_rows_;  // [layer * 2 + values]: rows received
 };
 
 }  // namespace riskkv

@@ -1,6 +1,7 @@
 // The source's side of a migration (see migration_sender.h).
 #include "services/migration/migration_sender.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -36,12 +37,18 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
         absl::InvalidArgumentError("a session to migrate needs a KV store, a sampler and tokens"));
   }
   const auto history = static_cast<int64_t>(s.tokens.size()) - 1;
-  if (s.kv->n_tokens() != history && s.kv->n_tokens() != history + 1) {
+  // A live session decodes on while its rows are read: its store's own count is not this
+  // thread's to read, and the node vouches for the rows of its tokens.
+  if (!options_.live && s.kv->n_tokens() != history && s.kv->n_tokens() != history + 1) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("session cache holds ", s.kv->n_tokens(),
                                                         " rows for ", s.tokens.size(), " tokens")));
   }
   if (options_.mode == MigrationMode::kReconstruct && options_.policy == nullptr) {
     return Fail(absl::FailedPreconditionError("RECONSTRUCT needs a retention policy"));
+  }
+  if (options_.live && (options_.max_rounds < 1 || options_.pause_rows < 0)) {
+    return Fail(absl::InvalidArgumentError("a live migration needs max_rounds >= 1 and "
+                                           "pause_rows >= 0"));
   }
   const ModelConfig& c = s.kv->engine().config();
   const DType dtype = s.kv->dtype();
@@ -55,9 +62,12 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
                      form_ == WireForm::kPlain ? "row" : "token group", " in ",
                      std::string(WireFormName(form_)), " (", least, " bytes)")));
   }
+  // The first round of a live migration ends where a round may; the handshake then names the
+  // tokens up to it and the rest follow with later rounds.
+  const int64_t first = options_.live ? RoundEnd(history) : history;
   // A store on a device copies its rows to host memory here, before the stream opens, so the
   // chunks read from memory and the time on the wire is the wire's.
-  if (auto st = s.kv->PrepareRead(history); !st.ok()) return Fail(st);
+  if (auto st = s.kv->PrepareRead(first); !st.ok()) return Fail(st);
   v1::MigrationHandshake& h = handshake_;
   h.set_protocol_version(kMigrationProtocolVersion);
   h.set_model_fingerprint(options_.model_fingerprint);
@@ -71,18 +81,80 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
   if (options_.mode != MigrationMode::kTokenReplay) h.set_wire_form(WireFormToProto(form_));
   const std::vector<int32_t> layers = SendOrder(options_.mode, c.n_layers, options_.policy);
   for (int32_t l : layers) h.add_layers(l);
-  h.set_history_tokens(history);
-  *h.mutable_session() = EncodeDecodingState(s.tokens, *s.sampler);
+  h.set_history_tokens(first);
+  h.set_live(options_.live);
+  const std::span<const int32_t> known = s.tokens.first(static_cast<size_t>(first) + 1);
+  *h.mutable_session() = EncodeDecodingState(known, *s.sampler);
+  tokens_sent_.assign(known.begin(), known.end());
   rows_per_chunk_ = RowsPerChunk(options_.max_chunk_bytes, form_, c.n_kv_heads, c.head_dim, dtype);
-  const int64_t chunks_per_tensor =
-      history == 0 ? 0 : (history + rows_per_chunk_ - 1) / rows_per_chunk_;
+  const int64_t chunks_per_tensor = first == 0 ? 0 : (first + rows_per_chunk_ - 1) / rows_per_chunk_;
   const auto n_sent = static_cast<int64_t>(layers.size());
   h.set_chunk_count(2 * chunks_per_tensor * n_sent);
-  h.set_kv_bytes(StreamKvBytes(form_, history, n_sent, c.n_kv_heads, c.head_dim, dtype));
+  h.set_kv_bytes(StreamKvBytes(form_, first, n_sent, c.n_kv_heads, c.head_dim, dtype));
+  round_begin_ = 0;
+  round_end_ = first;
+  first_row_ = 0;
+  paused_ = !options_.live;
   state_ = State::kAwaitAccepted;
   v1::MigrationFrame frame;
   *frame.mutable_handshake() = h;
   return frame;
+}
+
+int64_t MigrationSender::RoundEnd(int64_t history) const {
+  return form_ == WireForm::kPlain ? history : history / kTokenGroup * kTokenGroup;
+}
+
+bool MigrationSender::ShouldPause(int64_t history_tokens) const {
+  const int64_t more = RoundEnd(history_tokens) - round_end_;
+  return rounds_ >= options_.max_rounds || more <= 0 ||
+         history_tokens - round_end_ <= options_.pause_rows;
+}
+
+absl::Status MigrationSender::StartRound(std::span<const int32_t> tokens, int64_t end) {
+  if (tokens.size() < tokens_sent_.size() ||
+      !std::equal(tokens_sent_.begin(), tokens_sent_.end(), tokens.begin())) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("the session's ", tokens.size(), " tokens do not extend the ",
+                     tokens_sent_.size(), " already sent")));
+  }
+  if (auto st = session_.kv->PrepareRead(end); !st.ok()) return Fail(st);
+  round_tokens_.assign(tokens.begin() + static_cast<std::ptrdiff_t>(tokens_sent_.size()),
+                       tokens.begin() + end + 1);
+  tokens_sent_.insert(tokens_sent_.end(), round_tokens_.begin(), round_tokens_.end());
+  layer_index_ = 0;
+  values_ = false;
+  round_begin_ = round_end_;
+  round_end_ = end;
+  first_row_ = round_begin_;
+  state_ = State::kStreaming;
+  return absl::OkStatus();
+}
+
+absl::Status MigrationSender::NextRound(std::span<const int32_t> tokens) {
+  if (state_ != State::kRoundDone) {
+    return absl::FailedPreconditionError("another round before the last one was acknowledged");
+  }
+  if (tokens.empty()) return Fail(absl::InvalidArgumentError("a session without tokens"));
+  const int64_t end = std::max(round_end_, RoundEnd(static_cast<int64_t>(tokens.size()) - 1));
+  return StartRound(tokens, end);
+}
+
+absl::Status MigrationSender::Pause(std::span<const int32_t> tokens, const Sampler& sampler) {
+  if (state_ != State::kRoundDone) {
+    return absl::FailedPreconditionError("a pause before the last round was acknowledged");
+  }
+  const auto end = static_cast<int64_t>(tokens.size()) - 1;
+  if (end < round_end_) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "the session's ", tokens.size(), " tokens are fewer than the ", round_end_ + 1, " sent")));
+  }
+  bytes_before_pause_ = bytes_;
+  paused_ = true;
+  RETURN_IF_ERROR(StartRound(tokens, end));
+  final_state_ = EncodeDecodingState(round_tokens_, sampler);
+  round_tokens_.clear();
+  return absl::OkStatus();
 }
 
 absl::Status MigrationSender::OnReply(const v1::ReceiveReply& reply) {
@@ -91,6 +163,11 @@ absl::Status MigrationSender::OnReply(const v1::ReceiveReply& reply) {
       if (!reply.has_accepted()) break;
       accepted_ = reply.accepted();
       state_ = State::kStreaming;
+      return absl::OkStatus();
+    case State::kAwaitRoundDone:
+      if (!reply.has_round_done() || reply.round_done().history_tokens() != round_end_) break;
+      ++rounds_;
+      state_ = State::kRoundDone;
       return absl::OkStatus();
     case State::kAwaitResumed:
       if (!reply.has_resumed()) break;
@@ -109,26 +186,34 @@ absl::Status MigrationSender::OnReply(const v1::ReceiveReply& reply) {
 }
 
 absl::StatusOr<std::optional<v1::MigrationFrame>> MigrationSender::NextFrame() {
-  if (state_ == State::kAwaitResumed) return std::nullopt;
+  if (state_ == State::kAwaitResumed || state_ == State::kAwaitRoundDone) return std::nullopt;
   if (state_ != State::kStreaming) {
     return absl::FailedPreconditionError("no frames to send before the target accepted");
   }
-  const int64_t history = handshake_.history_tokens();
-  if (first_row_ >= history && history > 0) {  // the tensor is done: the next one
-    first_row_ = 0;
+  const int64_t end = round_end_;
+  if (first_row_ >= end && end > round_begin_) {  // the tensor is done: the next one
+    first_row_ = round_begin_;
     if (values_) ++layer_index_;
     values_ = !values_;
   }
   v1::MigrationFrame frame;
-  if (history == 0 || layer_index_ >= handshake_.layers_size()) {
+  if (end == round_begin_ || layer_index_ >= handshake_.layers_size()) {
+    if (!paused_) {  // a pre-copy round is complete
+      frame.mutable_round()->set_history_tokens(end);
+      for (int32_t t : round_tokens_) frame.mutable_round()->add_token_ids(t);
+      round_tokens_.clear();
+      state_ = State::kAwaitRoundDone;
+      return frame;
+    }
     frame.mutable_trailer()->set_chunk_count(sequence_);
     frame.mutable_trailer()->set_kv_bytes(bytes_);
     frame.mutable_trailer()->set_crc32c(crc_of_crcs_);
+    if (options_.live) *frame.mutable_trailer()->mutable_session() = final_state_;
     state_ = State::kAwaitResumed;
     return frame;
   }
   const int32_t layer = handshake_.layers(layer_index_);
-  const int64_t n = std::min(rows_per_chunk_, history - first_row_);
+  const int64_t n = std::min(rows_per_chunk_, end - first_row_);
   const KvStore& kv = *session_.kv;
   const int64_t row = kv.row_bytes();
   v1::KvChunk* c = frame.mutable_chunk();

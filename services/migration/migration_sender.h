@@ -11,6 +11,20 @@
 //   Commit() -> frame (HandOver::Withdraw)                         -> kAwaitCommitted
 //   OnReply(committed)          -> kCommitted (the target serves the session)
 //
+// A live migration (SendOptions::live) streams the rows in pre-copy rounds while the session keeps
+// decoding on the source:
+//
+//   NextFrame() ... -> a round's chunks, then its PrecopyRound frame, then nullopt
+//                                                                  -> kAwaitRoundDone
+//   OnReply(round_done)         -> kRoundDone
+//   ShouldPause(history now)    the caller asks whether to pause now
+//   NextRound(tokens now)       -> kStreaming (another round), or
+//   Pause(tokens, sampler)      -> kStreaming (the rows added since the last round, then the
+//                                  trailer with the session's final state) -> kAwaitResumed
+//
+// The session's store must hold rows [0, tokens - 1) for the tokens each call passes; rows below
+// that are never changed by the session while it decodes on (it only appends).
+//
 // An error from the target or the store, and Abort(), move to kFailed; from kAwaitCommitted that
 // calls HandOver::Restore first, so a failed migration always leaves the session on the source,
 // intact. A call out of order is FailedPrecondition and changes nothing.
@@ -53,6 +67,12 @@ struct SendOptions {
   // Called with each chunk's payload bytes before the chunk is handed out (the node's link
   // limit waits there); may be null.
   std::function<void(int64_t bytes)> pace;
+  // Pre-copy in rounds (see above). The pause comes when a round would carry at most
+  // `pause_rows` rows (or none: a quantized round ends on a whole token group), or after
+  // `max_rounds` rounds however fast the session grows.
+  bool live = false;
+  int64_t pause_rows = 16;
+  int max_rounds = 8;
 };
 
 // Takes the session out of service at the commit and puts it back if the target does not
@@ -70,6 +90,8 @@ class MigrationSender {
     kStart,
     kAwaitAccepted,
     kStreaming,
+    kAwaitRoundDone,
+    kRoundDone,
     kAwaitResumed,
     kResumed,
     kAwaitCommitted,
@@ -77,8 +99,10 @@ class MigrationSender {
     kFailed
   };
 
-  // `session` (its store, tokens and sampler) and `hand_over` must stay valid and unchanged
-  // while the sender runs; `hand_over` may be null (nothing to withdraw).
+  // `session`'s store and `hand_over` must stay valid while the sender runs; its tokens and
+  // sampler are read by Handshake only (a live migration passes the later ones to NextRound and
+  // Pause). Stop-and-copy needs the store unchanged until the commit; `hand_over` may be null
+  // (nothing to withdraw).
   MigrationSender(SessionView session, SendOptions options, HandOver* hand_over);
 
   // The first frame. InvalidArgument when the view is inconsistent (no store, sampler or tokens;
@@ -86,12 +110,23 @@ class MigrationSender {
   // RECONSTRUCT without a policy; the store's error when its rows cannot be read
   // (KvStore::PrepareRead).
   absl::StatusOr<v1::MigrationFrame> Handshake();
-  // A reply from the target: `accepted` in kAwaitAccepted, `resumed` in kAwaitResumed,
-  // `committed` in kAwaitCommitted. Any other reply is FailedPrecondition ("out of protocol").
+  // A reply from the target: `accepted` in kAwaitAccepted, `round_done` (naming the round's
+  // history) in kAwaitRoundDone, `resumed` in kAwaitResumed, `committed` in kAwaitCommitted.
+  // Any other reply is FailedPrecondition ("out of protocol").
   absl::Status OnReply(const v1::ReceiveReply& reply);
-  // In kStreaming: the next chunk (rows read from the store, encoded), then the trailer; after the
-  // trailer nullopt, and the sender waits for `resumed`. Errors reading the store are returned.
+  // In kStreaming: the next chunk (rows read from the store, encoded), then the trailer (or, in a
+  // live pre-copy round, the round's PrecopyRound); after it nullopt, and the sender waits for
+  // the target's reply. Errors reading the store are returned.
   absl::StatusOr<std::optional<v1::MigrationFrame>> NextFrame();
+  // In kRoundDone: whether to pause with the session at `history_tokens` rows (see
+  // SendOptions::live).
+  bool ShouldPause(int64_t history_tokens) const;
+  // In kRoundDone: another round, up to the rows of `tokens` (the session's tokens now, which
+  // extend those already sent). InvalidArgument when they do not.
+  absl::Status NextRound(std::span<const int32_t> tokens);
+  // In kRoundDone, with the session paused: the last rows, then the trailer carrying `tokens`
+  // (every token of the session) and the sampler's state.
+  absl::Status Pause(std::span<const int32_t> tokens, const Sampler& sampler);
   // In kResumed: the commit frame; the session is withdrawn from service first.
   absl::StatusOr<v1::MigrationFrame> Commit();
   // The transport failed or the caller gave up: kFailed, restoring a withdrawn session. A no-op
@@ -106,9 +141,20 @@ class MigrationSender {
   const v1::HandshakeAccepted& accepted() const { return accepted_; }
   const v1::Resumed& resumed() const { return resumed_; }
   const std::string& target_session_id() const { return target_session_id_; }
+  // Pre-copy rounds acknowledged, payload bytes sent so far and those sent before Pause.
+  int rounds() const { return rounds_; }
+  int64_t bytes_sent() const { return bytes_; }
+  int64_t bytes_before_pause() const { return bytes_before_pause_; }
+  // Rows of the session sent so far (its history at the end).
+  int64_t rows_sent() const { return round_end_; }
 
  private:
   absl::Status Fail(absl::Status status);
+  // Starts streaming rows [round_end_, end) of every layer; the tokens past those already sent,
+  // up to end + 1 of them, go with the round's frame (or the trailer).
+  absl::Status StartRound(std::span<const int32_t> tokens, int64_t end);
+  // The rows a pre-copy round may end on for a session of `history` rows.
+  int64_t RoundEnd(int64_t history) const;
 
   const SessionView session_;
   const SendOptions options_;
@@ -118,10 +164,19 @@ class MigrationSender {
   v1::HandshakeAccepted accepted_;
   v1::Resumed resumed_;
   std::string target_session_id_;
-  // Streaming position: index into handshake_.layers(), keys then values, first row.
+  // Streaming position: index into handshake_.layers(), keys then values, first row, within
+  // the round's rows [round_begin_, round_end_).
   int layer_index_ = 0;
   bool values_ = false;
   int64_t first_row_ = 0;
+  int64_t round_begin_ = 0;
+  int64_t round_end_ = 0;
+  bool paused_ = false;  // the last rows are streaming: the trailer comes next
+  int rounds_ = 0;
+  int64_t bytes_before_pause_ = 0;
+  std::vector<int32_t> tokens_sent_;  // the tokens the target knows of (live)
+  std::vector<int32_t> round_tokens_;  // tokens the current round's frame will add
+  v1::DecodingState final_state_;     // what the trailer carries (live)
   int64_t rows_per_chunk_ = 1;
   WireForm form_ = WireForm::kPlain;
   std::vector<uint8_t> raw_;  // a quantized chunk's rows as the store holds them
