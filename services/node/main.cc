@@ -59,6 +59,11 @@ ABSL_FLAG(double, receive_idle_timeout, 60,
           "seconds an incoming migration may wait on its source without a frame (must exceed "
           "one 256 KiB chunk's time on the slowest link)");
 ABSL_FLAG(double, timeout, 120, "default deadline of a migration, seconds");
+ABSL_FLAG(double, live_threshold_seconds, 0.1,
+          "AUTO migrates live (pre-copy) when its transfer estimate exceeds this, seconds");
+ABSL_FLAG(int64_t, live_pause_rows, 16,
+          "a live migration pauses the session once a round would carry at most this many rows");
+ABSL_FLAG(int, live_max_rounds, 8, "pre-copy rounds of a live migration at most");
 
 namespace {
 
@@ -92,6 +97,11 @@ int main(int argc, char** argv) {
   if (!kv.ok()) return Fail(kv.status().ToString());
   if (absl::GetFlag(FLAGS_link_mbps) < 0) return Fail("--link-mbps must be >= 0");
   if (absl::GetFlag(FLAGS_max_sessions) < 1) return Fail("--max-sessions must be >= 1");
+  if (!(absl::GetFlag(FLAGS_live_threshold_seconds) >= 0)) {
+    return Fail("--live-threshold-seconds must be >= 0");
+  }
+  if (absl::GetFlag(FLAGS_live_pause_rows) < 0) return Fail("--live-pause-rows must be >= 0");
+  if (absl::GetFlag(FLAGS_live_max_rounds) < 1) return Fail("--live-max-rounds must be >= 1");
   if (!(absl::GetFlag(FLAGS_timeout) > 0)) return Fail("--timeout must be > 0");
   if (absl::GetFlag(FLAGS_max_receives) < 1) return Fail("--max-receives must be >= 1");
   if (!(absl::GetFlag(FLAGS_receive_idle_timeout) > 0)) {
@@ -139,6 +149,9 @@ int main(int argc, char** argv) {
   options.capacity = absl::GetFlag(FLAGS_capacity);
   options.link_mbps = absl::GetFlag(FLAGS_link_mbps);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.live_threshold_seconds = absl::GetFlag(FLAGS_live_threshold_seconds);
+  options.live_pause_rows = absl::GetFlag(FLAGS_live_pause_rows);
+  options.live_max_rounds = absl::GetFlag(FLAGS_live_max_rounds);
   options.default_timeout_seconds = absl::GetFlag(FLAGS_timeout);
   options.max_concurrent_receives = absl::GetFlag(FLAGS_max_receives);
   options.receive_idle_seconds = absl::GetFlag(FLAGS_receive_idle_timeout);

@@ -6,7 +6,8 @@
 #include "services/grpc_status.h"
 
 namespace riskkv {
-absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendOutcome* out) {
+absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendOutcome* out,
+                          const BetweenRounds& between_rounds) {
   *out = {};
   auto cancelled = [&] { return link.cancelled && link.cancelled(); };
   absl::StatusOr<v1::MigrationFrame> handshake = sender.Handshake();
@@ -44,6 +45,19 @@ absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendO
     if (cancelled()) return finish("the caller cancelled the migration");
     absl::StatusOr<std::optional<v1::MigrationFrame>> frame = sender.NextFrame();
     if (!frame.ok()) return finish(std::string(frame.status().message()));
+    if (!frame->has_value() && sender.state() == MigrationSender::State::kAwaitRoundDone) {
+      if (!stream->Read(&reply) || !sender.OnReply(reply).ok()) {
+        return finish("target did not apply a pre-copy round");
+      }
+      const absl::Status next = between_rounds ? between_rounds(sender)
+                                               : absl::InternalError("a live migration with no "
+                                                                     "rounds driver");
+      if (!next.ok()) {
+        (void)finish(std::string(next.message()));
+        return next;
+      }
+      continue;
+    }
     if (!frame->has_value()) break;
     if (!stream->Write(**frame)) {
       return finish("the stream to the target broke", /*cancel=*/false);

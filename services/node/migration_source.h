@@ -25,13 +25,18 @@ struct SourceLink {
 struct SendOutcome {
   bool refused = false;         // the target turned the handshake down: nothing moved
   bool resumed = false;         // the target resumed the session (the KV crossed)
-  double send_seconds = 0;      // first chunk to trailer written: the wire alone
+  double send_seconds = 0;      // first chunk to trailer written (stop-and-copy: the wire alone)
   double transfer_seconds = 0;  // first chunk to the target's `resumed`
 };
 
+// Called when the target acknowledged a live migration's pre-copy round: moves the sender on
+// (MigrationSender::NextRound or Pause). Its error ends the migration with that status.
+using BetweenRounds = std::function<absl::Status(MigrationSender& sender)>;
+
 // Runs `sender` until the target committed (OK) or the migration failed; on failure the sender
 // has put a withdrawn session back. The target's own status (it may have closed the stream with
-// a precise reason) wins over this side's.
-absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendOutcome* outcome);
+// a precise reason) wins over this side's. A live sender needs `between_rounds`.
+absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendOutcome* outcome,
+                          const BetweenRounds& between_rounds = nullptr);
 
 }  // namespace riskkv

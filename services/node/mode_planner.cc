@@ -112,6 +112,7 @@ ModePlan ModePlanner::Rank(const PlanInput& in) const {
                    " Mbit/s (", rate_from, "), prefill ", prefill * 1e3, " ms/token (",
                    prefill_from, "), rebuild ", rebuild * 1e3, " ms/token (", rebuild_from, ")");
   for (const auto& e : est) plan.modes.push_back(e.second);
+  plan.seconds = est.front().first;
   return plan;
 }
 

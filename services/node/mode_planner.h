@@ -37,6 +37,7 @@ struct PlanInput {
 struct ModePlan {
   std::vector<MigrationMode> modes;  // fastest first
   std::string reason;                // the estimates and where each input came from
+  double seconds = 0;                // the first mode's estimated time
 };
 
 class ModePlanner {

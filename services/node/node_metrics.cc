@@ -35,6 +35,10 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
                  .Name("riskkv_migration_sent_bytes")
                  .Help("KV payload bytes one migration sent")
                  .Register(r)),
+      downtime_(prometheus::BuildHistogram()
+                    .Name("riskkv_migration_downtime_seconds")
+                    .Help("On the source: the session paused until the target took it over")
+                    .Register(r)),
       migrations_(prometheus::BuildCounter()
                       .Name("riskkv_migrations_total")
                       .Help("Finished migrations by mode and outcome")
@@ -97,6 +101,13 @@ void NodeMetrics::Rebuild(double seconds) {
 
 void NodeMetrics::Recovery(const std::string& mode, double seconds) {
   recovery_.Add({{"model", model_}, {"mode", mode}}, kSeconds).Observe(seconds);
+}
+
+void NodeMetrics::Downtime(const std::string& mode, bool live, double seconds) {
+  downtime_
+      .Add({{"model", model_}, {"mode", mode}, {"handover", live ? "live" : "stop_and_copy"}},
+           kSeconds)
+      .Observe(seconds);
 }
 
 void NodeMetrics::SetActiveSessions(double n) { sessions_.Add({{"model", model_}}).Set(n); }

@@ -23,6 +23,9 @@ class NodeMetrics {
   void Transfer(const std::string& mode, double seconds, double bytes, double omitted_bytes);
   void Rebuild(double seconds);
   void Recovery(const std::string& mode, double seconds);
+  // A source's committed migration: how long the session was paused, and whether it was live
+  // (handover "live") or stop-and-copy ("stop_and_copy").
+  void Downtime(const std::string& mode, bool live, double seconds);
   void SetActiveSessions(double n);
   void SetPolicyVersion(double version);
   // Following the control plane: whether the Watch stream is up, and each pushed version
@@ -39,6 +42,7 @@ class NodeMetrics {
   prometheus::Family<prometheus::Histogram>& rebuild_;
   prometheus::Family<prometheus::Histogram>& recovery_;
   prometheus::Family<prometheus::Histogram>& bytes_;
+  prometheus::Family<prometheus::Histogram>& downtime_;
   prometheus::Family<prometheus::Counter>& migrations_;
   prometheus::Family<prometheus::Counter>& omitted_;
   prometheus::Family<prometheus::Counter>& failures_;

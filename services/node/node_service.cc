@@ -19,15 +19,15 @@ namespace {
 
 grpc::Status Bad(const std::string& m) { return ToGrpc(absl::InvalidArgumentError(m)); }
 
-// The session table's lease as the sender's hand-over.
-class LeaseHandOver final : public HandOver {
+// A migration's hold on its session as the sender's hand-over.
+class OutboundHandOver final : public HandOver {
  public:
-  explicit LeaseHandOver(SessionTable::Lease& lease) : lease_(lease) {}
-  void Withdraw() override { lease_.Withdraw(); }
-  void Restore() override { lease_.Restore(); }
+  explicit OutboundHandOver(SessionTable::Outbound& out) : out_(out) {}
+  void Withdraw() override { out_.Withdraw(); }
+  void Restore() override { out_.Restore(); }
 
  private:
-  SessionTable::Lease& lease_;
+  SessionTable::Outbound& out_;
 };
 
 }  // namespace
@@ -141,13 +141,28 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
 grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                    grpc::ServerWriter<v1::GenerateReply>* writer) {
   if (req->max_tokens() < 1) return Bad("max_tokens must be >= 1");
+  // The stream's last message when the session moved: where to go on.
+  auto moved = [&](const SessionMoved& to, int done) {
+    v1::GenerateReply r;
+    r.mutable_moved()->set_target_address(to.target_address);
+    r.mutable_moved()->set_session_id(to.session_id);
+    r.mutable_moved()->set_remaining_tokens(req->max_tokens() - done);
+    writer->Write(r);
+    return grpc::Status::OK;
+  };
   auto lease = sessions_.Acquire(req->session_id());
-  if (!lease.ok()) return ToGrpc(lease.status());
+  if (!lease.ok()) {
+    if (auto to = sessions_.MovedTo(req->session_id())) return moved(*to, 0);
+    return ToGrpc(lease.status());
+  }
   NodeSession& s = lease->session();
   for (int i = 0; i < req->max_tokens() && !ctx->IsCancelled(); ++i) {
+    // A migration pauses the session between two tokens; if it moves, the caller follows.
+    if (std::optional<SessionMoved> to = lease->Yield()) return moved(*to, i);
     if (static_cast<int64_t>(s.tokens.size()) >= s.kv->capacity()) {
       return ToGrpc(absl::OutOfRangeError("the session reached its length limit"));
     }
+    if (options_.generate_step) options_.generate_step();
     std::vector<float> logits = std::move(s.pending_logits);
     s.pending_logits.clear();
     if (logits.empty()) {
@@ -155,9 +170,12 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
       if (!l.ok()) return ToGrpc(l.status());
       logits = *std::move(l);
     }
-    const int32_t t = s.sampler->Sample(logits);
-    s.tokens.push_back(t);
-    ++s.generated;
+    int32_t t = 0;
+    lease->Publish([&](NodeSession& p) {
+      t = p.sampler->Sample(logits);
+      p.tokens.push_back(t);
+      ++p.generated;
+    });
     v1::GenerateReply r;
     r.set_token_id(t);
     r.set_text(engine_.tokenizer().TokenBytes(t));
@@ -175,8 +193,9 @@ grpc::Status NodeService::GetSession(grpc::ServerContext*, const v1::GetSessionR
 
 grpc::Status NodeService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
                                        v1::ListSessionsReply* reply) {
-  sessions_.ForEach([&](const std::string& id, const NodeSession* s) {
+  sessions_.ForEach([&](const std::string& id, const NodeSession* s, bool migrating) {
     auto* info = reply->add_sessions();
+    info->set_migrating(migrating);
     if (s != nullptr) {
       Fill(id, *s, /*with_tokens=*/false, info);
       return;
@@ -193,8 +212,7 @@ grpc::Status NodeService::CloseSession(grpc::ServerContext*, const v1::CloseSess
                                        v1::CloseSessionReply*) {
   auto lease = sessions_.Acquire(req->session_id());
   if (!lease.ok()) return ToGrpc(lease.status());
-  lease->Remove();
-  return grpc::Status::OK;
+  return ToGrpc(lease->Remove());
 }
 
 grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* req,
@@ -240,18 +258,21 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
     if (!m.ok()) return ToGrpc(m.status());
     mode = *m;
   }
-  auto lease = sessions_.Acquire(req->session_id());
-  if (!lease.ok()) return ToGrpc(lease.status());
+  auto out = sessions_.BeginMigration(req->session_id());
+  if (!out.ok()) return ToGrpc(out.status());
+  std::vector<int32_t> tokens;
+  std::optional<Sampler> sampler;
+  out->Snapshot(&tokens, &sampler);
+  const auto history = static_cast<int64_t>(tokens.size()) - 1;
   // The modes to try in order. AUTO ranks them by estimate; a refused handshake (the target
   // lacks the bank or holds another policy version) moves on to the next, as a fallback does.
   std::vector<MigrationMode> attempts;
+  double estimate = 0;
   if (req->mode() == v1::AUTO) {
     const std::shared_ptr<const Retention> r = retention();
-    const NodeSession& s = lease->session();
     const ModelConfig& c = engine_.config();
-    const int64_t history = static_cast<int64_t>(s.tokens.size()) - 1;
     auto bytes = [&](WireForm form, int64_t layers) {
-      return StreamKvBytes(form, history, layers, c.n_kv_heads, c.head_dim, s.kv->dtype());
+      return StreamKvBytes(form, history, layers, c.n_kv_heads, c.head_dim, out->kv().dtype());
     };
     ModePlan plan = planner_.Rank(
         {.history_tokens = history,
@@ -262,6 +283,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
          .target = req->target_address()});
     attempts = std::move(plan.modes);
     reason = std::move(plan.reason);
+    estimate = plan.seconds;
   } else {
     attempts = {mode};
     for (MigrationMode m : {MigrationMode::kFullKv, MigrationMode::kTokenReplay}) {
@@ -269,18 +291,28 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
     }
   }
   if (!req->allow_fallback()) attempts.resize(1);
+  const bool live = req->has_live() ? req->live()
+                                    : req->mode() == v1::AUTO &&
+                                          estimate > options_.live_threshold_seconds;
+  if (live && !req->has_live()) {
+    reason = absl::StrCat(reason, "; live: the estimate exceeds ",
+                          options_.live_threshold_seconds, " s");
+  }
   const double timeout =
       req->timeout_seconds() > 0 ? req->timeout_seconds() : options_.default_timeout_seconds;
   const auto deadline = std::chrono::system_clock::now() + Seconds(timeout);
   absl::Status status;
   for (MigrationMode m : attempts) {
     bool refused = false;
-    status = MigrateOnce(caller, *lease, *req, m, *full_kv_form, deadline, reply, &refused);
+    status = MigrateOnce(caller, *out, *req, m, *full_kv_form, live, deadline, reply, &refused);
     if (status.ok()) {
       reply->set_mode(ToProto(m));
       reply->set_mode_reason(reason);
       reply->set_total_seconds(total.Seconds());
-      if (metrics_) metrics_->Migration("source", MigrationModeName(m), "ok", total.Seconds());
+      if (metrics_) {
+        metrics_->Migration("source", MigrationModeName(m), "ok", total.Seconds());
+        metrics_->Downtime(MigrationModeName(m), live, reply->downtime_seconds());
+      }
       return grpc::Status::OK;
     }
     if (metrics_) {
@@ -291,16 +323,16 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
     reason = absl::StrCat(req->mode() == v1::AUTO ? reason + "; " : std::string(),
                           "fallback: ", MigrationModeName(m), " refused (", status.message(), ")");
   }
-  // The session stays here, intact (the lease releases it).
+  // The session stays here, intact, and serves again when `out` lets it go.
   return ToGrpc(absl::Status(status.code(), absl::StrCat("migration of '", req->session_id(),
                                                          "' failed, the session stays on this "
                                                          "node: ",
                                                          status.message())));
 }
 
-absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable::Lease& lease,
+absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable::Outbound& out,
                                       const v1::MigrateRequest& req, MigrationMode mode,
-                                      WireForm full_kv_form,
+                                      WireForm full_kv_form, bool live,
                                       std::chrono::system_clock::time_point deadline,
                                       v1::MigrateReply* reply, bool* refused) {
   *refused = false;
@@ -310,16 +342,37 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
     return absl::FailedPreconditionError(
         "this node has no retention policy for RECONSTRUCT (start it with --policy or --control)");
   }
-  const NodeSession& s = lease.session();
-  LeaseHandOver hand_over(lease);
-  MigrationSender sender({s.kv.get(), s.tokens, &*s.sampler},
+  const absl::Time until = absl::FromChrono(deadline);
+  // Stop-and-copy pauses the session for the whole migration; live copies it as it decodes
+  // and pauses it only for the rows added since the last round.
+  std::vector<int32_t> tokens;
+  std::optional<Sampler> sampler;
+  if (!live) RETURN_IF_ERROR(out.Pause(until));
+  if (out.paused()) {
+    tokens = out.session().tokens;
+    sampler = out.session().sampler;
+  } else {
+    out.Snapshot(&tokens, &sampler);
+  }
+  OutboundHandOver hand_over(out);
+  MigrationSender sender({&out.kv(), tokens, &*sampler},
                          {.mode = mode,
                           .model_fingerprint = options_.model_fingerprint,
                           .policy = retention ? &retention->policy : nullptr,
                           .wire_form = full_kv_form,
                           .max_chunk_bytes = options_.max_chunk_bytes,
-                          .pace = [this](int64_t bytes) { link_.Acquire(bytes); }},
+                          .pace = [this](int64_t bytes) { link_.Acquire(bytes); },
+                          .live = live,
+                          .pause_rows = options_.live_pause_rows,
+                          .max_rounds = options_.live_max_rounds},
                          &hand_over);
+  BetweenRounds between = [&](MigrationSender& s) -> absl::Status {
+    out.Snapshot(&tokens, &sampler);
+    if (!s.ShouldPause(static_cast<int64_t>(tokens.size()) - 1)) return s.NextRound(tokens);
+    RETURN_IF_ERROR(out.Pause(until));
+    const NodeSession& paused = out.session();
+    return s.Pause(paused.tokens, *paused.sampler);
+  };
   SendOutcome outcome;
   const absl::Status status =
       RunMigration(sender,
@@ -327,24 +380,33 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
                     .credentials = options_.peer_credentials,
                     .deadline = deadline,
                     .cancelled = [caller] { return caller->IsCancelled(); }},
-                   &outcome);
+                   &outcome, live ? between : nullptr);
+  const double downtime = out.paused_seconds();
   *refused = outcome.refused;
+  if (!status.ok() && live) out.Unpause();  // the session decodes on here
   if (outcome.resumed) {
     const v1::MigrationHandshake& h = sender.handshake();
+    const ModelConfig& c = engine_.config();
     reply->set_transfer_seconds(outcome.transfer_seconds);
-    reply->set_kv_bytes_sent(h.kv_bytes());
+    reply->set_kv_bytes_sent(sender.bytes_sent());
     reply->set_wire_form(h.wire_form());
+    reply->set_history_tokens(sender.rows_sent());
+    reply->set_live(live);
+    reply->set_precopy_rounds(sender.rounds());
+    reply->set_kv_bytes_before_pause(sender.bytes_before_pause());
+    reply->set_kv_bytes_after_pause(sender.bytes_sent() - sender.bytes_before_pause());
     if (mode == MigrationMode::kReconstruct) {
       // In the form the kept layers went in: what the policy saved, the form's own share aside.
-      const ModelConfig& c = engine_.config();
-      reply->set_kv_bytes_omitted(StreamKvBytes(sender.wire_form(), h.history_tokens(),
+      reply->set_kv_bytes_omitted(StreamKvBytes(sender.wire_form(), sender.rows_sent(),
                                                 c.n_layers - h.layers_size(), c.n_kv_heads,
-                                                c.head_dim, s.kv->dtype()));
+                                                c.head_dim, out.kv().dtype()));
     }
     reply->set_rebuild_seconds(sender.resumed().rebuild_seconds());
     reply->set_recovery_seconds(sender.resumed().recovery_seconds());
-    planner_.MeasurePeer(req.target_address(), static_cast<double>(h.kv_bytes()),
-                         outcome.send_seconds, sender.accepted().prefill_seconds_per_token(),
+    // A live transfer's time includes the rounds' waits: it says nothing of the link.
+    planner_.MeasurePeer(req.target_address(), static_cast<double>(sender.bytes_sent()),
+                         live ? 0.0 : outcome.send_seconds,
+                         sender.accepted().prefill_seconds_per_token(),
                          sender.accepted().rebuild_seconds_per_token());
     if (metrics_) {
       metrics_->Transfer(MigrationModeName(mode), reply->transfer_seconds(),
@@ -353,7 +415,9 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
     }
   }
   if (!status.ok()) return status;
+  reply->set_downtime_seconds(downtime);
   reply->set_target_session_id(sender.target_session_id());
+  out.Moved({.target_address = req.target_address(), .session_id = sender.target_session_id()});
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,14 @@ struct NodeOptions {
   // How this node reaches migration targets (null: plaintext).
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
   int max_sessions = 64;
+  // Live migration: AUTO pre-copies when its estimate of the transfer exceeds this (seconds;
+  // a request's `live` overrides); the pause comes once a round would carry at most
+  // live_pause_rows rows, or after live_max_rounds rounds.
+  double live_threshold_seconds = 0.1;
+  int64_t live_pause_rows = 16;
+  int live_max_rounds = 8;
+  // Called before each token a Generate computes (tests pace a generator with it; may be null).
+  std::function<void()> generate_step;
   // Speeds AUTO assumes before any measurement (seconds per history token).
   double prefill_seconds_per_token = 3e-3;
   double rebuild_seconds_per_token = 1.5e-4;
@@ -80,12 +89,12 @@ class NodeService final : public v1::Node::Service {
  private:
   void Fill(const std::string& id, const NodeSession& s, bool with_tokens,
             v1::SessionInfo* info) const;
-  // One attempt in `mode` over `lease`'s session, FULL_KV in `full_kv_form`. *refused when the
-  // target turned the handshake down (nothing moved).
-  absl::Status MigrateOnce(grpc::ServerContext* caller, SessionTable::Lease& lease,
+  // One attempt in `mode` over `out`'s session, FULL_KV in `full_kv_form`, live or
+  // stop-and-copy. *refused when the target turned the handshake down (nothing moved).
+  absl::Status MigrateOnce(grpc::ServerContext* caller, SessionTable::Outbound& out,
                            const v1::MigrateRequest& req, MigrationMode mode, WireForm full_kv_form,
-                           std::chrono::system_clock::time_point deadline, v1::MigrateReply* reply,
-                           bool* refused);
+                           bool live, std::chrono::system_clock::time_point deadline,
+                           v1::MigrateReply* reply, bool* refused);
 
   Engine& engine_;
   NodeOptions options_;  // its retention is moved out at construction

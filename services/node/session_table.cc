@@ -50,18 +50,55 @@ absl::StatusOr<std::shared_ptr<SessionTable::Entry>> SessionTable::Find(
     const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return absl::NotFoundError("no session '" + id + "' on this node");
-  return it->second;
+  if (it != sessions_.end()) return it->second;
+  if (auto m = moved_.find(id); m != moved_.end()) {
+    return absl::NotFoundError(absl::StrCat("session '", id, "' moved to ", m->second.target_address,
+                                            " as '", m->second.session_id, "'"));
+  }
+  return absl::NotFoundError("no session '" + id + "' on this node");
 }
 
 absl::StatusOr<SessionTable::Lease> SessionTable::Acquire(const std::string& id) {
   ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id));
   absl::MutexLock lock(&entry->mu);
+  // A migration pausing the session decides within its deadline whether it stays here.
+  entry->mu.Await(absl::Condition(&Entry::Unpaused, entry.get()));
+  if (entry->moved) {
+    return absl::NotFoundError(absl::StrCat("session '", id, "' moved to ",
+                                            entry->moved->target_address, " as '",
+                                            entry->moved->session_id, "'"));
+  }
   if (entry->busy) {
     return absl::FailedPreconditionError("session '" + id + "' is busy (generating or migrating)");
   }
   entry->busy = true;
   return Lease(this, id, std::move(entry));
+}
+
+absl::StatusOr<SessionTable::Outbound> SessionTable::BeginMigration(const std::string& id) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id));
+  absl::MutexLock lock(&entry->mu);
+  if (entry->migrating) {
+    return absl::FailedPreconditionError("session '" + id + "' is already migrating");
+  }
+  entry->migrating = true;
+  return Outbound(this, id, std::move(entry));
+}
+
+std::optional<SessionMoved> SessionTable::MovedTo(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = moved_.find(id);
+  if (it == moved_.end()) return std::nullopt;
+  return it->second;
+}
+
+void SessionTable::Remember(const std::string& id, SessionMoved to) {
+  absl::MutexLock lock(&mu_);
+  if (moved_.insert_or_assign(id, std::move(to)).second) moved_order_.push_back(id);
+  while (moved_order_.size() > kMovedKept) {
+    moved_.erase(moved_order_.front());
+    moved_order_.pop_front();
+  }
 }
 
 absl::Status SessionTable::Inspect(const std::string& id,
@@ -73,12 +110,12 @@ absl::Status SessionTable::Inspect(const std::string& id,
   return absl::OkStatus();
 }
 
-void SessionTable::ForEach(
-    const std::function<void(const std::string& id, const NodeSession* session)>& fn) {
+void SessionTable::ForEach(const std::function<void(const std::string& id, const NodeSession* session,
+                                                    bool migrating)>& fn) {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, entry] : sessions_) {
     absl::MutexLock entry_lock(&entry->mu);
-    fn(id, entry->busy ? nullptr : entry->session.get());
+    fn(id, entry->busy ? nullptr : entry->session.get(), entry->migrating);
   }
 }
 
@@ -110,12 +147,40 @@ SessionTable::Lease::Lease(SessionTable* table, std::string id, std::shared_ptr<
       session_(entry_->session.get()) {}
 
 SessionTable::Lease::~Lease() {
-  if (entry_ == nullptr) return;  // moved from
+  if (entry_ == nullptr || !held_) return;  // moved from, or the session migrated
   absl::MutexLock lock(&entry_->mu);
   entry_->busy = false;
 }
 
-void SessionTable::Lease::Remove() { Withdraw(); }
+absl::Status SessionTable::Lease::Remove() {
+  {
+    absl::MutexLock lock(&entry_->mu);
+    if (entry_->migrating) {
+      return absl::FailedPreconditionError("session '" + id_ + "' is migrating");
+    }
+  }
+  Withdraw();
+  return absl::OkStatus();
+}
+
+void SessionTable::Lease::Publish(const std::function<void(NodeSession&)>& change) {
+  absl::MutexLock lock(&entry_->mu);
+  change(*session_);
+}
+
+std::optional<SessionMoved> SessionTable::Lease::Yield() {
+  absl::MutexLock lock(&entry_->mu);
+  if (!entry_->pause_wanted) return std::nullopt;
+  entry_->busy = false;
+  entry_->mu.Await(absl::Condition(&Entry::Unpaused, entry_.get()));
+  if (entry_->moved) {
+    held_ = false;
+    return *entry_->moved;
+  }
+  entry_->mu.Await(absl::Condition(&Entry::Free, entry_.get()));
+  entry_->busy = true;
+  return std::nullopt;
+}
 
 void SessionTable::Lease::Withdraw() {
   if (in_table_) table_->Take(id_);
@@ -125,6 +190,74 @@ void SessionTable::Lease::Withdraw() {
 void SessionTable::Lease::Restore() {
   if (!in_table_) table_->Put(id_, entry_);
   in_table_ = true;
+}
+
+}  // namespace riskkv
+
+namespace riskkv {
+
+SessionTable::Outbound::Outbound(SessionTable* table, std::string id, std::shared_ptr<Entry> entry)
+    : table_(table),
+      id_(std::move(id)),
+      entry_(std::move(entry)),
+      session_(entry_->session.get()) {}
+
+SessionTable::Outbound::~Outbound() {
+  if (entry_ == nullptr) return;  // moved from
+  absl::MutexLock lock(&entry_->mu);
+  entry_->migrating = false;
+  entry_->pause_wanted = false;
+  if (paused_) entry_->busy = false;
+}
+
+void SessionTable::Outbound::Snapshot(std::vector<int32_t>* tokens,
+                                      std::optional<Sampler>* sampler) const {
+  absl::MutexLock lock(&entry_->mu);
+  *tokens = session_->tokens;
+  *sampler = session_->sampler;
+}
+
+absl::Status SessionTable::Outbound::Pause(absl::Time deadline) {
+  if (paused_) return absl::OkStatus();
+  absl::MutexLock lock(&entry_->mu);
+  entry_->pause_wanted = true;
+  if (!entry_->mu.AwaitWithDeadline(absl::Condition(&Entry::Free, entry_.get()), deadline)) {
+    entry_->pause_wanted = false;
+    return absl::DeadlineExceededError("session '" + id_ +
+                                       "' stayed in use until the migration's deadline");
+  }
+  entry_->busy = true;
+  paused_ = true;
+  if (!paused_at_) paused_at_ = absl::Now();
+  return absl::OkStatus();
+}
+
+double SessionTable::Outbound::paused_seconds() const {
+  return paused_at_ ? absl::ToDoubleSeconds(absl::Now() - *paused_at_) : 0.0;
+}
+
+void SessionTable::Outbound::Unpause() {
+  if (!paused_) return;
+  absl::MutexLock lock(&entry_->mu);
+  entry_->busy = false;
+  entry_->pause_wanted = false;
+  paused_ = false;
+}
+
+void SessionTable::Outbound::Withdraw() {
+  if (in_table_) table_->Take(id_);
+  in_table_ = false;
+}
+
+void SessionTable::Outbound::Restore() {
+  if (!in_table_) table_->Put(id_, entry_);
+  in_table_ = true;
+}
+
+void SessionTable::Outbound::Moved(SessionMoved to) {
+  table_->Remember(id_, to);
+  absl::MutexLock lock(&entry_->mu);
+  entry_->moved = std::move(to);
 }
 
 }  // namespace riskkv

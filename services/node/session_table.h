@@ -1,8 +1,11 @@
 // The decoding sessions a node serves: ids, the session limit, lookup, exclusive use of a session
-// by one call at a time, and listing.
+// by one call at a time, listing, and a migration's hold on a session: it copies the session
+// while calls go on using it, pauses it (a generating call yields at its next token and waits
+// for the outcome), and hands it over or gives it back.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -13,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/engine/engine.h"
 #include "common/model/sampler.h"
 
@@ -27,6 +31,12 @@ struct NodeSession {
   std::vector<float> pending_logits;
   std::optional<Sampler> sampler;
   int64_t generated = 0;
+};
+
+// Where a migration took a session.
+struct SessionMoved {
+  std::string target_address;
+  std::string session_id;  // on the target
 };
 
 class SessionTable {
@@ -45,12 +55,20 @@ class SessionTable {
     const std::string& id() const { return id_; }
     NodeSession& session() { return *session_; }
 
-    // Removes the session from the table for good (closing it).
-    void Remove();
+    // Removes the session from the table for good (closing it); FailedPrecondition while a
+    // migration copies it.
+    absl::Status Remove();
     // Takes the session out of the table, keeping it here: the second phase of a hand-over.
     // Restore puts it back under the same id (the target did not confirm).
     void Withdraw();
     void Restore();
+    // Runs `change` under the session's lock: every change a migration copying the session
+    // reads (tokens, sampler) goes through here while a migration may run.
+    void Publish(const std::function<void(NodeSession&)>& change);
+    // Between two steps of a long call (Generate): when a migration waits to pause the session,
+    // lets it and waits for the outcome. The target's address and id when the session moved
+    // (the lease no longer holds it); nullopt when it is still this call's to use.
+    std::optional<SessionMoved> Yield();
 
    private:
     friend class SessionTable;
@@ -60,6 +78,49 @@ class SessionTable {
     std::shared_ptr<Entry> entry_;
     NodeSession* session_;
     bool in_table_ = true;
+    bool held_ = true;
+  };
+
+  // A migration's hold on a session. While it copies, calls go on using the session (a call
+  // holding a lease changes it only through Publish); Pause then takes it from them. Destroying
+  // the hold ends the migration: a paused session that did not move serves here again.
+  class Outbound {
+   public:
+    Outbound(Outbound&&) = default;
+    Outbound& operator=(Outbound&&) = delete;
+    ~Outbound();
+    const std::string& id() const { return id_; }
+    // The store, stable while the hold lasts; rows of the tokens a Snapshot saw never change.
+    const KvStore& kv() const { return *session_->kv; }
+    // The session's tokens and sampler now, and its store's dtype.
+    void Snapshot(std::vector<int32_t>* tokens, std::optional<Sampler>* sampler) const;
+    // Waits until no call uses the session (a Generate yields at its next token) and holds it:
+    // it is paused. DeadlineExceeded when that takes past `deadline`. No-op once paused.
+    absl::Status Pause(absl::Time deadline);
+    bool paused() const { return paused_; }
+    // Seconds since the first Pause (0 before it): the session's downtime so far.
+    double paused_seconds() const;
+    // The paused session, for the migration's own use.
+    NodeSession& session() { return *session_; }
+    // Lets calls use the session again (a migration attempt that failed).
+    void Unpause();
+    // The hand-over's second phase, as Lease's.
+    void Withdraw();
+    void Restore();
+    // The target took the session: calls waiting on it, and later calls naming its id, learn
+    // where it went.
+    void Moved(SessionMoved to);
+
+   private:
+    friend class SessionTable;
+    Outbound(SessionTable* table, std::string id, std::shared_ptr<Entry> entry);
+    SessionTable* table_;
+    std::string id_;
+    std::shared_ptr<Entry> entry_;
+    NodeSession* session_;
+    bool paused_ = false;
+    bool in_table_ = true;
+    std::optional<absl::Time> paused_at_;
   };
 
   // ResourceExhausted when the node serves its limit.
@@ -68,29 +129,45 @@ class SessionTable {
   absl::StatusOr<std::string> Add(std::unique_ptr<NodeSession> session) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes a session no call uses (a registration that must be undone).
   void Erase(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
-  // The session for exclusive use: NotFound, or FailedPrecondition while another call uses it.
+  // The session for exclusive use: NotFound (naming where it went if it migrated), or
+  // FailedPrecondition while another call uses it. A call that arrives while a migration
+  // pauses the session waits for the migration's outcome.
   absl::StatusOr<Lease> Acquire(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A migration's hold on the session: NotFound, or FailedPrecondition while another
+  // migration holds it.
+  absl::StatusOr<Outbound> BeginMigration(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where a session that migrated from here went (the last kMovedKept of them).
+  std::optional<SessionMoved> MovedTo(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kMovedKept = 1024;
   // Calls `fn` with the session while no call uses it: NotFound or FailedPrecondition (busy).
   absl::Status Inspect(const std::string& id, const std::function<void(const NodeSession&)>& fn)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Calls `fn` for every session in id order; `session` is null while a call uses it (its
-  // state belongs to that call).
-  void ForEach(const std::function<void(const std::string& id, const NodeSession* session)>& fn)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // state belongs to that call); `migrating` while a migration holds it.
+  void ForEach(const std::function<void(const std::string& id, const NodeSession* session,
+                                        bool migrating)>& fn) ABSL_LOCKS_EXCLUDED(mu_);
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
     absl::Mutex mu;
     bool busy ABSL_GUARDED_BY(mu) = false;
-    // Written only by the call holding the lease (busy), read by others only while not busy.
+    bool migrating ABSL_GUARDED_BY(mu) = false;     // an Outbound holds it
+    bool pause_wanted ABSL_GUARDED_BY(mu) = false;  // the Outbound pauses or paused it
+    std::optional<SessionMoved> moved ABSL_GUARDED_BY(mu);
+    // Written by the call holding the lease (busy), read by others while not busy; tokens and
+    // sampler change under mu while migrating (Publish) and a migration reads them under mu.
     std::unique_ptr<NodeSession> session;
+    // Conditions to wait on (evaluated with mu held).
+    static bool Free(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) { return !e->busy; }
+    static bool Unpaused(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) { return !e->pause_wanted; }
   };
   absl::Status Full() const;
   // The one lookup: NotFound naming the id.
   absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
   void Put(const std::string& id, std::shared_ptr<Entry> entry) ABSL_LOCKS_EXCLUDED(mu_);
   void Take(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  void Remember(const std::string& id, SessionMoved to) ABSL_LOCKS_EXCLUDED(mu_);
   void Count() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int max_sessions_;
@@ -98,6 +175,8 @@ class SessionTable {
   const std::string id_prefix_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, SessionMoved> moved_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> moved_order_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

@@ -43,7 +43,7 @@ TEST(SessionTable, OneCallAtATimeUsesASession) {
     EXPECT_EQ(table.Inspect(id, [](const NodeSession&) {}).code(),
               absl::StatusCode::kFailedPrecondition);
     int busy = 0;
-    table.ForEach([&](const std::string&, const NodeSession* s) { busy += s == nullptr; });
+    table.ForEach([&](const std::string&, const NodeSession* s, bool) { busy += s == nullptr; });
     EXPECT_EQ(busy, 1);
     lease->session().tokens.push_back(7);
   }
@@ -78,7 +78,7 @@ TEST(SessionTable, ListsEverySessionInIdOrder) {
   std::set<std::string> ids;
   for (int i = 0; i < 5; ++i) ids.insert(*table.Add(WithTokens({i})));
   std::vector<std::string> listed;
-  table.ForEach([&](const std::string& id, const NodeSession* s) {
+  table.ForEach([&](const std::string& id, const NodeSession* s, bool) {
     EXPECT_NE(s, nullptr);
     listed.push_back(id);
   });
