@@ -20,6 +20,20 @@ namespace riskkv {
 // registered flag. Values, positional arguments and unknown flags are left exactly as typed, so
 // `--prompt "- a list - item"` reaches the program unchanged. Call before absl::ParseCommandLine;
 // the strings live in *store.
+// Whether the arguments NormalizeFlagNames returned (in `store`) set the bool flag `name`
+// (--name, --name=..., --noname, one dash or two).
+inline bool FlagGiven(const std::vector<std::string>& store, const std::string& name) {
+  for (size_t i = 1; i < store.size(); ++i) {
+    const std::string& a = store[i];
+    if (a == "--") break;
+    const size_t start = a.find_first_not_of('-');
+    if (start == 0 || start == std::string::npos || start > 2) continue;
+    const std::string flag = a.substr(start, a.find('=') - start);
+    if (flag == name || flag == "no" + name) return true;
+  }
+  return false;
+}
+
 inline std::vector<char*> NormalizeFlagNames(int argc, char** argv,
                                              std::vector<std::string>* store) {
   store->assign(argv, argv + argc);

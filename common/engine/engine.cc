@@ -49,8 +49,8 @@ absl::StatusOr<ResumeResult> Engine::Resume(KvStore& store, std::span<const int3
   ASSIGN_OR_RETURN(r.rebuild_seconds, WaitRebuilds(store));
   const auto history = static_cast<int64_t>(tokens.size()) - 1;
   if (replay && store.n_tokens() > history) {
-    return absl::InvalidArgumentError(absl::StrCat("the store holds ", store.n_tokens(),
-                                                   " rows for a history of ", history));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the store holds ", store.n_tokens(), " rows for a history of ", history));
   }
   if (replay && store.n_tokens() < history) {
     const Stopwatch prefill;

@@ -1,9 +1,10 @@
 // riskkvctl: the command line for people and scripts. Replies print as JSON.
 //   riskkvctl --node 127.0.0.1:7070 start --prompt "Once upon a time" [--temperature 0.8]
-//   riskkvctl --node 127.0.0.1:7070 generate --session ID -n 32
+//   riskkvctl --node 127.0.0.1:7070 generate --session ID -n 32 [--ids]
 //   riskkvctl --node 127.0.0.1:7070 migrate --session ID --to 127.0.0.1:7071 --mode reconstruct
 //   riskkvctl --node 127.0.0.1:7070 migrate --session ID --to 127.0.0.1:7071 --mode full_kv
-//   --wire-form int8 riskkvctl --node 127.0.0.1:7070 score --session ID --tokens '[1,2,3]'
+//     --wire-form int8 [--live | --nolive]
+//   riskkvctl --node 127.0.0.1:7070 score --session ID --tokens '[1,2,3]'
 //   riskkvctl --node 127.0.0.1:7070 show --session ID
 //   riskkvctl --node 127.0.0.1:7070 list
 //   riskkvctl --control 127.0.0.1:7000 policy-put --policy policy.pb --bank bank.rkvbank
@@ -14,6 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -37,6 +39,9 @@ ABSL_FLAG(float, top_p, 1.0f, "start: nucleus mass");
 ABSL_FLAG(uint64_t, seed, 0, "start: sampling seed");
 ABSL_FLAG(std::string, session, "", "the session id");
 ABSL_FLAG(int, n, 32, "generate: tokens to generate");
+ABSL_FLAG(bool, follow, true,
+          "generate: when the session migrates mid-stream, go on generating on its target");
+ABSL_FLAG(bool, ids, false, "generate: print the token ids as a JSON list instead of the text");
 ABSL_FLAG(std::string, to, "", "migrate: target node address");
 ABSL_FLAG(std::string, mode, "auto", "migrate: reconstruct, full_kv, token_replay or auto");
 ABSL_FLAG(std::string, wire_form, "plain",
@@ -44,6 +49,9 @@ ABSL_FLAG(std::string, wire_form, "plain",
           "policy's)");
 ABSL_FLAG(bool, fallback, true, "migrate: fall back to full_kv / token_replay when refused");
 ABSL_FLAG(double, timeout, 0, "migrate: deadline in seconds (0: the node's default)");
+ABSL_FLAG(bool, live, false,
+          "migrate: pre-copy while the session keeps serving (--nolive: stop-and-copy; neither: "
+          "the node decides, live for AUTO when the transfer would be long)");
 ABSL_FLAG(std::string, control, "127.0.0.1:7000", "policy-*: the control plane to talk to");
 ABSL_FLAG(std::string, policy, "", "policy-put: the policy file (riskkv-calibrate's policy.pb)");
 ABSL_FLAG(std::string, bank, "", "policy-put: the bank file it names (omit if already stored)");
@@ -164,19 +172,59 @@ int main(int argc, char** argv) {
   }
   if (cmd == "generate") {
     if (int rc = need_session()) return rc;
-    riskkv::v1::GenerateRequest req;
-    req.set_session_id(session);
-    req.set_max_tokens(absl::GetFlag(FLAGS_n));
-    grpc::ClientContext ctx;
-    auto reader = stub->Generate(Deadline(&ctx, 600), req);
-    riskkv::v1::GenerateReply r;
-    while (reader->Read(&r)) {
-      std::fwrite(r.text().data(), 1, r.text().size(), stdout);
-      std::fflush(stdout);
+    // Follows the session when a migration moves it mid-stream: the stream's last message names
+    // the target and the session's id there, and the tokens left.
+    std::string id = session;
+    int remaining = absl::GetFlag(FLAGS_n);
+    std::unique_ptr<riskkv::v1::Node::Stub> moved_stub;
+    riskkv::v1::Node::Stub* at = stub.get();
+    std::vector<int32_t> ids;
+    const bool print_ids = absl::GetFlag(FLAGS_ids);
+    while (true) {
+      riskkv::v1::GenerateRequest req;
+      req.set_session_id(id);
+      req.set_max_tokens(remaining);
+      grpc::ClientContext ctx;
+      auto reader = at->Generate(Deadline(&ctx, 600), req);
+      riskkv::v1::GenerateReply r;
+      std::optional<riskkv::v1::SessionMoved> moved;
+      while (reader->Read(&r)) {
+        if (r.has_moved()) {
+          moved = r.moved();
+          continue;
+        }
+        ids.push_back(r.token_id());
+        if (!print_ids) {
+          std::fwrite(r.text().data(), 1, r.text().size(), stdout);
+          std::fflush(stdout);
+        }
+      }
+      const grpc::Status s = reader->Finish();
+      if (!s.ok()) return Fail(s.error_message());
+      if (!moved || moved->remaining_tokens() <= 0 || !absl::GetFlag(FLAGS_follow)) {
+        if (moved) {
+          std::fprintf(stderr, "riskkvctl: the session moved to %s as %s\n",
+                       moved->target_address().c_str(), moved->session_id().c_str());
+        }
+        break;
+      }
+      std::fprintf(stderr, "riskkvctl: the session moved to %s as %s; %d tokens to go there\n",
+                   moved->target_address().c_str(), moved->session_id().c_str(),
+                   moved->remaining_tokens());
+      moved_stub =
+          riskkv::v1::Node::NewStub(grpc::CreateChannel(moved->target_address(), credentials));
+      at = moved_stub.get();
+      id = moved->session_id();
+      remaining = moved->remaining_tokens();
     }
-    std::printf("\n");
-    const grpc::Status s = reader->Finish();
-    return s.ok() ? 0 : Fail(s.error_message());
+    if (print_ids) {
+      std::string list = "[";
+      for (size_t i = 0; i < ids.size(); ++i) list += (i ? "," : "") + std::to_string(ids[i]);
+      std::printf("%s]\n", list.c_str());
+    } else {
+      std::printf("\n");
+    }
+    return 0;
   }
   if (cmd == "migrate") {
     if (int rc = need_session()) return rc;
@@ -198,6 +246,9 @@ int main(int argc, char** argv) {
     req.set_wire_form(riskkv::WireFormToProto(*form));
     req.set_allow_fallback(absl::GetFlag(FLAGS_fallback));
     req.set_timeout_seconds(absl::GetFlag(FLAGS_timeout));
+    if (riskkv::FlagGiven(store, "live")) {
+      req.set_live(absl::GetFlag(FLAGS_live));
+    }
     grpc::ClientContext ctx;
     riskkv::v1::MigrateReply reply;
     return Print(stub->Migrate(Deadline(&ctx, 3600), req, &reply), reply);

@@ -367,16 +367,16 @@ absl::Status MigrationReceiver::OnRound(const v1::PrecopyRound& round) {
   const auto added = static_cast<int64_t>(round.token_ids_size());
   const auto known = static_cast<int64_t>(session_.tokens.size());
   if (end < closed_ || end + 1 > capacity_ || known + added != end + 1) {
-    return Fail("bad_chunk", absl::InvalidArgumentError(absl::StrCat(
-                                 "a pre-copy round to row ", end, " with ", added,
-                                 " new tokens after ", known, " (this node's cache holds ",
-                                 capacity_, " rows)")));
+    return Fail("bad_chunk",
+                absl::InvalidArgumentError(absl::StrCat(
+                    "a pre-copy round to row ", end, " with ", added, " new tokens after ", known,
+                    " (this node's cache holds ", capacity_, " rows)")));
   }
   if (form_ != WireForm::kPlain && end % kTokenGroup != 0) {
-    return Fail("bad_chunk", absl::InvalidArgumentError(
-                                 absl::StrCat("a pre-copy round in ", std::string(WireFormName(form_)),
-                                              " ends at row ", end, ", inside a ", kTokenGroup,
-                                              "-token group")));
+    return Fail("bad_chunk",
+                absl::InvalidArgumentError(absl::StrCat(
+                    "a pre-copy round in ", std::string(WireFormName(form_)), " ends at row ", end,
+                    ", inside a ", kTokenGroup, "-token group")));
   }
   if (rounds_ == 0 && (next_sequence_ != handshake_.chunk_count() ||
                        figures_.kv_bytes_received != handshake_.kv_bytes())) {
@@ -424,37 +424,34 @@ absl::Status MigrationReceiver::OnTrailer(const v1::MigrationTrailer& t) {
 
 absl::Status MigrationReceiver::OnLiveTrailer(const v1::MigrationTrailer& t) {
   const int64_t received = figures_.kv_bytes_received;
-  if (t.chunk_count() != next_sequence_ || t.kv_bytes() != received ||
-      t.crc32c() != crc_of_crcs_) {
-    return Fail("corrupt", absl::DataLossError(absl::StrCat(
-                               "stream ended after ", next_sequence_, " chunks and ", received,
-                               " bytes; the trailer says ", t.chunk_count(), " and ",
-                               t.kv_bytes())));
+  if (t.chunk_count() != next_sequence_ || t.kv_bytes() != received || t.crc32c() != crc_of_crcs_) {
+    return Fail("corrupt",
+                absl::DataLossError(absl::StrCat(
+                    "stream ended after ", next_sequence_, " chunks and ", received,
+                    " bytes; the trailer says ", t.chunk_count(), " and ", t.kv_bytes())));
   }
   if (rounds_ == 0) {
-    return Fail("protocol", absl::InvalidArgumentError(
-                                "a live migration's trailer before any pre-copy round"));
+    return Fail("protocol",
+                absl::InvalidArgumentError("a live migration's trailer before any pre-copy round"));
   }
   absl::StatusOr<DecodingState> state = DecodeDecodingState(t.session());
   if (!state.ok()) return Fail("bad_chunk", state.status());
   if (t.session().sampling().SerializeAsString() !=
       handshake_.session().sampling().SerializeAsString()) {
-    return Fail("bad_chunk", absl::InvalidArgumentError(
-                                 "the trailer's sampling differs from the handshake's"));
+    return Fail("bad_chunk",
+                absl::InvalidArgumentError("the trailer's sampling differs from the handshake's"));
   }
   if (auto st = ctx_.engine->CheckTokenIds(state->token_ids); !st.ok()) {
     return Fail("bad_chunk", st);
   }
-  const int64_t end =
-      static_cast<int64_t>(session_.tokens.size() + state->token_ids.size()) - 1;
+  const int64_t end = static_cast<int64_t>(session_.tokens.size() + state->token_ids.size()) - 1;
   if (end + 1 > capacity_) {
     return Fail("bad_chunk", absl::InvalidArgumentError(absl::StrCat(
                                  "session of ", end + 1, " tokens does not fit this node's ",
                                  capacity_, "-row cache")));
   }
   if (auto st = CheckRowsThrough(end); !st.ok()) return Fail("corrupt", st);
-  session_.tokens.insert(session_.tokens.end(), state->token_ids.begin(),
-                         state->token_ids.end());
+  session_.tokens.insert(session_.tokens.end(), state->token_ids.begin(), state->token_ids.end());
   session_.sampler = std::move(state->sampler);
   history_ = end;
   figures_.history_tokens = end;

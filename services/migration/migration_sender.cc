@@ -47,8 +47,9 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
     return Fail(absl::FailedPreconditionError("RECONSTRUCT needs a retention policy"));
   }
   if (options_.live && (options_.max_rounds < 1 || options_.pause_rows < 0)) {
-    return Fail(absl::InvalidArgumentError("a live migration needs max_rounds >= 1 and "
-                                           "pause_rows >= 0"));
+    return Fail(
+        absl::InvalidArgumentError("a live migration needs max_rounds >= 1 and "
+                                   "pause_rows >= 0"));
   }
   const ModelConfig& c = s.kv->engine().config();
   const DType dtype = s.kv->dtype();
@@ -87,7 +88,8 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
   *h.mutable_session() = EncodeDecodingState(known, *s.sampler);
   tokens_sent_.assign(known.begin(), known.end());
   rows_per_chunk_ = RowsPerChunk(options_.max_chunk_bytes, form_, c.n_kv_heads, c.head_dim, dtype);
-  const int64_t chunks_per_tensor = first == 0 ? 0 : (first + rows_per_chunk_ - 1) / rows_per_chunk_;
+  const int64_t chunks_per_tensor =
+      first == 0 ? 0 : (first + rows_per_chunk_ - 1) / rows_per_chunk_;
   const auto n_sent = static_cast<int64_t>(layers.size());
   h.set_chunk_count(2 * chunks_per_tensor * n_sent);
   h.set_kv_bytes(StreamKvBytes(form_, first, n_sent, c.n_kv_heads, c.head_dim, dtype));
@@ -114,9 +116,9 @@ bool MigrationSender::ShouldPause(int64_t history_tokens) const {
 absl::Status MigrationSender::StartRound(std::span<const int32_t> tokens, int64_t end) {
   if (tokens.size() < tokens_sent_.size() ||
       !std::equal(tokens_sent_.begin(), tokens_sent_.end(), tokens.begin())) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("the session's ", tokens.size(), " tokens do not extend the ",
-                     tokens_sent_.size(), " already sent")));
+    return Fail(absl::InvalidArgumentError(absl::StrCat("the session's ", tokens.size(),
+                                                        " tokens do not extend the ",
+                                                        tokens_sent_.size(), " already sent")));
   }
   if (auto st = session_.kv->PrepareRead(end); !st.ok()) return Fail(st);
   round_tokens_.assign(tokens.begin() + static_cast<std::ptrdiff_t>(tokens_sent_.size()),

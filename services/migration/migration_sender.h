@@ -174,9 +174,9 @@ class MigrationSender {
   bool paused_ = false;  // the last rows are streaming: the trailer comes next
   int rounds_ = 0;
   int64_t bytes_before_pause_ = 0;
-  std::vector<int32_t> tokens_sent_;  // the tokens the target knows of (live)
+  std::vector<int32_t> tokens_sent_;   // the tokens the target knows of (live)
   std::vector<int32_t> round_tokens_;  // tokens the current round's frame will add
-  v1::DecodingState final_state_;     // what the trailer carries (live)
+  v1::DecodingState final_state_;      // what the trailer carries (live)
   int64_t rows_per_chunk_ = 1;
   WireForm form_ = WireForm::kPlain;
   std::vector<uint8_t> raw_;  // a quantized chunk's rows as the store holds them

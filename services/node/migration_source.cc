@@ -50,8 +50,9 @@ absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendO
         return finish("target did not apply a pre-copy round");
       }
       const absl::Status next = between_rounds ? between_rounds(sender)
-                                               : absl::InternalError("a live migration with no "
-                                                                     "rounds driver");
+                                               : absl::InternalError(
+                                                     "a live migration with no "
+                                                     "rounds driver");
       if (!next.ok()) {
         (void)finish(std::string(next.message()));
         return next;

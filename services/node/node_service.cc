@@ -291,12 +291,12 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
     }
   }
   if (!req->allow_fallback()) attempts.resize(1);
-  const bool live = req->has_live() ? req->live()
-                                    : req->mode() == v1::AUTO &&
-                                          estimate > options_.live_threshold_seconds;
+  const bool live = req->has_live()
+                        ? req->live()
+                        : req->mode() == v1::AUTO && estimate > options_.live_threshold_seconds;
   if (live && !req->has_live()) {
-    reason = absl::StrCat(reason, "; live: the estimate exceeds ",
-                          options_.live_threshold_seconds, " s");
+    reason = absl::StrCat(reason, "; live: the estimate exceeds ", options_.live_threshold_seconds,
+                          " s");
   }
   const double timeout =
       req->timeout_seconds() > 0 ? req->timeout_seconds() : options_.default_timeout_seconds;

@@ -52,8 +52,9 @@ absl::StatusOr<std::shared_ptr<SessionTable::Entry>> SessionTable::Find(
   auto it = sessions_.find(id);
   if (it != sessions_.end()) return it->second;
   if (auto m = moved_.find(id); m != moved_.end()) {
-    return absl::NotFoundError(absl::StrCat("session '", id, "' moved to ", m->second.target_address,
-                                            " as '", m->second.session_id, "'"));
+    return absl::NotFoundError(absl::StrCat("session '", id, "' moved to ",
+                                            m->second.target_address, " as '", m->second.session_id,
+                                            "'"));
   }
   return absl::NotFoundError("no session '" + id + "' on this node");
 }
@@ -110,8 +111,9 @@ absl::Status SessionTable::Inspect(const std::string& id,
   return absl::OkStatus();
 }
 
-void SessionTable::ForEach(const std::function<void(const std::string& id, const NodeSession* session,
-                                                    bool migrating)>& fn) {
+void SessionTable::ForEach(
+    const std::function<void(const std::string& id, const NodeSession* session, bool migrating)>&
+        fn) {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, entry] : sessions_) {
     absl::MutexLock entry_lock(&entry->mu);

@@ -41,8 +41,7 @@ class LiveMigration : public Migration {
   // during round k (one every few chunks, the rest before the sender decides whether to pause;
   // the last figure repeats).
   static absl::StatusOr<LiveResult> RunLive(Session& source, SendOptions options,
-                                            std::vector<int> growth,
-                                            TargetContext ctx = Target()) {
+                                            std::vector<int> growth, TargetContext ctx = Target()) {
     options.live = true;
     LiveResult out;
     std::optional<ResumedSession> adopted;
@@ -72,9 +71,8 @@ class LiveMigration : public Migration {
         grown = 0;
         ++round;
         const auto history = static_cast<int64_t>(source.tokens.size()) - 1;
-        absl::Status st = sender.ShouldPause(history)
-                              ? sender.Pause(source.tokens, *source.sampler)
-                              : sender.NextRound(source.tokens);
+        absl::Status st = sender.ShouldPause(history) ? sender.Pause(source.tokens, *source.sampler)
+                                                      : sender.NextRound(source.tokens);
         if (!st.ok()) return st;
         continue;
       }
@@ -134,10 +132,8 @@ TEST_F(LiveMigration, RowsAndRebuildsMatchAStopAndCopyOfTheFinalSession) {
                         Case{MigrationMode::kFullKv, WireForm::kInt4},
                         Case{MigrationMode::kReconstruct, WireForm::kPlain},
                         Case{MigrationMode::kReconstruct, WireForm::kInt8}}) {
-    const RetentionPolicy* policy = c.form == WireForm::kInt8 &&
-                                            c.mode == MigrationMode::kReconstruct
-                                        ? &int8_policy
-                                        : policy_;
+    const RetentionPolicy* policy =
+        c.form == WireForm::kInt8 && c.mode == MigrationMode::kReconstruct ? &int8_policy : policy_;
     TargetContext ctx = Target();
     ctx.policy = policy;
     Session source = Start(3, {}, DType::kF16);
@@ -169,8 +165,8 @@ TEST_F(LiveMigration, RowsAndRebuildsMatchAStopAndCopyOfTheFinalSession) {
 
 TEST_F(LiveMigration, QuantizedRoundsEndOnWholeTokenGroups) {
   Session source = Start(3, {}, DType::kF16);
-  auto run = RunLive(source, Options(MigrationMode::kFullKv, *fingerprint_, policy_, 4000,
-                                     WireForm::kInt8),
+  auto run = RunLive(source,
+                     Options(MigrationMode::kFullKv, *fingerprint_, policy_, 4000, WireForm::kInt8),
                      {37, 5});
   ASSERT_TRUE(run.ok()) << run.status();
   int rounds = 0;

@@ -42,8 +42,8 @@ struct CountingHandOver : HandOver {
 };
 
 inline SendOptions Options(MigrationMode mode, const std::string& fingerprint,
-                    const RetentionPolicy* policy, int64_t max_chunk_bytes,
-                    WireForm wire_form = WireForm::kPlain) {
+                           const RetentionPolicy* policy, int64_t max_chunk_bytes,
+                           WireForm wire_form = WireForm::kPlain) {
   return {.mode = mode,
           .model_fingerprint = fingerprint,
           .policy = policy,

@@ -109,8 +109,8 @@ TEST_F(LiveHandOver, AGeneratingSessionMovesMidStreamAndTheCallerLosesNoToken) {
       ASSERT_TRUE(expect.ok());
       const std::string id = StartSession(*a, temperature);
       std::atomic<int> seen{0};
-      auto stream = std::async(std::launch::async,
-                               [&] { return GenerateFollowing(*a, id, n, &seen); });
+      auto stream =
+          std::async(std::launch::async, [&] { return GenerateFollowing(*a, id, n, &seen); });
       WaitFor(seen, 10);
       v1::MigrateReply reply;
       const grpc::Status st = MigrateLive(*a, id, *b, mode, &reply);
@@ -135,9 +135,10 @@ TEST_F(LiveHandOver, AGeneratingSessionMovesMidStreamAndTheCallerLosesNoToken) {
   }
   const std::string m = a->Metrics();
   for (const char* mode : {"full_kv", "token_replay", "reconstruct"}) {
-    EXPECT_NE(m.find(absl::StrCat("riskkv_migration_downtime_seconds_count{handover=\"live\",mode=\"",
-                                  mode, "\",model=\"tiny\"} 2")),
-              std::string::npos)
+    EXPECT_NE(
+        m.find(absl::StrCat("riskkv_migration_downtime_seconds_count{handover=\"live\",mode=\"",
+                            mode, "\",model=\"tiny\"} 2")),
+        std::string::npos)
         << mode << "\n"
         << m;
   }
@@ -150,8 +151,7 @@ TEST_F(LiveHandOver, AStopAndCopyMigrationOfAGeneratingSessionFollowsToo) {
   ASSERT_TRUE(expect.ok());
   const std::string id = StartSession(*a);
   std::atomic<int> seen{0};
-  auto stream =
-      std::async(std::launch::async, [&] { return GenerateFollowing(*a, id, n, &seen); });
+  auto stream = std::async(std::launch::async, [&] { return GenerateFollowing(*a, id, n, &seen); });
   WaitFor(seen, 10);
   v1::MigrateReply reply;
   const grpc::Status st = MigrateLive(*a, id, *b, v1::FULL_KV, &reply, false);
@@ -204,10 +204,12 @@ TEST_F(LiveHandOver, ATargetDyingAnywhereInThePrecopyCostsTheSessionNothing) {
 TEST_F(LiveHandOver, TheRoundCapHandsOverAGeneratorFasterThanTheLink) {
   // 1 ms a token of 2 KB of KV against 8 Mbit/s: every round is twice the last; only the cap of
   // 3 rounds brings the pause.
-  auto a = Start(true, 8, 3e-3, Paced(1, [](NodeOptions& o) {
-                   o.live_max_rounds = 3;
-                   o.live_pause_rows = 0;
-                 })),
+  auto a = Start(true, 8, 3e-3,
+                 Paced(1,
+                       [](NodeOptions&o) {
+                         o.live_max_rounds = 3;
+                         o.live_pause_rows = 0;
+                       })),
        b = Start(true), ref = Start(true);
   const std::vector<int32_t> prompt = {5, 36, 67, 98};
   const int n = 150;
@@ -215,8 +217,7 @@ TEST_F(LiveHandOver, TheRoundCapHandsOverAGeneratorFasterThanTheLink) {
   ASSERT_TRUE(expect.ok());
   const std::string id = StartSession(*a, 0, prompt);
   std::atomic<int> seen{0};
-  auto stream =
-      std::async(std::launch::async, [&] { return GenerateFollowing(*a, id, n, &seen); });
+  auto stream = std::async(std::launch::async, [&] { return GenerateFollowing(*a, id, n, &seen); });
   WaitFor(seen, 2);
   v1::MigrateReply reply;
   const grpc::Status st = MigrateLive(*a, id, *b, v1::FULL_KV, &reply);
@@ -267,8 +268,7 @@ TEST_F(LiveHandOver, ACancelledLiveMigrationStopsAndLeavesNothingOnTheTarget) {
   ASSERT_TRUE(expect.ok());
   const std::string id = StartSession(*a, 0, Prompt(100));
   std::atomic<int> seen{0};
-  auto stream =
-      std::async(std::launch::async, [&] { return GenerateFollowing(*a, id, n, &seen); });
+  auto stream = std::async(std::launch::async, [&] { return GenerateFollowing(*a, id, n, &seen); });
   WaitFor(seen, 3);
   grpc::ClientContext ctx;
   std::thread canceller([&] {
