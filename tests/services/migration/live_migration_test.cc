@@ -156,7 +156,9 @@ TEST_F(LiveMigration, RowsAndRebuildsMatchAStopAndCopyOfTheFinalSession) {
       }
     }
     EXPECT_EQ(run->received.session.logits, stop->session.logits) << what;
-    if (c.mode == MigrationMode::kReconstruct) EXPECT_GT(run->received.figures.rebuild_seconds, 0);
+    if (c.mode == MigrationMode::kReconstruct) {
+      EXPECT_GT(run->received.figures.rebuild_seconds, 0);
+    }
     EXPECT_GT(run->bytes_before_pause, 0) << what;
     EXPECT_LT(run->bytes_before_pause, run->bytes_sent) << what;
     EXPECT_EQ(run->bytes_sent, stop->figures.kv_bytes_received) << what;
@@ -175,7 +177,9 @@ TEST_F(LiveMigration, QuantizedRoundsEndOnWholeTokenGroups) {
       ++rounds;
       EXPECT_EQ(f.round().history_tokens() % kTokenGroup, 0);
     }
-    if (f.has_chunk()) EXPECT_EQ(f.chunk().first_token() % kTokenGroup, 0);
+    if (f.has_chunk()) {
+      EXPECT_EQ(f.chunk().first_token() % kTokenGroup, 0);
+    }
   }
   EXPECT_EQ(rounds, run->rounds);
   EXPECT_EQ(run->frames[0].handshake().history_tokens(), 32);  // 42 rows: one whole group

@@ -68,7 +68,7 @@ TEST(SessionTable, AWithdrawnSessionComesBackUnderItsIdOrIsGone) {
   {
     auto lease = table.Acquire(id);
     ASSERT_TRUE(lease.ok());
-    lease->Remove();
+    EXPECT_TRUE(lease->Remove().ok());
   }
   EXPECT_EQ(table.Acquire(id).status().code(), absl::StatusCode::kNotFound);
 }

@@ -1,0 +1,429 @@
+// riskkv-live-bench: stop-and-copy against live (pre-copy) migration between running nodes, in
+// one run. For each link (a source node started with that --link-mbps), each history length and
+// each mode it starts a session on the source, measures its idle decode rate, then migrates it
+// to the target twice, stop-and-copy and live, while a Generate stream runs on it and follows it
+// to the target; after each migration the session comes back over an unlimited link. It prints
+// downtime, total time, bytes and the source's decode rate during the pre-copy against the idle
+// rate, the live/stop-and-copy ratios, and writes CSV, JSON and an SVG chart of downtime
+// against history length. bench/live_handover.sh starts the nodes and runs it.
+//   riskkv-live-bench --sources 20=HOST:PORT,100=HOST:PORT --target HOST:PORT --out DIR
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "riskkv/v1/node.grpc.pb.h"
+#include "services/calibrate/svg_plot.h"
+#include "services/cli_args.h"
+
+ABSL_FLAG(std::string, sources, "",
+          "source nodes as MBPS=HOST:PORT,... (each started with that --link-mbps)");
+ABSL_FLAG(std::string, target, "", "the target node");
+ABSL_FLAG(std::string, histories, "128,512,2048,8000", "history lengths, tokens");
+ABSL_FLAG(std::string, modes, "full_kv,reconstruct,token_replay", "migration modes");
+ABSL_FLAG(std::string, text, "/usr/share/common-licenses/GPL-3,/usr/share/common-licenses/GPL-2",
+          "text files whose tokens make the histories");
+ABSL_FLAG(int, gen_tokens, 20, "tokens the session generates from the start of each migration");
+ABSL_FLAG(int, idle_tokens, 8, "tokens that time the idle source's decode rate");
+ABSL_FLAG(std::string, out, "", "directory for live_handover.{csv,json,svg} (empty: none)");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using riskkv::v1::Node;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+int Fail(const std::string& m) {
+  std::fprintf(stderr, "riskkv-live-bench: %s\n", m.c_str());
+  return 1;
+}
+
+std::unique_ptr<Node::Stub> Stub(const std::string& address) {
+  return Node::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+// One Generate request that follows its session; token arrival times, and which node each came
+// from (0: where it started).
+struct Stream {
+  std::vector<double> at;  // seconds since `start`
+  std::vector<int> hop;
+  std::string error;
+};
+
+Stream GenerateFollowing(const std::string& address, std::string id, int count,
+                         Clock::time_point start, std::atomic<int>* seen) {
+  Stream s;
+  std::unique_ptr<Node::Stub> stub = Stub(address);
+  int hop = 0;
+  while (count > 0) {
+    grpc::ClientContext ctx;
+    riskkv::v1::GenerateRequest req;
+    req.set_session_id(id);
+    req.set_max_tokens(count);
+    auto reader = stub->Generate(&ctx, req);
+    riskkv::v1::GenerateReply r;
+    std::optional<riskkv::v1::SessionMoved> moved;
+    while (reader->Read(&r)) {
+      if (r.has_moved()) {
+        moved = r.moved();
+        continue;
+      }
+      s.at.push_back(Since(start));
+      s.hop.push_back(hop);
+      --count;
+      ++*seen;
+    }
+    const grpc::Status st = reader->Finish();
+    if (!st.ok()) {
+      s.error = st.error_message();
+      break;
+    }
+    if (!moved) break;
+    stub = Stub(moved->target_address());
+    id = moved->session_id();
+    count = moved->remaining_tokens();
+    ++hop;
+  }
+  return s;
+}
+
+// Tokens per second over a run of arrival times (the first opens the interval).
+double Rate(const std::vector<double>& at) {
+  if (at.size() < 3) return 0;
+  return static_cast<double>(at.size() - 1) / (at.back() - at.front());
+}
+
+struct Row {
+  double mbps;
+  std::string mode;
+  bool live;
+  int64_t history;
+  double downtime, total;
+  int64_t bytes, bytes_after_pause;
+  int rounds;
+  double idle_rate, precopy_rate;  // tokens/s (0: too few tokens to tell)
+};
+
+absl::StatusOr<std::string> Start(Node::Stub& node, const std::vector<int32_t>& ids) {
+  grpc::ClientContext ctx;
+  riskkv::v1::StartSessionRequest req;
+  for (int32_t t : ids) req.add_token_ids(t);
+  riskkv::v1::SessionInfo info;
+  const grpc::Status st = node.StartSession(&ctx, req, &info);
+  if (!st.ok()) return absl::InternalError("StartSession: " + st.error_message());
+  return info.session_id();
+}
+
+absl::StatusOr<riskkv::v1::MigrateReply> Migrate(Node::Stub& from, const std::string& id,
+                                                 const std::string& to, const std::string& mode,
+                                                 bool live) {
+  grpc::ClientContext ctx;
+  riskkv::v1::MigrateRequest req;
+  req.set_session_id(id);
+  req.set_target_address(to);
+  riskkv::v1::MigrationMode m;
+  std::string upper;
+  for (char c : mode) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (!riskkv::v1::MigrationMode_Parse(upper, &m)) return absl::InvalidArgumentError(mode);
+  req.set_mode(m);
+  req.set_live(live);
+  req.set_timeout_seconds(1800);
+  riskkv::v1::MigrateReply reply;
+  const grpc::Status st = from.Migrate(&ctx, req, &reply);
+  if (!st.ok()) return absl::InternalError("Migrate: " + st.error_message());
+  return reply;
+}
+
+// The token ids of `files`' text as the source's tokenizer makes them.
+absl::StatusOr<std::vector<int32_t>> TextTokens(Node::Stub& node, const std::string& files) {
+  std::string text;
+  for (absl::string_view f : absl::StrSplit(files, ',')) {
+    std::ifstream in{std::string(f)};
+    if (!in) return absl::NotFoundError(absl::StrCat("no text file ", std::string(f)));
+    text.append(std::istreambuf_iterator<char>(in), {});
+  }
+  grpc::ClientContext ctx;
+  riskkv::v1::StartSessionRequest req;
+  req.set_prompt(text);
+  riskkv::v1::SessionInfo info;
+  // The node's own length limit may refuse the whole text: then half of it, and so on.
+  grpc::Status st;
+  while (true) {
+    grpc::ClientContext c;
+    req.set_prompt(text);
+    st = node.StartSession(&c, req, &info);
+    if (st.ok() || st.error_code() != grpc::StatusCode::OUT_OF_RANGE || text.size() < 1000) break;
+    text.resize(text.size() * 3 / 4);
+  }
+  if (!st.ok()) return absl::InternalError("StartSession: " + st.error_message());
+  grpc::ClientContext g;
+  riskkv::v1::GetSessionRequest get;
+  get.set_session_id(info.session_id());
+  get.set_with_tokens(true);
+  riskkv::v1::SessionInfo full;
+  st = node.GetSession(&g, get, &full);
+  if (!st.ok()) return absl::InternalError("GetSession: " + st.error_message());
+  grpc::ClientContext cl;
+  riskkv::v1::CloseSessionRequest close;
+  close.set_session_id(info.session_id());
+  riskkv::v1::CloseSessionReply closed;
+  (void)node.CloseSession(&cl, close, &closed);
+  return std::vector<int32_t>(full.token_ids().begin(), full.token_ids().end());
+}
+
+std::string Chart(const std::vector<Row>& rows, const std::vector<double>& links) {
+  // Log-log: history (x) against downtime in ms (y), one panel per link, a line per mode and
+  // hand-over.
+  double ylo = 1e9, yhi = 0, xlo = 1e9, xhi = 0;
+  for (const Row& r : rows) {
+    ylo = std::min(ylo, r.downtime * 1e3);
+    yhi = std::max(yhi, r.downtime * 1e3);
+    xlo = std::min<double>(xlo, static_cast<double>(r.history));
+    xhi = std::max<double>(xhi, static_cast<double>(r.history));
+  }
+  const double ly0 = std::floor(std::log10(std::max(ylo, 0.1))),
+               ly1 = std::ceil(std::log10(std::max(yhi, 1.0)));
+  const double lx0 = std::log2(std::max(xlo, 1.0)) - 0.3, lx1 = std::log2(xhi) + 0.3;
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c"};
+  const std::vector<std::string> modes = {"full_kv", "reconstruct", "token_replay"};
+  std::string body;
+  const double pw = 420, ph = 260, top = 40;
+  for (size_t p = 0; p < links.size(); ++p) {
+    const double left = 70 + static_cast<double>(p) * (pw + 90);
+    auto X = [&](double h) { return left + (std::log2(h) - lx0) / (lx1 - lx0) * pw; };
+    auto Y = [&](double ms) {
+      return top + ph - (std::log10(std::max(ms, 0.1)) - ly0) / (ly1 - ly0) * ph;
+    };
+    absl::StrAppend(&body, absl::StrFormat("<text x='%.0f' y='%.0f' class='title'>%g Mbit/s</text>",
+                                           left, top - 14, links[p]));
+    absl::StrAppend(&body, absl::StrFormat("<rect x='%.0f' y='%.0f' width='%.0f' height='%.0f' "
+                                           "fill='none' stroke='#888'/>",
+                                           left, top, pw, ph));
+    for (double e = ly0; e <= ly1; ++e) {
+      const double y = Y(std::pow(10, e));
+      absl::StrAppend(&body,
+                      absl::StrFormat("<line x1='%.1f' x2='%.1f' y1='%.1f' y2='%.1f' "
+                                      "stroke='#ddd'/><text x='%.1f' y='%.1f' "
+                                      "text-anchor='end'>%g ms</text>",
+                                      left, left + pw, y, y, left - 6, y + 4, std::pow(10, e)));
+    }
+    for (double h : {128.0, 512.0, 2048.0, 8000.0}) {
+      if (h < xlo * 0.9 || h > xhi * 1.1) continue;
+      absl::StrAppend(&body, absl::StrFormat("<text x='%.1f' y='%.1f' text-anchor='middle'>%g"
+                                             "</text>",
+                                             X(h), top + ph + 16, h));
+    }
+    absl::StrAppend(&body, absl::StrFormat("<text x='%.1f' y='%.1f' text-anchor='middle'>history "
+                                           "(tokens)</text>",
+                                           left + pw / 2, top + ph + 34));
+    for (size_t m = 0; m < modes.size(); ++m) {
+      for (bool live : {false, true}) {
+        std::vector<std::pair<double, double>> pts;
+        for (const Row& r : rows) {
+          if (r.mbps == links[p] && r.mode == modes[m] && r.live == live) {
+            pts.emplace_back(static_cast<double>(r.history), r.downtime * 1e3);
+          }
+        }
+        std::sort(pts.begin(), pts.end());
+        std::string path;
+        for (const auto& [h, ms] : pts) {
+          absl::StrAppend(&path, path.empty() ? "M" : " L",
+                          absl::StrFormat("%.1f %.1f", X(h), Y(ms)));
+          absl::StrAppend(&body, absl::StrFormat("<circle cx='%.1f' cy='%.1f' r='3' fill='%s'/>",
+                                                 X(h), Y(ms), colors[m]));
+        }
+        if (!path.empty()) {
+          absl::StrAppend(&body,
+                          absl::StrFormat("<path d='%s' fill='none' stroke='%s' "
+                                          "stroke-width='2'%s/>",
+                                          path, colors[m], live ? "" : " stroke-dasharray='6 4'"));
+        }
+      }
+    }
+  }
+  // Legend.
+  double ly = top + ph + 56;
+  for (size_t m = 0; m < modes.size(); ++m) {
+    const double x = 70 + static_cast<double>(m) * 230;
+    absl::StrAppend(&body, absl::StrFormat("<line x1='%.0f' x2='%.0f' y1='%.0f' y2='%.0f' "
+                                           "stroke='%s' stroke-width='2'/><line x1='%.0f' "
+                                           "x2='%.0f' y1='%.0f' y2='%.0f' stroke='%s' "
+                                           "stroke-width='2' stroke-dasharray='6 4'/><text "
+                                           "x='%.0f' y='%.0f'>%s live / stop-and-copy</text>",
+                                           x, x + 20, ly, ly, colors[m], x, x + 20, ly + 14,
+                                           ly + 14, colors[m], x + 26, ly + 11, modes[m]));
+  }
+  return riskkv::report::Svg(70 + static_cast<double>(links.size()) * (pw + 90), ly + 30,
+                             "<text x='70' y='18' class='title'>Downtime against history "
+                             "length, SmolLM2 on 2 cores</text>" +
+                                 body);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "riskkv-live-bench --sources MBPS=HOST:PORT,... --target HOST:PORT [--out DIR]");
+  std::vector<std::string> store;
+  std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  std::vector<std::pair<double, std::string>> sources;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sources), ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(s, absl::MaxSplits('=', 1));
+    double mbps = 0;
+    if (!absl::SimpleAtod(kv.first, &mbps) || mbps <= 0 || kv.second.empty()) {
+      return Fail(absl::StrCat("--sources: '", std::string(s), "' is not MBPS=HOST:PORT"));
+    }
+    sources.emplace_back(mbps, kv.second);
+  }
+  const std::string target = absl::GetFlag(FLAGS_target);
+  if (sources.empty() || target.empty()) return Fail("--sources and --target are required");
+  std::vector<int64_t> histories;
+  for (absl::string_view h : absl::StrSplit(absl::GetFlag(FLAGS_histories), ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(h, &v) || v < 8) return Fail("--histories: bad length " + std::string(h));
+    histories.push_back(v);
+  }
+  const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
+  const int gen = absl::GetFlag(FLAGS_gen_tokens), idle = absl::GetFlag(FLAGS_idle_tokens);
+  if (gen < 1 || idle < 3) return Fail("--gen-tokens >= 1 and --idle-tokens >= 3 needed");
+
+  auto first = Stub(sources.front().second);
+  auto text = TextTokens(*first, absl::GetFlag(FLAGS_text));
+  if (!text.ok()) return Fail(std::string(text.status().message()));
+  std::fprintf(stderr, "text: %zu tokens\n", text->size());
+  auto tgt = Stub(target);
+  std::vector<Row> rows;
+  const size_t total_runs = sources.size() * histories.size() * modes.size() * 2;
+  const Clock::time_point bench_start = Clock::now();
+  for (const auto& [mbps, address] : sources) {
+    auto src = Stub(address);
+    for (int64_t history : histories) {
+      std::vector<int32_t> ids;
+      for (int64_t i = 0; i <= history; ++i) ids.push_back((*text)[i % text->size()]);
+      auto sid = Start(*src, ids);
+      if (!sid.ok()) return Fail(std::string(sid.status().message()));
+      std::string id = *sid;
+      for (const std::string& mode : modes) {
+        for (bool live : {false, true}) {
+          // The idle source's decode rate at this history.
+          std::atomic<int> seen{0};
+          const Stream idle_run = GenerateFollowing(address, id, idle, Clock::now(), &seen);
+          if (!idle_run.error.empty()) return Fail("idle generate: " + idle_run.error);
+          const double idle_rate = Rate(idle_run.at);
+          seen = 0;
+          const Clock::time_point t0 = Clock::now();
+          auto stream = std::async(std::launch::async, [&, id] {
+            return GenerateFollowing(address, id, gen, t0, &seen);
+          });
+          for (int i = 0; i < 60000 && seen.load() < 1; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          const double m0 = Since(t0);
+          auto reply = Migrate(*src, id, target, mode, live);
+          const double m1 = Since(t0);
+          const Stream run = stream.get();
+          if (!reply.ok()) return Fail(std::string(reply.status().message()));
+          if (!run.error.empty()) return Fail("generate: " + run.error);
+          // Tokens the source made between the migration's start and its pause.
+          const double pause = m1 - reply->downtime_seconds();
+          std::vector<double> during;
+          for (size_t i = 0; i < run.at.size(); ++i) {
+            if (run.hop[i] == 0 && run.at[i] >= m0 && run.at[i] <= pause)
+              during.push_back(run.at[i]);
+          }
+          Row r{mbps,
+                mode,
+                live,
+                reply->history_tokens(),
+                reply->downtime_seconds(),
+                reply->total_seconds(),
+                reply->kv_bytes_sent(),
+                reply->kv_bytes_after_pause(),
+                reply->precopy_rounds(),
+                idle_rate,
+                live ? Rate(during) : 0.0};
+          rows.push_back(r);
+          std::fprintf(stderr,
+                       "[%zu/%zu, %.0f s] %g Mbit/s %5lld tokens %-12s %-13s downtime %8.3f s "
+                       "total %8.3f s\n",
+                       rows.size(), total_runs, Since(bench_start), mbps,
+                       static_cast<long long>(r.history), mode.c_str(),
+                       live ? "live" : "stop-and-copy", r.downtime, r.total);
+          // Back to the source over the target's unlimited link, for the next run.
+          auto back = Migrate(*tgt, reply->target_session_id(), address, "full_kv", false);
+          if (!back.ok()) return Fail("back: " + std::string(back.status().message()));
+          id = back->target_session_id();
+        }
+      }
+      grpc::ClientContext cl;
+      riskkv::v1::CloseSessionRequest close;
+      close.set_session_id(id);
+      riskkv::v1::CloseSessionReply closed;
+      (void)src->CloseSession(&cl, close, &closed);
+    }
+  }
+  std::printf("%-6s %-7s %-12s | %-26s | %-26s | %-8s | %-8s %-6s | %s\n", "Mbit/s", "history",
+              "mode", "downtime s: stop / live", "total s: stop / live", "live/stop", "after pause",
+              "rounds", "decode during pre-copy / idle");
+  for (size_t i = 0; i + 1 < rows.size(); i += 2) {
+    const Row& s = rows[i];
+    const Row& l = rows[i + 1];
+    std::printf(
+        "%-6g %-7lld %-12s | %10.4f / %10.4f     | %10.3f / %10.3f     | %8.4f | %8.1f KB "
+        "%-6d | %.1f / %.1f tokens/s (%.2f)\n",
+        s.mbps, static_cast<long long>(l.history), s.mode.c_str(), s.downtime, l.downtime, s.total,
+        l.total, l.downtime / s.downtime, static_cast<double>(l.bytes_after_pause) / 1e3, l.rounds,
+        l.precopy_rate, l.idle_rate, l.idle_rate > 0 ? l.precopy_rate / l.idle_rate : 0.0);
+  }
+  const std::string dir = absl::GetFlag(FLAGS_out);
+  if (!dir.empty()) {
+    std::ofstream csv(dir + "/live_handover.csv");
+    csv << "link_mbps,history_tokens,mode,handover,downtime_seconds,total_seconds,kv_bytes,"
+           "kv_bytes_after_pause,precopy_rounds,idle_tokens_per_second,"
+           "precopy_tokens_per_second\n";
+    std::ofstream json(dir + "/live_handover.json");
+    json << "[\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      csv << absl::StrFormat("%g,%d,%s,%s,%.6f,%.6f,%d,%d,%d,%.3f,%.3f\n", r.mbps, r.history,
+                             r.mode, r.live ? "live" : "stop_and_copy", r.downtime, r.total,
+                             r.bytes, r.bytes_after_pause, r.rounds, r.idle_rate, r.precopy_rate);
+      json << absl::StrFormat(
+          "  {\"link_mbps\": %g, \"history_tokens\": %d, \"mode\": \"%s\", \"handover\": \"%s\", "
+          "\"downtime_seconds\": %.6f, \"total_seconds\": %.6f, \"kv_bytes\": %d, "
+          "\"kv_bytes_after_pause\": %d, \"precopy_rounds\": %d, \"idle_tokens_per_second\": "
+          "%.3f, \"precopy_tokens_per_second\": %.3f}%s\n",
+          r.mbps, r.history, r.mode, r.live ? "live" : "stop_and_copy", r.downtime, r.total,
+          r.bytes, r.bytes_after_pause, r.rounds, r.idle_rate, r.precopy_rate,
+          i + 1 < rows.size() ? "," : "");
+    }
+    json << "]\n";
+    std::vector<double> links;
+    for (const auto& s : sources) links.push_back(s.first);
+    std::ofstream(dir + "/live_handover.svg") << Chart(rows, links);
+    std::fprintf(stderr, "wrote %s/live_handover.{csv,json,svg}\n", dir.c_str());
+  }
+  return 0;
+}
