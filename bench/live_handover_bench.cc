@@ -1,8 +1,8 @@
 // riskkv-live-bench: stop-and-copy against live (pre-copy) migration between running nodes, in
-// one run. For each link (a source node started with that --link-mbps), each history length and
-// each mode it starts a session on the source, measures its idle decode rate, then migrates it
-// to the target twice, stop-and-copy and live, while a Generate stream runs on it and follows it
-// to the target; after each migration the session comes back over an unlimited link. It prints
+// one run. For each link (a source node started with that --link-mbps), each history length,
+// each mode and each hand-over (stop-and-copy, live) it starts a session of that history on the
+// source, measures its idle decode rate, then migrates it to the target while a Generate stream
+// runs on it (up to --gen-tokens, or the context) and follows it to the target. It prints
 // downtime, total time, bytes and the source's decode rate during the pre-copy against the idle
 // rate, the live/stop-and-copy ratios, and writes CSV, JSON and an SVG chart of downtime
 // against history length. bench/live_handover.sh starts the nodes and runs it.
@@ -41,8 +41,10 @@ ABSL_FLAG(std::string, histories, "128,512,2048,8000", "history lengths, tokens"
 ABSL_FLAG(std::string, modes, "full_kv,reconstruct,token_replay", "migration modes");
 ABSL_FLAG(std::string, text, "/usr/share/common-licenses/GPL-3,/usr/share/common-licenses/GPL-2",
           "text files whose tokens make the histories");
-ABSL_FLAG(int, gen_tokens, 20, "tokens the session generates from the start of each migration");
-ABSL_FLAG(int, idle_tokens, 8, "tokens that time the idle source's decode rate");
+ABSL_FLAG(int, gen_tokens, 256,
+          "tokens the session generates from the start of each migration (at most: the context)");
+ABSL_FLAG(int64_t, context, 8192, "the model's context length, which bounds the tokens generated");
+ABSL_FLAG(int, idle_tokens, 16, "tokens that time the idle source's decode rate");
 ABSL_FLAG(std::string, out, "", "directory for live_handover.{csv,json,svg} (empty: none)");
 
 namespace {
@@ -95,10 +97,12 @@ Stream GenerateFollowing(const std::string& address, std::string id, int count,
       ++*seen;
     }
     const grpc::Status st = reader->Finish();
-    if (!st.ok()) {
+    // The session's length limit ends a stream early; that is not a failure of the run.
+    if (!st.ok() && st.error_code() != grpc::StatusCode::OUT_OF_RANGE) {
       s.error = st.error_message();
       break;
     }
+    if (!st.ok()) break;
     if (!moved) break;
     stub = Stub(moved->target_address());
     id = moved->session_id();
@@ -108,13 +112,15 @@ Stream GenerateFollowing(const std::string& address, std::string id, int count,
   return s;
 }
 
-// Tokens per second over a run of arrival times (the first opens the interval).
+// Tokens per second over a run of arrival times (the first opens the interval); 0 when fewer
+// than 5 tokens say too little.
 double Rate(const std::vector<double>& at) {
-  if (at.size() < 3) return 0;
+  if (at.size() < 5) return 0;
   return static_cast<double>(at.size() - 1) / (at.back() - at.front());
 }
 
 struct Row {
+  int64_t start_history;  // the session's history when the run began
   double mbps;
   std::string mode;
   bool live;
@@ -123,6 +129,7 @@ struct Row {
   int64_t bytes, bytes_after_pause;
   int rounds;
   double idle_rate, precopy_rate;  // tokens/s (0: too few tokens to tell)
+  bool generating;                 // the session was generating when it paused
 };
 
 absl::StatusOr<std::string> Start(Node::Stub& node, const std::vector<int32_t>& ids) {
@@ -199,8 +206,8 @@ std::string Chart(const std::vector<Row>& rows, const std::vector<double>& links
   for (const Row& r : rows) {
     ylo = std::min(ylo, r.downtime * 1e3);
     yhi = std::max(yhi, r.downtime * 1e3);
-    xlo = std::min<double>(xlo, static_cast<double>(r.history));
-    xhi = std::max<double>(xhi, static_cast<double>(r.history));
+    xlo = std::min<double>(xlo, static_cast<double>(r.start_history));
+    xhi = std::max<double>(xhi, static_cast<double>(r.start_history));
   }
   const double ly0 = std::floor(std::log10(std::max(ylo, 0.1))),
                ly1 = std::ceil(std::log10(std::max(yhi, 1.0)));
@@ -242,7 +249,7 @@ std::string Chart(const std::vector<Row>& rows, const std::vector<double>& links
         std::vector<std::pair<double, double>> pts;
         for (const Row& r : rows) {
           if (r.mbps == links[p] && r.mode == modes[m] && r.live == live) {
-            pts.emplace_back(static_cast<double>(r.history), r.downtime * 1e3);
+            pts.emplace_back(static_cast<double>(r.start_history), r.downtime * 1e3);
           }
         }
         std::sort(pts.begin(), pts.end());
@@ -316,17 +323,22 @@ int main(int argc, char** argv) {
   auto tgt = Stub(target);
   std::vector<Row> rows;
   const size_t total_runs = sources.size() * histories.size() * modes.size() * 2;
+  std::fprintf(stderr, "%zu migrations; each starts a fresh session of its history\n", total_runs);
   const Clock::time_point bench_start = Clock::now();
+  const int64_t context = absl::GetFlag(FLAGS_context);
   for (const auto& [mbps, address] : sources) {
     auto src = Stub(address);
     for (int64_t history : histories) {
+      if (history + idle + 16 > context)
+        return Fail(absl::StrCat("history ", history, " does not fit"));
       std::vector<int32_t> ids;
       for (int64_t i = 0; i <= history; ++i) ids.push_back((*text)[i % text->size()]);
-      auto sid = Start(*src, ids);
-      if (!sid.ok()) return Fail(std::string(sid.status().message()));
-      std::string id = *sid;
+      const int budget = static_cast<int>(std::min<int64_t>(gen, context - history - idle - 8));
       for (const std::string& mode : modes) {
         for (bool live : {false, true}) {
+          auto sid = Start(*src, ids);
+          if (!sid.ok()) return Fail(std::string(sid.status().message()));
+          const std::string id = *sid;
           // The idle source's decode rate at this history.
           std::atomic<int> seen{0};
           const Stream idle_run = GenerateFollowing(address, id, idle, Clock::now(), &seen);
@@ -335,7 +347,7 @@ int main(int argc, char** argv) {
           seen = 0;
           const Clock::time_point t0 = Clock::now();
           auto stream = std::async(std::launch::async, [&, id] {
-            return GenerateFollowing(address, id, gen, t0, &seen);
+            return GenerateFollowing(address, id, budget, t0, &seen);
           });
           for (int i = 0; i < 60000 && seen.load() < 1; ++i) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -350,10 +362,13 @@ int main(int argc, char** argv) {
           const double pause = m1 - reply->downtime_seconds();
           std::vector<double> during;
           for (size_t i = 0; i < run.at.size(); ++i) {
-            if (run.hop[i] == 0 && run.at[i] >= m0 && run.at[i] <= pause)
+            if (run.hop[i] == 0 && run.at[i] >= m0 && run.at[i] <= pause) {
               during.push_back(run.at[i]);
+            }
           }
-          Row r{mbps,
+          const bool generating = !run.hop.empty() && run.hop.back() == 1;
+          Row r{history,
+                mbps,
                 mode,
                 live,
                 reply->history_tokens(),
@@ -363,25 +378,23 @@ int main(int argc, char** argv) {
                 reply->kv_bytes_after_pause(),
                 reply->precopy_rounds(),
                 idle_rate,
-                live ? Rate(during) : 0.0};
+                live ? Rate(during) : 0.0,
+                generating};
           rows.push_back(r);
           std::fprintf(stderr,
                        "[%zu/%zu, %.0f s] %g Mbit/s %5lld tokens %-12s %-13s downtime %8.3f s "
-                       "total %8.3f s\n",
+                       "total %8.3f s%s\n",
                        rows.size(), total_runs, Since(bench_start), mbps,
                        static_cast<long long>(r.history), mode.c_str(),
-                       live ? "live" : "stop-and-copy", r.downtime, r.total);
-          // Back to the source over the target's unlimited link, for the next run.
-          auto back = Migrate(*tgt, reply->target_session_id(), address, "full_kv", false);
-          if (!back.ok()) return Fail("back: " + std::string(back.status().message()));
-          id = back->target_session_id();
+                       live ? "live" : "stop-and-copy", r.downtime, r.total,
+                       generating ? ", the stream followed" : "");
+          grpc::ClientContext cl;
+          riskkv::v1::CloseSessionRequest close;
+          close.set_session_id(reply->target_session_id());
+          riskkv::v1::CloseSessionReply closed;
+          (void)tgt->CloseSession(&cl, close, &closed);
         }
       }
-      grpc::ClientContext cl;
-      riskkv::v1::CloseSessionRequest close;
-      close.set_session_id(id);
-      riskkv::v1::CloseSessionReply closed;
-      (void)src->CloseSession(&cl, close, &closed);
     }
   }
   std::printf("%-6s %-7s %-12s | %-26s | %-26s | %-8s | %-8s %-6s | %s\n", "Mbit/s", "history",
@@ -400,24 +413,27 @@ int main(int argc, char** argv) {
   const std::string dir = absl::GetFlag(FLAGS_out);
   if (!dir.empty()) {
     std::ofstream csv(dir + "/live_handover.csv");
-    csv << "link_mbps,history_tokens,mode,handover,downtime_seconds,total_seconds,kv_bytes,"
+    csv << "start_history_tokens,link_mbps,history_tokens,mode,handover,downtime_seconds,total_"
+           "seconds,kv_bytes,"
            "kv_bytes_after_pause,precopy_rounds,idle_tokens_per_second,"
-           "precopy_tokens_per_second\n";
+           "precopy_tokens_per_second,generating_at_pause\n";
     std::ofstream json(dir + "/live_handover.json");
     json << "[\n";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      csv << absl::StrFormat("%g,%d,%s,%s,%.6f,%.6f,%d,%d,%d,%.3f,%.3f\n", r.mbps, r.history,
-                             r.mode, r.live ? "live" : "stop_and_copy", r.downtime, r.total,
-                             r.bytes, r.bytes_after_pause, r.rounds, r.idle_rate, r.precopy_rate);
+      csv << absl::StrFormat("%d,%g,%d,%s,%s,%.6f,%.6f,%d,%d,%d,%.3f,%.3f,%d\n", r.start_history,
+                             r.mbps, r.history, r.mode, r.live ? "live" : "stop_and_copy",
+                             r.downtime, r.total, r.bytes, r.bytes_after_pause, r.rounds,
+                             r.idle_rate, r.precopy_rate, r.generating ? 1 : 0);
       json << absl::StrFormat(
-          "  {\"link_mbps\": %g, \"history_tokens\": %d, \"mode\": \"%s\", \"handover\": \"%s\", "
+          "  {\"start_history_tokens\": %d, \"link_mbps\": %g, \"history_tokens\": %d, \"mode\": "
+          "\"%s\", \"handover\": \"%s\", "
           "\"downtime_seconds\": %.6f, \"total_seconds\": %.6f, \"kv_bytes\": %d, "
           "\"kv_bytes_after_pause\": %d, \"precopy_rounds\": %d, \"idle_tokens_per_second\": "
-          "%.3f, \"precopy_tokens_per_second\": %.3f}%s\n",
-          r.mbps, r.history, r.mode, r.live ? "live" : "stop_and_copy", r.downtime, r.total,
-          r.bytes, r.bytes_after_pause, r.rounds, r.idle_rate, r.precopy_rate,
-          i + 1 < rows.size() ? "," : "");
+          "%.3f, \"precopy_tokens_per_second\": %.3f, \"generating_at_pause\": %s}%s\n",
+          r.start_history, r.mbps, r.history, r.mode, r.live ? "live" : "stop_and_copy", r.downtime,
+          r.total, r.bytes, r.bytes_after_pause, r.rounds, r.idle_rate, r.precopy_rate,
+          r.generating ? "true" : "false", i + 1 < rows.size() ? "," : "");
     }
     json << "]\n";
     std::vector<double> links;
