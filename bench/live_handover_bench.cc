@@ -2,7 +2,8 @@
 // one run. For each link (a source node started with that --link-mbps), each history length,
 // each mode and each hand-over (stop-and-copy, live) it starts a session of that history on the
 // source, measures its idle decode rate, then migrates it to the target while a Generate stream
-// runs on it (up to --gen-tokens, or the context) and follows it to the target. It prints
+// runs on it (up to --gen-tokens, or the context) and follows it to the target (histories from
+// --reuse-from prefill once per link and come back to the source after each run). It prints
 // downtime, total time, bytes and the source's decode rate during the pre-copy against the idle
 // rate, the live/stop-and-copy ratios, and writes CSV, JSON and an SVG chart of downtime
 // against history length. bench/live_handover.sh starts the nodes and runs it.
@@ -45,6 +46,11 @@ ABSL_FLAG(int, gen_tokens, 256,
           "tokens the session generates from the start of each migration (at most: the context)");
 ABSL_FLAG(int64_t, context, 8192, "the model's context length, which bounds the tokens generated");
 ABSL_FLAG(int, idle_tokens, 16, "tokens that time the idle source's decode rate");
+ABSL_FLAG(int64_t, reuse_from, 4096,
+          "histories from this length prefill once per link: after each run the session comes "
+          "back to the source (FULL_KV, stop-and-copy, over the target's unlimited link) and the "
+          "next run starts from where it ended, generating at most --reuse-gen-tokens");
+ABSL_FLAG(int, reuse_gen_tokens, 12, "tokens a run of a reused session generates");
 ABSL_FLAG(std::string, out, "", "directory for live_handover.{csv,json,svg} (empty: none)");
 
 namespace {
@@ -333,12 +339,32 @@ int main(int argc, char** argv) {
         return Fail(absl::StrCat("history ", history, " does not fit"));
       std::vector<int32_t> ids;
       for (int64_t i = 0; i <= history; ++i) ids.push_back((*text)[i % text->size()]);
-      const int budget = static_cast<int>(std::min<int64_t>(gen, context - history - idle - 8));
+      // A long history is prefilled once and reused: every run then fits in the context.
+      const bool reuse = history >= absl::GetFlag(FLAGS_reuse_from);
+      const int budget =
+          reuse ? absl::GetFlag(FLAGS_reuse_gen_tokens)
+                : static_cast<int>(std::min<int64_t>(gen, context - history - idle - 8));
+      std::string kept;  // the reused session's id on the source
+      if (reuse) {
+        const int64_t need =
+            history + static_cast<int64_t>(modes.size()) * 2 * (idle + budget + 2) + 8;
+        if (need > context) {
+          return Fail(absl::StrCat("history ", history, " reused over ", modes.size() * 2,
+                                   " runs needs ", need, " tokens of a ", context,
+                                   "-token context; lower --reuse-gen-tokens"));
+        }
+        auto sid = Start(*src, ids);
+        if (!sid.ok()) return Fail(std::string(sid.status().message()));
+        kept = *sid;
+      }
       for (const std::string& mode : modes) {
         for (bool live : {false, true}) {
-          auto sid = Start(*src, ids);
-          if (!sid.ok()) return Fail(std::string(sid.status().message()));
-          const std::string id = *sid;
+          std::string id = kept;
+          if (!reuse) {
+            auto sid = Start(*src, ids);
+            if (!sid.ok()) return Fail(std::string(sid.status().message()));
+            id = *sid;
+          }
           // The idle source's decode rate at this history.
           std::atomic<int> seen{0};
           const Stream idle_run = GenerateFollowing(address, id, idle, Clock::now(), &seen);
@@ -388,12 +414,25 @@ int main(int argc, char** argv) {
                        static_cast<long long>(r.history), mode.c_str(),
                        live ? "live" : "stop-and-copy", r.downtime, r.total,
                        generating ? ", the stream followed" : "");
+          if (reuse) {
+            auto back = Migrate(*tgt, reply->target_session_id(), address, "full_kv", false);
+            if (!back.ok()) return Fail("back: " + std::string(back.status().message()));
+            kept = back->target_session_id();
+            continue;
+          }
           grpc::ClientContext cl;
           riskkv::v1::CloseSessionRequest close;
           close.set_session_id(reply->target_session_id());
           riskkv::v1::CloseSessionReply closed;
           (void)tgt->CloseSession(&cl, close, &closed);
         }
+      }
+      if (reuse) {
+        grpc::ClientContext cl;
+        riskkv::v1::CloseSessionRequest close;
+        close.set_session_id(kept);
+        riskkv::v1::CloseSessionReply closed;
+        (void)src->CloseSession(&cl, close, &closed);
       }
     }
   }

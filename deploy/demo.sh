@@ -5,7 +5,9 @@
 # there, starts two edge nodes on this machine that follow it (node A sends over an emulated
 # 100 Mbit/s link), starts a session on A, generates, migrates copies of it to B in each mode,
 # continues on B, and prints mode, KV bytes sent, transfer and recovery time and the
-# continuation's NLL change against the never-migrated session; then the metrics.
+# continuation's NLL change against the never-migrated session; then migrates copies live while
+# they generate (downtime against the whole migration, the stream following to B); then the
+# metrics.
 #   deploy/demo.sh [--stop]     the servers stay up afterwards (control plane 7000, nodes
 #                               7070/7071, metrics 9470/9471) for riskkvctl and curl; --stop
 #                               stops them at the end. A new run first stops the previous one's.
@@ -97,6 +99,9 @@ SCENARIO_CHART="$DEMO/recovery-by-mode.svg" \
   SCENARIO_TITLE="SmolLM2-135M, 544-token session, A -> B over 100 Mbit/s" \
   run_scenario $B --prompt "$prompt"
 last=$SCENARIO_LAST
+echo
+echo "== live hand-over: the same history migrated while it generates (riskkvctl migrate --live)"
+run_live_scenario $B "$SCENARIO_HISTORY"
 "$BIN/riskkvctl" --control $CONTROL policy-get --policy-id "$POLICY_ID" | python3 -c "
 import json,sys; p=json.load(sys.stdin)['policy']; t=p.get('testDeltaNll', {})
 print('the policy (%s v%s) rebuilds %d of %d layers and sends the others %s; calibration measured dNLL %+.5f [95%% CI %+.5f, %+.5f] in %s arithmetic'
@@ -111,7 +116,7 @@ echo "== the last session continues on B"
 ctl_b generate --session "$last" -n 24
 echo
 echo "== metrics (curl http://127.0.0.1:9470/metrics, :9471)"
-curl -s http://127.0.0.1:9470/metrics | grep -E '^riskkv_(migrations_total|kv_omitted_bytes_total|active_sessions|policy_version)'
+curl -s http://127.0.0.1:9470/metrics | grep -E '^riskkv_(migrations_total|kv_omitted_bytes_total|migration_downtime_seconds_(sum|count)|active_sessions|policy_version)'
 curl -s http://127.0.0.1:9471/metrics | grep -E '^riskkv_(migrations_total|recovery_seconds_(sum|count)|active_sessions|policy_version)'
 if [ $stop_at_end = 0 ]; then
   trap - EXIT

@@ -29,8 +29,8 @@ run_scenario() {
 import json,sys; h=$history; t=json.load(sys.stdin)['tokenIds']; print(json.dumps(t[len(h):]))")
   ref=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
   ref_nll=$(ctl_a score --session "$ref" --tokens "$continuation" | _scenario_field "['meanNll']")
-  printf '\n%-17s %6s %14s %8s %10s %11s %11s %10s %10s\n' mode wire "KV bytes sent" "of full" \
-    "Mbit/s" "transfer s" "recovery s" "rebuild s" "dNLL"
+  printf '\n%-17s %6s %14s %8s %10s %11s %11s %10s %10s %11s\n' mode wire "KV bytes sent" \
+    "of full" "Mbit/s" "transfer s" "recovery s" "rebuild s" "dNLL" "downtime s"
   local rows=${SCENARIO_CHART:+${SCENARIO_CHART%.svg}.jsonl}
   [ -n "$rows" ] && : >"$rows"
   for run in full_kv:plain full_kv:int8 full_kv:int4 token_replay:plain reconstruct:plain \
@@ -49,8 +49,9 @@ mode = '$mode' if '$mode' != 'auto' else 'auto:' + r['mode'].lower()
 wire = r.get('wireForm', 'KV_WIRE_FORM_UNSPECIFIED').replace('KV_WIRE_', '').lower()
 wire = '-' if wire == 'form_unspecified' else wire
 share = sent / $full_bytes if $full_bytes else 0
-print('%-17s %6s %14d %7.1f%% %s %11.4f %11.4f %10.4f %+10.5f' % (mode, wire, sent, 100 * share,
-      rate, t, r['recoverySeconds'], r.get('rebuildSeconds', 0), $nll - $ref_nll))
+print('%-17s %6s %14d %7.1f%% %s %11.4f %11.4f %10.4f %+10.5f %11.4f' % (mode, wire, sent,
+      100 * share, rate, t, r['recoverySeconds'], r.get('rebuildSeconds', 0), $nll - $ref_nll,
+      r.get('downtimeSeconds', 0)))
 if '$rows':
     with open('$rows', 'a') as f:
         f.write(json.dumps({'mode': mode, 'wire_form': wire, 'kv_bytes_sent': sent,
@@ -65,4 +66,40 @@ if '$rows':
     echo "chart: $SCENARIO_CHART"
   fi
   SCENARIO_CONTINUATION_TOKENS=$(echo "$continuation" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+  SCENARIO_HISTORY=$history
+}
+
+#   run_live_scenario TARGET HISTORY_JSON
+#     The same history, now generating: for each mode, a session with HISTORY_JSON's tokens on A
+#     generates 160 tokens with `riskkvctl generate --ids` while `migrate --live` moves it to
+#     TARGET; the stream follows the session there. One row per mode: the downtime (pause to
+#     the target's commit) against the whole migration, the pre-copy rounds, the bytes sent
+#     after the pause, and whether the tokens the caller got equal those of the same request on
+#     A never migrated (FULL_KV and TOKEN_REPLAY must).
+run_live_scenario() {
+  local target=$1 history=$2 n=160 ref expect s gen reply got mode
+  ref=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
+  expect=$(ctl_a generate --session "$ref" -n $n --ids)
+  printf '\n%-13s %11s %9s %7s %12s %s\n' mode "downtime s" "total s" rounds "after pause" \
+    "tokens the caller got"
+  for mode in full_kv token_replay reconstruct; do
+    s=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
+    ctl_a generate --session "$s" -n $n --ids >"${TMPDIR:-/tmp}/riskkv-live.$$" 2>/dev/null &
+    gen=$!
+    for _ in $(seq 200); do
+      ctl_a list | python3 -c "import json,sys; s=[x for x in json.load(sys.stdin).get('sessions',[]) if x['sessionId']=='$s']; sys.exit(0 if s and s[0].get('busy') else 1)" && break
+      sleep 0.05
+    done
+    sleep 0.3
+    reply=$(ctl_a migrate --session "$s" --to "$target" --mode $mode --live)
+    wait $gen
+    got=$(cat "${TMPDIR:-/tmp}/riskkv-live.$$")
+    rm -f "${TMPDIR:-/tmp}/riskkv-live.$$"
+    echo "$reply" | python3 -c "
+import json,sys; r=json.load(sys.stdin); got=$got; expect=$expect
+same = 'identical to the unmoved run' if got == expect else 'all %d, differing from the unmoved run after the move' % len(got)
+if len(got) != len(expect): same = '%d of %d' % (len(got), len(expect))
+print('%-13s %11.4f %9.4f %7d %9.1f KB %s' % ('$mode', r.get('downtimeSeconds', 0), r['totalSeconds'],
+      r.get('precopyRounds', 0), int(r.get('kvBytesAfterPause', 0)) / 1e3, same))"
+  done
 }

@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <future>
+#include <optional>
 #include <set>
+#include <thread>
 
 namespace riskkv {
 namespace {
@@ -83,6 +87,102 @@ TEST(SessionTable, ListsEverySessionInIdOrder) {
     listed.push_back(id);
   });
   EXPECT_EQ(listed, std::vector<std::string>(ids.begin(), ids.end()));
+}
+
+TEST(SessionTable, OneMigrationAtATimeHoldsASessionAndCloseWaitsForIt) {
+  SessionTable table(4);
+  const std::string id = *table.Add(WithTokens({1, 2}));
+  auto out = table.BeginMigration(id);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(table.BeginMigration(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table.BeginMigration("nope").status().code(), absl::StatusCode::kNotFound);
+  bool migrating = false;
+  table.ForEach([&](const std::string&, const NodeSession* s, bool m) {
+    EXPECT_NE(s, nullptr) << "a copied session still serves";
+    migrating = m;
+  });
+  EXPECT_TRUE(migrating);
+  {
+    auto lease = table.Acquire(id);
+    ASSERT_TRUE(lease.ok()) << "calls use the session while a migration copies it";
+    lease->Publish([](NodeSession& s) { s.tokens.push_back(3); });
+    const absl::Status closed = lease->Remove();
+    EXPECT_EQ(closed.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(closed.message().find("migrating"), std::string_view::npos);
+    EXPECT_FALSE(lease->Yield().has_value()) << "nobody waits to pause it";
+  }
+  std::vector<int32_t> tokens;
+  std::optional<Sampler> sampler;
+  out->Snapshot(&tokens, &sampler);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{1, 2, 3}));
+}
+
+TEST(SessionTable, APauseWaitsForTheCallToYieldAndAMoveEndsIt) {
+  SessionTable table(4);
+  const std::string id = *table.Add(WithTokens({1}));
+  auto lease = table.Acquire(id);
+  ASSERT_TRUE(lease.ok());
+  auto begun = table.BeginMigration(id);
+  ASSERT_TRUE(begun.ok());
+  std::optional<SessionTable::Outbound> out(std::move(*begun));
+  // The generating call's side: tokens until the migration asks, then the outcome.
+  std::optional<SessionMoved> where;
+  std::thread call([&] {
+    for (int i = 0; i < 100000 && !where; ++i) {
+      where = lease->Yield();
+      if (!where) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  ASSERT_TRUE(out->Pause(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(out->paused());
+  EXPECT_EQ(table.Inspect(id, [](const NodeSession&) {}).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "paused: in the migration's hands";
+  // A call arriving during the pause waits for the outcome, or finds the session gone.
+  auto late = std::async(std::launch::async, [&] { return table.Acquire(id).status(); });
+  out->Withdraw();
+  out->Moved({.target_address = "10.0.0.2:7070", .session_id = "b-1"});
+  out.reset();  // the hold ends
+  call.join();
+  ASSERT_TRUE(where.has_value());
+  EXPECT_EQ(where->target_address, "10.0.0.2:7070");
+  EXPECT_EQ(where->session_id, "b-1");
+  EXPECT_EQ(late.get().code(), absl::StatusCode::kNotFound);
+  const absl::Status st = table.Acquire(id).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("moved to 10.0.0.2:7070 as 'b-1'"), std::string_view::npos) << st;
+  ASSERT_TRUE(table.MovedTo(id).has_value());
+  EXPECT_EQ(table.MovedTo(id)->session_id, "b-1");
+  EXPECT_EQ(table.size(), 0u);
+}
+
+TEST(SessionTable, AFailedMigrationGivesThePausedSessionBack) {
+  SessionTable table(4);
+  const std::string id = *table.Add(WithTokens({1}));
+  auto lease = table.Acquire(id);
+  ASSERT_TRUE(lease.ok());
+  auto out = table.BeginMigration(id);
+  ASSERT_TRUE(out.ok());
+  std::atomic<bool> done{false};
+  std::atomic<int> moved{0};
+  std::thread call([&] {
+    while (!done) {
+      if (lease->Yield().has_value()) ++moved;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  ASSERT_TRUE(out->Pause(absl::Now() + absl::Seconds(10)).ok());
+  out->Withdraw();
+  out->Restore();  // the target did not confirm
+  out->Unpause();
+  done = true;
+  call.join();
+  EXPECT_EQ(moved.load(), 0);
+  EXPECT_EQ(table.size(), 1u);
+  EXPECT_FALSE(table.MovedTo(id).has_value());
+  // The call holds the session again: a pause now gives up at its deadline.
+  EXPECT_EQ(out->Pause(absl::Now() + absl::Milliseconds(20)).code(),
+            absl::StatusCode::kDeadlineExceeded);
 }
 
 }  // namespace
