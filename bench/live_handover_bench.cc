@@ -34,6 +34,7 @@
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/calibrate/svg_plot.h"
 #include "services/cli_args.h"
+#include "services/client/follow_generate.h"
 
 ABSL_FLAG(std::string, sources, "",
           "source nodes as MBPS=HOST:PORT,... (each started with that --link-mbps)");
@@ -79,41 +80,19 @@ struct Stream {
   std::string error;
 };
 
-Stream GenerateFollowing(const std::string& address, std::string id, int count,
+Stream GenerateFollowing(const std::string& address, const std::string& id, int count,
                          Clock::time_point start, std::atomic<int>* seen) {
   Stream s;
-  std::unique_ptr<Node::Stub> stub = Stub(address);
-  int hop = 0;
-  while (count > 0) {
-    grpc::ClientContext ctx;
-    riskkv::v1::GenerateRequest req;
-    req.set_session_id(id);
-    req.set_max_tokens(count);
-    auto reader = stub->Generate(&ctx, req);
-    riskkv::v1::GenerateReply r;
-    std::optional<riskkv::v1::SessionMoved> moved;
-    while (reader->Read(&r)) {
-      if (r.has_moved()) {
-        moved = r.moved();
-        continue;
-      }
-      s.at.push_back(Since(start));
-      s.hop.push_back(hop);
-      --count;
-      ++*seen;
-    }
-    const grpc::Status st = reader->Finish();
-    // The session's length limit ends a stream early; that is not a failure of the run.
-    if (!st.ok() && st.error_code() != grpc::StatusCode::OUT_OF_RANGE) {
-      s.error = st.error_message();
-      break;
-    }
-    if (!st.ok()) break;
-    if (!moved) break;
-    stub = Stub(moved->target_address());
-    id = moved->session_id();
-    count = moved->remaining_tokens();
-    ++hop;
+  const riskkv::FollowResult r =
+      riskkv::GenerateFollowing(address, id, count, {.deadline_seconds = 3600},
+                                [&](const riskkv::v1::GenerateReply&, int moves) {
+                                  s.at.push_back(Since(start));
+                                  s.hop.push_back(moves);
+                                  ++*seen;
+                                });
+  // The session's length limit ends a stream early; that is not a failure of the run.
+  if (!r.status.ok() && r.status.error_code() != grpc::StatusCode::OUT_OF_RANGE) {
+    s.error = r.status.error_message();
   }
   return s;
 }
@@ -329,7 +308,10 @@ int main(int argc, char** argv) {
   auto tgt = Stub(target);
   std::vector<Row> rows;
   const size_t total_runs = sources.size() * histories.size() * modes.size() * 2;
-  std::fprintf(stderr, "%zu migrations; each starts a fresh session of its history\n", total_runs);
+  std::fprintf(stderr,
+               "%zu migrations; each starts a fresh session of its history (from %lld tokens, "
+               "one session per link comes back after each run)\n",
+               total_runs, static_cast<long long>(absl::GetFlag(FLAGS_reuse_from)));
   const Clock::time_point bench_start = Clock::now();
   const int64_t context = absl::GetFlag(FLAGS_context);
   for (const auto& [mbps, address] : sources) {

@@ -25,6 +25,7 @@
 #include "riskkv/v1/control.grpc.pb.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/cli_args.h"
+#include "services/client/follow_generate.h"
 #include "services/grpc_status.h"
 #include "services/migration/wire.h"
 #include "services/tls.h"
@@ -172,51 +173,29 @@ int main(int argc, char** argv) {
   }
   if (cmd == "generate") {
     if (int rc = need_session()) return rc;
-    // Follows the session when a migration moves it mid-stream: the stream's last message names
-    // the target and the session's id there, and the tokens left.
-    std::string id = session;
-    int remaining = absl::GetFlag(FLAGS_n);
-    std::unique_ptr<riskkv::v1::Node::Stub> moved_stub;
-    riskkv::v1::Node::Stub* at = stub.get();
+    // Follows the session when a migration moves it mid-stream (docs/services.md).
     std::vector<int32_t> ids;
     const bool print_ids = absl::GetFlag(FLAGS_ids);
-    while (true) {
-      riskkv::v1::GenerateRequest req;
-      req.set_session_id(id);
-      req.set_max_tokens(remaining);
-      grpc::ClientContext ctx;
-      auto reader = at->Generate(Deadline(&ctx, 600), req);
-      riskkv::v1::GenerateReply r;
-      std::optional<riskkv::v1::SessionMoved> moved;
-      while (reader->Read(&r)) {
-        if (r.has_moved()) {
-          moved = r.moved();
-          continue;
-        }
-        ids.push_back(r.token_id());
-        if (!print_ids) {
-          std::fwrite(r.text().data(), 1, r.text().size(), stdout);
-          std::fflush(stdout);
-        }
-      }
-      const grpc::Status s = reader->Finish();
-      if (!s.ok()) return Fail(s.error_message());
-      if (!moved || moved->remaining_tokens() <= 0 || !absl::GetFlag(FLAGS_follow)) {
-        if (moved) {
-          std::fprintf(stderr, "riskkvctl: the session moved to %s as %s\n",
-                       moved->target_address().c_str(), moved->session_id().c_str());
-        }
-        break;
-      }
-      std::fprintf(stderr, "riskkvctl: the session moved to %s as %s; %d tokens to go there\n",
-                   moved->target_address().c_str(), moved->session_id().c_str(),
-                   moved->remaining_tokens());
-      moved_stub =
-          riskkv::v1::Node::NewStub(grpc::CreateChannel(moved->target_address(), credentials));
-      at = moved_stub.get();
-      id = moved->session_id();
-      remaining = moved->remaining_tokens();
-    }
+    const bool follow = absl::GetFlag(FLAGS_follow);
+    const riskkv::FollowResult r = riskkv::GenerateFollowing(
+        absl::GetFlag(FLAGS_node), session, absl::GetFlag(FLAGS_n),
+        {.credentials = credentials, .follow = follow, .deadline_seconds = 600},
+        [&](const riskkv::v1::GenerateReply& t, int) {
+          ids.push_back(t.token_id());
+          if (!print_ids) {
+            std::fwrite(t.text().data(), 1, t.text().size(), stdout);
+            std::fflush(stdout);
+          }
+        },
+        [&](const riskkv::v1::SessionMoved& m) {
+          std::fprintf(
+              stderr, "riskkvctl: the session moved to %s as %s%s\n", m.target_address().c_str(),
+              m.session_id().c_str(),
+              follow && m.remaining_tokens() > 0
+                  ? ("; " + std::to_string(m.remaining_tokens()) + " tokens to go there").c_str()
+                  : "");
+        });
+    if (!r.status.ok()) return Fail(r.status.error_message());
     if (print_ids) {
       std::string list = "[";
       for (size_t i = 0; i < ids.size(); ++i) list += (i ? "," : "") + std::to_string(ids[i]);

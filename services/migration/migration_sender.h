@@ -71,7 +71,7 @@ struct SendOptions {
   // `pause_rows` rows (or none: a quantized round ends on a whole token group), or after
   // `max_rounds` rounds however fast the session grows.
   bool live = false;
-  int64_t pause_rows = 16;
+  int64_t pause_rows = 4;
   int max_rounds = 8;
 };
 

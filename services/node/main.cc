@@ -61,7 +61,7 @@ ABSL_FLAG(double, receive_idle_timeout, 60,
 ABSL_FLAG(double, timeout, 120, "default deadline of a migration, seconds");
 ABSL_FLAG(double, live_threshold_seconds, 0.1,
           "AUTO migrates live (pre-copy) when its transfer estimate exceeds this, seconds");
-ABSL_FLAG(int64_t, live_pause_rows, 16,
+ABSL_FLAG(int64_t, live_pause_rows, 4,
           "a live migration pauses the session once a round would carry at most this many rows");
 ABSL_FLAG(int, live_max_rounds, 8, "pre-copy rounds of a live migration at most");
 

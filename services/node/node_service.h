@@ -48,7 +48,7 @@ struct NodeOptions {
   // a request's `live` overrides); the pause comes once a round would carry at most
   // live_pause_rows rows, or after live_max_rounds rounds.
   double live_threshold_seconds = 0.1;
-  int64_t live_pause_rows = 16;
+  int64_t live_pause_rows = 4;
   int live_max_rounds = 8;
   // Called before each token a Generate computes (tests pace a generator with it; may be null).
   std::function<void()> generate_step;

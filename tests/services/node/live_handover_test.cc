@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "services/client/follow_generate.h"
 #include "tests/services/node/node_fixture.h"
 
 namespace riskkv {
@@ -26,37 +27,17 @@ class LiveHandOver : public Nodes {
  protected:
   // Generates `count` tokens in session `id` on `n`, following the session wherever it moves;
   // `seen` counts the tokens as they arrive.
-  static Followed GenerateFollowing(TestNode& n, std::string id, int count,
+  static Followed GenerateFollowing(TestNode& n, const std::string& id, int count,
                                     std::atomic<int>* seen) {
     Followed out;
-    std::unique_ptr<v1::Node::Stub> other;
-    v1::Node::Stub* stub = n.stub.get();
-    int remaining = count;
-    while (true) {
-      grpc::ClientContext ctx;
-      v1::GenerateRequest req;
-      req.set_session_id(id);
-      req.set_max_tokens(remaining);
-      auto reader = stub->Generate(&ctx, req);
-      std::optional<v1::SessionMoved> moved;
-      v1::GenerateReply r;
-      while (reader->Read(&r)) {
-        if (r.has_moved()) {
-          moved = r.moved();
-          continue;
-        }
-        out.tokens.push_back(r.token_id());
-        ++*seen;
-      }
-      out.status = reader->Finish();
-      if (!out.status.ok() || !moved) return out;
-      ++out.hops;
-      other = v1::Node::NewStub(
-          grpc::CreateChannel(moved->target_address(), grpc::InsecureChannelCredentials()));
-      stub = other.get();
-      id = moved->session_id();
-      remaining = moved->remaining_tokens();
-    }
+    const FollowResult r =
+        riskkv::GenerateFollowing(n.address, id, count, {}, [&](const v1::GenerateReply& t, int) {
+          out.tokens.push_back(t.token_id());
+          ++*seen;
+        });
+    out.status = r.status;
+    out.hops = r.moves;
+    return out;
   }
 
   static grpc::Status MigrateLive(TestNode& from, const std::string& id, const TestNode& to,
