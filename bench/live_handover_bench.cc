@@ -424,17 +424,16 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i + 1 < rows.size(); i += 2) {
     const Row& s = rows[i];
     const Row& l = rows[i + 1];
-    const std::string rate =
-        l.precopy_rate > 0
-            ? absl::StrFormat("%.1f / %.1f tokens/s (%.2f)", l.precopy_rate, l.idle_rate,
-                              l.precopy_rate / l.idle_rate)
-            : absl::StrFormat("- / %.1f tokens/s", l.idle_rate);
-    std::printf("%-6g %-7lld %-12s | %9.4f / %9.4f    | %8.3f / %8.3f   | %9.4f | %8.1f KB | %-6d | "
-                "%-8lld | %s\n",
-                s.mbps, static_cast<long long>(s.start_history), s.mode.c_str(), s.downtime,
-                l.downtime, s.total, l.total, l.downtime / s.downtime,
-                static_cast<double>(l.bytes_after_pause) / 1e3, l.rounds,
-                static_cast<long long>(l.history), rate.c_str());
+    const std::string rate = l.precopy_rate > 0
+                                 ? absl::StrFormat("%.1f / %.1f tokens/s (%.2f)", l.precopy_rate,
+                                                   l.idle_rate, l.precopy_rate / l.idle_rate)
+                                 : absl::StrFormat("- / %.1f tokens/s", l.idle_rate);
+    std::printf(
+        "%-6g %-7lld %-12s | %9.4f / %9.4f    | %8.3f / %8.3f   | %9.4f | %8.1f KB | %-6d | "
+        "%-8lld | %s\n",
+        s.mbps, static_cast<long long>(s.start_history), s.mode.c_str(), s.downtime, l.downtime,
+        s.total, l.total, l.downtime / s.downtime, static_cast<double>(l.bytes_after_pause) / 1e3,
+        l.rounds, static_cast<long long>(l.history), rate.c_str());
   }
   const std::string dir = absl::GetFlag(FLAGS_out);
   if (!dir.empty()) {
