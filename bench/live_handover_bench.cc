@@ -314,7 +314,9 @@ int main(int argc, char** argv) {
                total_runs, static_cast<long long>(absl::GetFlag(FLAGS_reuse_from)));
   const Clock::time_point bench_start = Clock::now();
   const int64_t context = absl::GetFlag(FLAGS_context);
-  for (const auto& [mbps, address] : sources) {
+  for (const auto& source : sources) {
+    const double mbps = source.first;
+    const std::string& address = source.second;
     auto src = Stub(address);
     for (int64_t history : histories) {
       if (history + idle + 16 > context)
