@@ -160,14 +160,15 @@ class Nodes : public ::testing::Test {
 
   static grpc::Status Migrate(TestNode& from, const std::string& id, const TestNode& to,
                               v1::MigrationMode mode, v1::MigrateReply* reply,
-                              bool fallback = false, const std::string& address = "") {
+                              bool fallback = false, const std::string& address = "",
+                              double timeout_seconds = 20) {
     grpc::ClientContext ctx;
     v1::MigrateRequest req;
     req.set_session_id(id);
     req.set_target_address(address.empty() ? to.address : address);
     req.set_mode(mode);
     req.set_allow_fallback(fallback);
-    req.set_timeout_seconds(20);
+    req.set_timeout_seconds(timeout_seconds);
     return from.stub->Migrate(&ctx, req, reply);
   }
 
