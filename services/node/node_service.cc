@@ -260,10 +260,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   }
   auto out = sessions_.BeginMigration(req->session_id());
   if (!out.ok()) return ToGrpc(out.status());
-  std::vector<int32_t> tokens;
-  std::optional<Sampler> sampler;
-  out->Snapshot(&tokens, &sampler);
-  const auto history = static_cast<int64_t>(tokens.size()) - 1;
+  const int64_t history = out->history_tokens();
   // The modes to try in order. AUTO ranks them by estimate; a refused handshake (the target
   // lacks the bank or holds another policy version) moves on to the next, as a fallback does.
   std::vector<MigrationMode> attempts;

@@ -219,6 +219,11 @@ void SessionTable::Outbound::Snapshot(std::vector<int32_t>* tokens,
   *sampler = session_->sampler;
 }
 
+int64_t SessionTable::Outbound::history_tokens() const {
+  absl::MutexLock lock(&entry_->mu);
+  return static_cast<int64_t>(session_->tokens.size()) - 1;
+}
+
 absl::Status SessionTable::Outbound::Pause(absl::Time deadline) {
   if (paused_) return absl::OkStatus();
   absl::MutexLock lock(&entry_->mu);

@@ -92,8 +92,10 @@ class SessionTable {
     const std::string& id() const { return id_; }
     // The store, stable while the hold lasts; rows of the tokens a Snapshot saw never change.
     const KvStore& kv() const { return *session_->kv; }
-    // The session's tokens and sampler now, and its store's dtype.
+    // The session's tokens and sampler now.
     void Snapshot(std::vector<int32_t>* tokens, std::optional<Sampler>* sampler) const;
+    // Its history now: every token but the last.
+    int64_t history_tokens() const;
     // Waits until no call uses the session (a Generate yields at its next token) and holds it:
     // it is paused. DeadlineExceeded when that takes past `deadline`. No-op once paused.
     absl::Status Pause(absl::Time deadline);
