@@ -1,12 +1,14 @@
 // riskkv-live-bench: stop-and-copy against live (pre-copy) migration between running nodes, in
 // one run. For each link (a source node started with that --link-mbps), each history length,
 // each mode and each hand-over (stop-and-copy, live) it starts a session of that history on the
-// source, measures its idle decode rate, then migrates it to the target while a Generate stream
-// runs on it (up to --gen-tokens, or the context) and follows it to the target (histories from
-// --reuse-from prefill once per link and come back to the source after each run). It prints
-// downtime, total time, bytes and the source's decode rate during the pre-copy against the idle
-// rate, the live/stop-and-copy ratios, and writes CSV, JSON and an SVG chart of downtime
-// against history length. bench/live_handover.sh starts the nodes and runs it.
+// source and migrates it to the target while a Generate stream runs on it (up to --gen-tokens, or
+// the context) and follows it to the target (histories from --reuse-from prefill once per link
+// and come back to the source after each run). The source's decode rate during a live run's
+// pre-copy is set against an idle source's over the same positions: a session of the same history
+// that generates with no migration (for a reused session, the tokens it generates idle just
+// before). It prints downtime, total time, bytes, the decode rates, the live/stop-and-copy ratios,
+// and writes CSV, JSON and an SVG chart of downtime against history length.
+// bench/live_handover.sh starts the nodes and runs it.
 //   riskkv-live-bench --sources 20=HOST:PORT,100=HOST:PORT --target HOST:PORT --out DIR
 #include <grpcpp/grpcpp.h>
 
@@ -46,12 +48,13 @@ ABSL_FLAG(std::string, text, "/usr/share/common-licenses/GPL-3,/usr/share/common
 ABSL_FLAG(int, gen_tokens, 256,
           "tokens the session generates from the start of each migration (at most: the context)");
 ABSL_FLAG(int64_t, context, 8192, "the model's context length, which bounds the tokens generated");
-ABSL_FLAG(int, idle_tokens, 16, "tokens that time the idle source's decode rate");
+ABSL_FLAG(int, idle_tokens, 24,
+          "tokens a reused session generates idle just before its live run, timing the idle rate");
 ABSL_FLAG(int64_t, reuse_from, 4096,
           "histories from this length prefill once per link: after each run the session comes "
           "back to the source (FULL_KV, stop-and-copy, over the target's unlimited link) and the "
           "next run starts from where it ended, generating at most --reuse-gen-tokens");
-ABSL_FLAG(int, reuse_gen_tokens, 12, "tokens a run of a reused session generates");
+ABSL_FLAG(int, reuse_gen_tokens, 28, "tokens a live run of a reused session generates");
 ABSL_FLAG(std::string, out, "", "directory for live_handover.{csv,json,svg} (empty: none)");
 
 namespace {
@@ -97,12 +100,15 @@ Stream GenerateFollowing(const std::string& address, const std::string& id, int 
   return s;
 }
 
-// Tokens per second over a run of arrival times (the first opens the interval); 0 when fewer
-// than 5 tokens say too little.
-double Rate(const std::vector<double>& at) {
-  if (at.size() < 5) return 0;
-  return static_cast<double>(at.size() - 1) / (at.back() - at.front());
+// Tokens per second over the arrival times of tokens first..last (the first opens the interval);
+// 0 when fewer than 5 tokens say too little.
+double Rate(const std::vector<double>& at, size_t first, size_t last) {
+  if (last >= at.size() || last < first + 4) return 0;
+  return static_cast<double>(last - first) / (at[last] - at[first]);
 }
+
+// Tokens a stop-and-copy run of a reused session generates (it pauses at the first).
+constexpr int kReuseStopTokens = 4;
 
 struct Row {
   int64_t start_history;  // the session's history when the run began
@@ -319,27 +325,41 @@ int main(int argc, char** argv) {
     const std::string& address = source.second;
     auto src = Stub(address);
     for (int64_t history : histories) {
-      if (history + idle + 16 > context)
-        return Fail(absl::StrCat("history ", history, " does not fit"));
+      if (history + 16 > context) return Fail(absl::StrCat("history ", history, " does not fit"));
       std::vector<int32_t> ids;
       for (int64_t i = 0; i <= history; ++i) ids.push_back((*text)[i % text->size()]);
       // A long history is prefilled once and reused: every run then fits in the context.
       const bool reuse = history >= absl::GetFlag(FLAGS_reuse_from);
-      const int budget =
-          reuse ? absl::GetFlag(FLAGS_reuse_gen_tokens)
-                : static_cast<int>(std::min<int64_t>(gen, context - history - idle - 8));
+      const int budget = reuse ? absl::GetFlag(FLAGS_reuse_gen_tokens)
+                               : static_cast<int>(std::min<int64_t>(gen, context - history - 8));
       std::string kept;  // the reused session's id on the source
       if (reuse) {
         const int64_t need =
-            history + static_cast<int64_t>(modes.size()) * 2 * (idle + budget + 2) + 8;
+            history +
+            static_cast<int64_t>(modes.size()) * (kReuseStopTokens + 2 + idle + budget + 2) + 8;
         if (need > context) {
           return Fail(absl::StrCat("history ", history, " reused over ", modes.size() * 2,
                                    " runs needs ", need, " tokens of a ", context,
-                                   "-token context; lower --reuse-gen-tokens"));
+                                   "-token context; lower --reuse-gen-tokens or --idle-tokens"));
         }
         auto sid = Start(*src, ids);
         if (!sid.ok()) return Fail(std::string(sid.status().message()));
         kept = *sid;
+      }
+      // An idle source's decode over the positions a fresh session's live runs generate at: the
+      // same history, the same greedy tokens, no migration.
+      Stream control;
+      if (!reuse) {
+        auto sid = Start(*src, ids);
+        if (!sid.ok()) return Fail(std::string(sid.status().message()));
+        std::atomic<int> seen{0};
+        control = GenerateFollowing(address, *sid, budget, Clock::now(), &seen);
+        if (!control.error.empty()) return Fail("control generate: " + control.error);
+        grpc::ClientContext cl;
+        riskkv::v1::CloseSessionRequest close;
+        close.set_session_id(*sid);
+        riskkv::v1::CloseSessionReply closed;
+        (void)src->CloseSession(&cl, close, &closed);
       }
       for (const std::string& mode : modes) {
         for (bool live : {false, true}) {
@@ -349,15 +369,20 @@ int main(int argc, char** argv) {
             if (!sid.ok()) return Fail(std::string(sid.status().message()));
             id = *sid;
           }
-          // The idle source's decode rate at this history.
           std::atomic<int> seen{0};
-          const Stream idle_run = GenerateFollowing(address, id, idle, Clock::now(), &seen);
-          if (!idle_run.error.empty()) return Fail("idle generate: " + idle_run.error);
-          const double idle_rate = Rate(idle_run.at);
-          seen = 0;
+          // A reused session times its idle rate just before its live run, at the positions
+          // next to those it generates at during the pre-copy.
+          double idle_rate = 0;
+          if (reuse && live) {
+            const Stream idle_run = GenerateFollowing(address, id, idle, Clock::now(), &seen);
+            if (!idle_run.error.empty()) return Fail("idle generate: " + idle_run.error);
+            idle_rate = Rate(idle_run.at, 0, idle_run.at.size() - 1);
+            seen = 0;
+          }
+          const int count = reuse && !live ? kReuseStopTokens : budget;
           const Clock::time_point t0 = Clock::now();
-          auto stream = std::async(std::launch::async, [&, id] {
-            return GenerateFollowing(address, id, budget, t0, &seen);
+          auto stream = std::async(std::launch::async, [&, id, count] {
+            return GenerateFollowing(address, id, count, t0, &seen);
           });
           for (int i = 0; i < 60000 && seen.load() < 1; ++i) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -370,12 +395,15 @@ int main(int argc, char** argv) {
           if (!run.error.empty()) return Fail("generate: " + run.error);
           // Tokens the source made between the migration's start and its pause.
           const double pause = m1 - reply->downtime_seconds();
-          std::vector<double> during;
+          size_t first = run.at.size(), last = 0;
           for (size_t i = 0; i < run.at.size(); ++i) {
             if (run.hop[i] == 0 && run.at[i] >= m0 && run.at[i] <= pause) {
-              during.push_back(run.at[i]);
+              first = std::min(first, i);
+              last = i;
             }
           }
+          const double precopy_rate = live ? Rate(run.at, first, last) : 0.0;
+          if (live && !reuse) idle_rate = Rate(control.at, first, last);
           const bool generating = !run.hop.empty() && run.hop.back() == 1;
           Row r{history,
                 mbps,
@@ -388,7 +416,7 @@ int main(int argc, char** argv) {
                 reply->kv_bytes_after_pause(),
                 reply->precopy_rounds(),
                 idle_rate,
-                live ? Rate(during) : 0.0,
+                precopy_rate,
                 generating};
           rows.push_back(r);
           std::fprintf(stderr,
@@ -422,11 +450,12 @@ int main(int argc, char** argv) {
   }
   std::printf("%-6s %-7s %-12s | %-24s | %-22s | %-9s | %-11s | %-6s | %-8s | %s\n", "Mbit/s",
               "history", "mode", "downtime s: stop / live", "total s: stop / live", "live/stop",
-              "after pause", "rounds", "moved at", "decode during pre-copy / idle");
+              "after pause", "rounds", "moved at",
+              "decode during pre-copy / idle at the same positions");
   for (size_t i = 0; i + 1 < rows.size(); i += 2) {
     const Row& s = rows[i];
     const Row& l = rows[i + 1];
-    const std::string rate = l.precopy_rate > 0
+    const std::string rate = l.precopy_rate > 0 && l.idle_rate > 0
                                  ? absl::StrFormat("%.1f / %.1f tokens/s (%.2f)", l.precopy_rate,
                                                    l.idle_rate, l.precopy_rate / l.idle_rate)
                                  : absl::StrFormat("- / %.1f tokens/s", l.idle_rate);
@@ -437,6 +466,19 @@ int main(int argc, char** argv) {
         s.total, l.total, l.downtime / s.downtime, static_cast<double>(l.bytes_after_pause) / 1e3,
         l.rounds, static_cast<long long>(l.history), rate.c_str());
   }
+  // The floor: the source's decode during the pre-copy against an idle source's.
+  int timed = 0, above = 0;
+  double lowest = 0;
+  for (const Row& r : rows) {
+    if (!r.live || r.precopy_rate <= 0 || r.idle_rate <= 0) continue;
+    const double ratio = r.precopy_rate / r.idle_rate;
+    lowest = timed++ == 0 ? ratio : std::min(lowest, ratio);
+    above += ratio >= 0.8;
+  }
+  std::printf(
+      "source decode during the pre-copy / idle: at or above 0.80 in %d of %d timed live "
+      "runs, lowest %.2f\n",
+      above, timed, lowest);
   const std::string dir = absl::GetFlag(FLAGS_out);
   if (!dir.empty()) {
     std::ofstream csv(dir + "/live_handover.csv");

@@ -113,6 +113,15 @@ bool MigrationSender::ShouldPause(int64_t history_tokens) const {
          history_tokens - round_end_ <= options_.pause_rows;
 }
 
+int64_t MigrationSender::AwaitGroupEnd(int64_t history_tokens) {
+  if (state_ != State::kRoundDone || form_ == WireForm::kPlain || awaited_group_ ||
+      rounds_ >= options_.max_rounds || history_tokens - round_end_ <= options_.pause_rows) {
+    return 0;
+  }
+  awaited_group_ = true;
+  return RoundEnd(history_tokens) + kTokenGroup;
+}
+
 absl::Status MigrationSender::StartRound(std::span<const int32_t> tokens, int64_t end) {
   if (tokens.size() < tokens_sent_.size() ||
       !std::equal(tokens_sent_.begin(), tokens_sent_.end(), tokens.begin())) {

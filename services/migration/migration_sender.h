@@ -18,6 +18,8 @@
 //                                                                  -> kAwaitRoundDone
 //   OnReply(round_done)         -> kRoundDone
 //   ShouldPause(history now)    the caller asks whether to pause now
+//   AwaitGroupEnd(history now)  and, in a quantized form, whether a round to the next whole
+//                               token group is worth waiting for first
 //   NextRound(tokens now)       -> kStreaming (another round), or
 //   Pause(tokens, sampler)      -> kStreaming (the rows added since the last round, then the
 //                                  trailer with the session's final state) -> kAwaitResumed
@@ -121,6 +123,12 @@ class MigrationSender {
   // In kRoundDone: whether to pause with the session at `history_tokens` rows (see
   // SendOptions::live).
   bool ShouldPause(int64_t history_tokens) const;
+  // In kRoundDone, once ShouldPause(history_tokens) said yes: a quantized round ends on a whole
+  // token group, so more than `pause_rows` rows past the last round may be left to the pause.
+  // Then, once per migration and within the rounds cap, the history at the next group's end:
+  // a session still generating reaches it soon, and a round to it leaves the pause only the
+  // rows generated while that round is sent. 0 when the pause should come now.
+  int64_t AwaitGroupEnd(int64_t history_tokens);
   // In kRoundDone: another round, up to the rows of `tokens` (the session's tokens now, which
   // extend those already sent). InvalidArgument when they do not.
   absl::Status NextRound(std::span<const int32_t> tokens);
@@ -171,7 +179,8 @@ class MigrationSender {
   int64_t first_row_ = 0;
   int64_t round_begin_ = 0;
   int64_t round_end_ = 0;
-  bool paused_ = false;  // the last rows are streaming: the trailer comes next
+  bool paused_ = false;         // the last rows are streaming: the trailer comes next
+  bool awaited_group_ = false;  // AwaitGroupEnd named a group end
   int rounds_ = 0;
   int64_t bytes_before_pause_ = 0;
   std::vector<int32_t> tokens_sent_;   // the tokens the target knows of (live)

@@ -19,6 +19,10 @@ namespace {
 
 grpc::Status Bad(const std::string& m) { return ToGrpc(absl::InvalidArgumentError(m)); }
 
+// A live migration waiting for a session to reach a token group's end stops waiting when no token
+// came for this long: the session is not generating (a CPU decode step takes tens of ms).
+constexpr absl::Duration kGeneratingGap = absl::Milliseconds(250);
+
 // A migration's hold on its session as the sender's hand-over.
 class OutboundHandOver final : public HandOver {
  public:
@@ -365,7 +369,15 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
                          &hand_over);
   BetweenRounds between = [&](MigrationSender& s) -> absl::Status {
     out.Snapshot(&tokens, &sampler);
-    if (!s.ShouldPause(static_cast<int64_t>(tokens.size()) - 1)) return s.NextRound(tokens);
+    const auto history = static_cast<int64_t>(tokens.size()) - 1;
+    if (!s.ShouldPause(history)) return s.NextRound(tokens);
+    // A quantized round ends on a whole token group: a session still generating is let reach
+    // the next one, so the pause sends only the rows made while that round went out.
+    if (const int64_t group_end = s.AwaitGroupEnd(history);
+        group_end > 0 && out.AwaitHistory(group_end, kGeneratingGap, until) >= group_end) {
+      out.Snapshot(&tokens, &sampler);
+      return s.NextRound(tokens);
+    }
     RETURN_IF_ERROR(out.Pause(until));
     const NodeSession& paused = out.session();
     return s.Pause(paused.tokens, *paused.sampler);

@@ -1,6 +1,7 @@
 // The node's sessions (see session_table.h).
 #include "services/node/session_table.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
@@ -222,6 +223,22 @@ void SessionTable::Outbound::Snapshot(std::vector<int32_t>* tokens,
 int64_t SessionTable::Outbound::history_tokens() const {
   absl::MutexLock lock(&entry_->mu);
   return static_cast<int64_t>(session_->tokens.size()) - 1;
+}
+
+int64_t SessionTable::Outbound::AwaitHistory(int64_t rows, absl::Duration gap,
+                                             absl::Time deadline) const {
+  absl::MutexLock lock(&entry_->mu);
+  const std::vector<int32_t>& tokens = session_->tokens;
+  while (true) {
+    const size_t seen = tokens.size();
+    if (static_cast<int64_t>(seen) - 1 >= rows) break;
+    const auto grown = [&tokens, seen] { return tokens.size() > seen; };
+    if (!entry_->mu.AwaitWithDeadline(absl::Condition(&grown),
+                                      std::min(deadline, absl::Now() + gap))) {
+      break;
+    }
+  }
+  return static_cast<int64_t>(tokens.size()) - 1;
 }
 
 absl::Status SessionTable::Outbound::Pause(absl::Time deadline) {

@@ -96,6 +96,10 @@ class SessionTable {
     void Snapshot(std::vector<int32_t>* tokens, std::optional<Sampler>* sampler) const;
     // Its history now: every token but the last.
     int64_t history_tokens() const;
+    // Waits while the session keeps growing until its history reaches `rows`: returns the
+    // history when it did, or when no token came for `gap` (nothing is generating) or at
+    // `deadline`.
+    int64_t AwaitHistory(int64_t rows, absl::Duration gap, absl::Time deadline) const;
     // Waits until no call uses the session (a Generate yields at its next token) and holds it:
     // it is paused. DeadlineExceeded when that takes past `deadline`. No-op once paused.
     absl::Status Pause(absl::Time deadline);

@@ -185,6 +185,43 @@ TEST_F(LiveMigration, QuantizedRoundsEndOnWholeTokenGroups) {
   EXPECT_EQ(run->frames[0].handshake().history_tokens(), 32);  // 42 rows: one whole group
 }
 
+TEST_F(LiveMigration, AQuantizedPauseIsOfferedTheNextGroupEndOnce) {
+  Session source = Start(3, {}, DType::kF16);
+  for (WireForm form : {WireForm::kPlain, WireForm::kInt8}) {
+    SCOPED_TRACE(WireFormName(form));
+    SendOptions o = Options(MigrationMode::kFullKv, *fingerprint_, policy_, 4000, form);
+    o.live = true;
+    MigrationReceiver receiver(Target());
+    MigrationSender sender(source.View(), o, nullptr);
+    EXPECT_EQ(sender.AwaitGroupEnd(50), 0) << "before a round is done";
+    auto deliver = [&](const v1::MigrationFrame& f) {
+      auto reply = receiver.OnFrame(f);
+      ASSERT_TRUE(reply.ok()) << reply.status();
+      if (reply->has_value()) {
+        ASSERT_TRUE(sender.OnReply(**reply).ok());
+      }
+    };
+    auto h = sender.Handshake();
+    ASSERT_TRUE(h.ok());
+    deliver(*h);
+    while (sender.state() == MigrationSender::State::kStreaming) {
+      auto f = sender.NextFrame();
+      ASSERT_TRUE(f.ok() && f->has_value());
+      deliver(**f);
+    }
+    ASSERT_EQ(sender.state(), MigrationSender::State::kRoundDone);
+    const int64_t sent = sender.rows_sent();  // 42 rows: plain sends them all, int8 one group
+    EXPECT_EQ(sent, form == WireForm::kPlain ? 42 : 32);
+    if (form == WireForm::kPlain) {
+      EXPECT_EQ(sender.AwaitGroupEnd(50), 0) << "a plain round ends on any row";
+      continue;
+    }
+    EXPECT_EQ(sender.AwaitGroupEnd(sent + o.pause_rows), 0) << "few rows left: pause now";
+    EXPECT_EQ(sender.AwaitGroupEnd(42), 64) << "10 rows left: the next group ends at 64";
+    EXPECT_EQ(sender.AwaitGroupEnd(43), 0) << "once per migration";
+  }
+}
+
 TEST_F(LiveMigration, TheRoundCapPausesASessionThatOutgrowsTheLink) {
   // 20 new tokens every round, never under pause_rows: only the cap ends the pre-copy.
   Session source = Start(2);

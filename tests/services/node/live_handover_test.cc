@@ -127,6 +127,36 @@ TEST_F(LiveHandOver, AGeneratingSessionMovesMidStreamAndTheCallerLosesNoToken) {
   }
 }
 
+TEST_F(LiveHandOver, AQuantizedLivePauseComesJustAfterATokenGroupEnds) {
+  // int8 rounds end on whole 32-token groups. A generating session is let reach the next group's
+  // end before the pause, which then sends only the rows made during that round: without it, a
+  // pause at 40-odd rows would leave the 8 or more rows past 32 to the downtime.
+  auto a = Start(true, 0, 3e-3, Paced(40)), b = Start(true);
+  const std::string id = StartSession(*a);  // 30 tokens
+  std::atomic<int> seen{0};
+  auto stream =
+      std::async(std::launch::async, [&] { return GenerateFollowing(*a, id, 80, &seen); });
+  WaitFor(seen, 12);
+  grpc::ClientContext ctx;
+  v1::MigrateRequest req;
+  req.set_session_id(id);
+  req.set_target_address(b->address);
+  req.set_mode(v1::FULL_KV);
+  req.set_wire_form(v1::KV_WIRE_INT8);
+  req.set_live(true);
+  req.set_timeout_seconds(60);
+  v1::MigrateReply reply;
+  const grpc::Status st = a->stub->Migrate(&ctx, req, &reply);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  const Followed got = stream.get();
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.hops, 1);
+  EXPECT_EQ(static_cast<int>(got.tokens.size()), 80);
+  EXPECT_GE(reply.history_tokens(), 64);
+  EXPECT_LE(reply.history_tokens() % 32, 4) << reply.ShortDebugString();
+  EXPECT_GE(reply.precopy_rounds(), 2);
+}
+
 TEST_F(LiveHandOver, AStopAndCopyMigrationOfAGeneratingSessionFollowsToo) {
   auto a = Start(true, 0, 3e-3, Paced(2)), b = Start(true), ref = Start(true);
   const int n = 80;

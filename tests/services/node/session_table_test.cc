@@ -156,6 +156,34 @@ TEST(SessionTable, APauseWaitsForTheCallToYieldAndAMoveEndsIt) {
   EXPECT_EQ(table.size(), 0u);
 }
 
+TEST(SessionTable, AMigrationWaitsForAGrowingSessionUntilItStopsGrowing) {
+  SessionTable table(4);
+  const std::string id = *table.Add(WithTokens({1, 2, 3}));
+  auto lease = table.Acquire(id);
+  ASSERT_TRUE(lease.ok());
+  auto out = table.BeginMigration(id);
+  ASSERT_TRUE(out.ok());
+  const absl::Time far = absl::Now() + absl::Seconds(60);
+  EXPECT_EQ(out->AwaitHistory(2, absl::Seconds(10), far), 2) << "already there";
+  // A call publishing a token every 2 ms: the wait ends when the history reaches 12.
+  std::atomic<bool> stop{false};
+  std::thread call([&] {
+    for (int t = 4; !stop.load() && t < 40; ++t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      lease->Publish([t](NodeSession& s) { s.tokens.push_back(t); });
+    }
+  });
+  EXPECT_GE(out->AwaitHistory(12, absl::Seconds(10), far), 12);
+  stop = true;
+  call.join();
+  // Nothing generating: the wait ends after the gap, not at the deadline.
+  const int64_t now = out->history_tokens();
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(out->AwaitHistory(now + 5, absl::Milliseconds(50), far), now);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+}
+
 TEST(SessionTable, AFailedMigrationGivesThePausedSessionBack) {
   SessionTable table(4);
   const std::string id = *table.Add(WithTokens({1}));
