@@ -13,7 +13,8 @@ for preset in ${presets[*]}; do
   case "$preset" in
     # The tsan test preset runs the service tests only (label "service").
     tsan) targets=(node_test live_handover_test migration_test live_migration_test control_test
-                   policy_follower_test session_table_test mode_planner_test rate_limiter_test) ;;
+                   policy_follower_test session_table_test mode_planner_test rate_limiter_test
+                   migration_outcomes_test) ;;
   esac
   echo "=== build ($preset) ==="
   deploy/build.sh "$preset" "${targets[@]}"

@@ -1,6 +1,8 @@
 // Per-layer KV storage with f32/f16 conversion at the edges.
 #include "common/model/kv_cache.h"
 
+#include <sys/mman.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -35,9 +37,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int64_t n_layers, int64
   cache->dtype_ = dtype;
   const size_t bytes = static_cast<size_t>(capacity * cache->token_bytes());
   for (int64_t l = 0; l < n_layers; ++l) {
-    // calloc: zero-filled so an unwritten row never leaks old memory into a transfer.
-    Buffer k(static_cast<uint8_t*>(std::calloc(bytes, 1)));
-    Buffer v(static_cast<uint8_t*>(std::calloc(bytes, 1)));
+    // Zero-filled, so an unwritten row never leaks old memory into a transfer.
+    Buffer k = Map(bytes), v = Map(bytes);
     if (!k || !v) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache of ", capacity,
                                                        " tokens (",
@@ -47,6 +48,18 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int64_t n_layers, int64
     cache->v_.push_back(std::move(v));
   }
   return cache;
+}
+
+void KvCache::Unmap::operator()(uint8_t* p) const {
+  if (p != nullptr) munmap(p, bytes);
+}
+
+KvCache::Buffer KvCache::Map(size_t bytes) {
+  // Mapped rather than malloc'd: a freed cache goes back to the OS at once, where the heap would
+  // keep the pages of every cache it ever held.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return Buffer(nullptr, Unmap{bytes});
+  return Buffer(static_cast<uint8_t*>(p), Unmap{bytes});
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Clone() const {

@@ -21,8 +21,9 @@ namespace riskkv {
 
 class KvCache {
  public:
-  // dtype must be kF32 or kF16. Memory is zeroed lazily by the OS (untouched pages cost
-  // nothing); a cache that cannot be allocated is ResourceExhausted.
+  // dtype must be kF32 or kF16. Each layer's K and V are anonymous memory mappings: zeroed
+  // lazily by the OS (untouched pages cost nothing) and returned to it when the cache is
+  // destroyed. A cache that cannot be allocated is ResourceExhausted.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(int64_t n_layers, int64_t n_kv_heads,
                                                          int64_t head_dim, int64_t capacity,
                                                          DType dtype);
@@ -79,10 +80,13 @@ class KvCache {
   static void ToF32(DType dtype, const uint8_t* src, float* dst, int64_t n);
   static void FromF32(DType dtype, const float* src, uint8_t* dst, int64_t n);
 
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
+  struct Unmap {
+    size_t bytes = 0;
+    void operator()(uint8_t* p) const;
   };
-  using Buffer = std::unique_ptr<uint8_t, Free>;
+  using Buffer = std::unique_ptr<uint8_t, Unmap>;
+  // `bytes` of zeroed memory from the OS; null when it has none.
+  static Buffer Map(size_t bytes);
 
   int64_t n_layers_ = 0, n_kv_heads_ = 0, head_dim_ = 0, capacity_ = 0, n_tokens_ = 0;
   DType dtype_ = DType::kF32;

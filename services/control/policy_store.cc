@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
 #include "common/base/atomic_file.h"
 #include "common/base/status_macros.h"
@@ -60,21 +61,30 @@ absl::StatusOr<RetentionPolicy> PolicyStore::Put(const v1::RetentionPolicy& poli
     // Loading checks the bank whole (format, checksum, model fingerprint) and gives its content
     // hash, which must be the one the policy names; only then does it get its name.
     // A bank that fails the checks is never committed: the writer removes its temporary.
-    ASSIGN_OR_RETURN(
-        AtomicFileWriter incoming,
-        AtomicFileWriter::Create((fs::path(dir_) / "banks" / (sha + ".rkvbank")).string()));
-    RETURN_IF_ERROR(incoming.Append(bank));
-    auto parsed = PredictorBank::Open(incoming.temp_path(), p.model_fingerprint);
+    // Errors go to the caller without this machine's paths.
+    auto hide_paths = [this](const absl::Status& st, const std::string& temp) {
+      std::string m(st.message());
+      if (!temp.empty()) m = absl::StrReplaceAll(m, {{temp, "the received bank"}});
+      return absl::Status(st.code(), absl::StrReplaceAll(m, {{dir_, "the store's directory"}}));
+    };
+    auto created =
+        AtomicFileWriter::Create((fs::path(dir_) / "banks" / (sha + ".rkvbank")).string());
+    if (!created.ok()) return hide_paths(created.status(), "");
+    AtomicFileWriter incoming = *std::move(created);
+    const std::string temp = incoming.temp_path();
+    if (auto st = incoming.Append(bank); !st.ok()) return hide_paths(st, temp);
+    auto parsed = PredictorBank::Open(temp, p.model_fingerprint);
     if (!parsed.ok()) {
-      return absl::InvalidArgumentError("the bank does not load for this policy: " +
-                                        std::string(parsed.status().message()));
+      return hide_paths(absl::InvalidArgumentError("the bank does not load for this policy: " +
+                                                   std::string(parsed.status().message())),
+                        temp);
     }
     if ((*parsed)->content_hash() != sha) {
       return absl::InvalidArgumentError("the bank's SHA-256 is " + (*parsed)->content_hash() +
                                         ", the policy names " + sha);
     }
     parsed->reset();
-    RETURN_IF_ERROR(incoming.Commit());
+    if (auto st = incoming.Commit(); !st.ok()) return hide_paths(st, temp);
   }
   absl::MutexLock lock(&mu_);
   if (!bank.empty()) banks_.insert(sha);

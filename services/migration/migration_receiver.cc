@@ -141,6 +141,13 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
       std::min(ctx_.capacity > 0 ? ctx_.capacity : c.context_length, c.context_length);
   capacity_ = capacity;
   live_ = h.live();
+  if (h.migration_id().size() > 64 ||
+      h.migration_id().find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "migration_id must be at most 64 lowercase hex digits, not '" +
+        h.migration_id().substr(0, 80) + "'");
+  }
+  session_.migration_id = h.migration_id();
   if (history_ + 1 > capacity) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session of ", history_ + 1, " tokens does not fit this node's ", capacity, "-row cache"));
@@ -200,7 +207,7 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
                                                    " chunks of ", h.kv_bytes(), " bytes; ",
                                                    expect_bytes, " bytes expected"));
   }
-  ASSIGN_OR_RETURN(session_.kv, ctx_.engine->NewStore(capacity, dtype));
+  ASSIGN_OR_RETURN(session_.kv, ctx_.engine->NewStore(capacity, ctx_.kv_dtype.value_or(dtype)));
   // Rows arrive into [0, history); a replay prefills them instead.
   if (session_.mode != MigrationMode::kTokenReplay) {
     RETURN_IF_ERROR(session_.kv->SetTokens(history_));
@@ -261,6 +268,13 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk ", chunk.sequence(), " carries ", chunk.data().size(), " bytes for ", n,
                      " rows in ", std::string(WireFormName(form_)), "; ", size, " expected"));
+  }
+  if (const int64_t bound = std::max(ctx_.max_chunk_bytes,
+                                     MinChunkBytes(form_, c.n_kv_heads, c.head_dim, wire_dtype_));
+      ctx_.max_chunk_bytes > 0 && size > bound) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " carries ", size,
+                                                   " bytes, above this node's bound of ", bound,
+                                                   " bytes per chunk"));
   }
   const auto* bytes = reinterpret_cast<const uint8_t*>(chunk.data().data());
   const uint32_t crc = Crc32c({bytes, chunk.data().size()});
@@ -486,9 +500,11 @@ absl::StatusOr<std::string> MigrationReceiver::OnCommit() {
   auto id = ctx_.adopt(*std::move(resumed_));
   resumed_.reset();
   if (!id.ok()) {
-    return Fail(
-        id.status().code() == absl::StatusCode::kDeadlineExceeded ? "timeout" : "session_limit",
-        id.status());
+    const absl::StatusCode code = id.status().code();
+    return Fail(code == absl::StatusCode::kDeadlineExceeded     ? "timeout"
+                : code == absl::StatusCode::kFailedPrecondition ? "given_up"
+                                                                : "session_limit",
+                id.status());
   }
   stage_ = Stage::kCommitted;
   session_id_ = *id;

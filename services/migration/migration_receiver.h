@@ -44,6 +44,7 @@ struct ResumedSession {
   std::vector<int32_t> tokens;
   std::optional<Sampler> sampler;  // restored from the handshake
   std::vector<float> logits;       // of the next token, after feeding the last one
+  std::string migration_id;        // the handshake's (empty from a source that names none)
 };
 
 // What the target needs to accept migrations.
@@ -57,6 +58,12 @@ struct TargetContext {
   const std::vector<const FoldedGroup*>* groups = nullptr;
   const EnginePredictors* predictors = nullptr;  // `bank` prepared for `engine`
   int64_t capacity = 0;                          // KV rows of the resumed session (0: context)
+  // The largest chunk payload accepted (0: no bound); a chunk of one row (plain) or one token
+  // group (quantized) is always accepted, as the sender's MinChunkBytes.
+  int64_t max_chunk_bytes = 0;
+  // How this node stores KV (rows arrive in the source's dtype and are converted); unset: the
+  // source's.
+  std::optional<DType> kv_dtype = std::nullopt;
   // This node's measured speeds, reported to the source in `accepted` (0: not measured).
   double prefill_seconds_per_token = 0;
   double rebuild_seconds_per_token = 0;
@@ -80,9 +87,9 @@ class MigrationReceiver {
   //   InvalidArgument.
   // - chunk: DataLoss for a CRC mismatch; InvalidArgument for a chunk out of sequence, for a
   //   layer not announced, rows outside the history, a quantized chunk off its token groups, a
-  //   payload size other than its form's, rows sent twice, or rows that do not decode (a scale
-  //   that is not finite, ...: kv_codec.h). Groups are rebuilt as soon as their anchors are
-  //   complete.
+  //   payload size other than its form's or above max_chunk_bytes, rows sent twice, or rows that do
+  //   not decode (a scale that is not finite, ...: kv_codec.h). Groups are rebuilt as soon as their
+  //   anchors are complete.
   // - round (live only): DataLoss unless every announced layer holds exactly the round's rows
   //   (and the first round what the handshake announced); InvalidArgument for a round that goes
   //   back, does not fit, ends inside a token group or brings another number of tokens; then
@@ -102,6 +109,7 @@ class MigrationReceiver {
 
   // Why the receiver failed, for metrics: "protocol", "handshake", "wire_form" (a handshake
   // refused for its wire form), "corrupt", "bad_chunk", "resume", "session_limit", "timeout",
+  // "given_up" (its source asked for the outcome before the commit came),
   // "truncated", "not_committed"; empty while it has not.
   const std::string& failure_reason() const { return failure_; }
   // The mode the handshake named, once it parsed.

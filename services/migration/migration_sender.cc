@@ -27,6 +27,15 @@ void MigrationSender::Abort() {
   state_ = State::kFailed;
 }
 
+absl::Status MigrationSender::ConfirmCommitted(const std::string& session_id) {
+  if (state_ != State::kAwaitCommitted) {
+    return absl::FailedPreconditionError("no commit awaits its confirmation");
+  }
+  target_session_id_ = session_id;
+  state_ = State::kCommitted;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
   if (state_ != State::kStart) {
     return absl::FailedPreconditionError("the handshake was already built");
@@ -84,6 +93,7 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
   for (int32_t l : layers) h.add_layers(l);
   h.set_history_tokens(first);
   h.set_live(options_.live);
+  h.set_migration_id(options_.migration_id);
   const std::span<const int32_t> known = s.tokens.first(static_cast<size_t>(first) + 1);
   *h.mutable_session() = EncodeDecodingState(known, *s.sampler);
   tokens_sent_.assign(known.begin(), known.end());

@@ -60,6 +60,9 @@ struct SessionView {
 struct SendOptions {
   MigrationMode mode = MigrationMode::kFullKv;
   std::string model_fingerprint;
+  // Names the migration in its handshake, so the source can ask the target for the outcome
+  // (empty: none).
+  std::string migration_id = {};
   const RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
   // The form FULL_KV sends the rows in; RECONSTRUCT sends its policy's (PolicyWireForm) and
   // TOKEN_REPLAY none.
@@ -140,6 +143,9 @@ class MigrationSender {
   // The transport failed or the caller gave up: kFailed, restoring a withdrawn session. A no-op
   // once committed.
   void Abort();
+  // In kAwaitCommitted, when the confirmation was lost but the target, asked, says it took the
+  // session as `session_id`: kCommitted.
+  absl::Status ConfirmCommitted(const std::string& session_id);
 
   State state() const { return state_; }
   // After Handshake / the matching replies.

@@ -54,10 +54,15 @@ ABSL_FLAG(std::string, kv_dtype, "f16", "KV cache storage and wire dtype: f16 or
 ABSL_FLAG(int64_t, capacity, 0, "KV rows per session (0: the model's context)");
 ABSL_FLAG(double, link_mbps, 0, "sender-side rate limit emulating a link, Mbit/s (0: none)");
 ABSL_FLAG(int, max_sessions, 64, "sessions this node serves at most");
+ABSL_FLAG(double, session_ttl, 3600,
+          "seconds a session may go unused (no call, no migration) before the node closes it "
+          "(0: never)");
 ABSL_FLAG(int, max_receives, 4, "incoming migrations this node receives at once");
 ABSL_FLAG(double, receive_idle_timeout, 60,
           "seconds an incoming migration may wait on its source without a frame (must exceed "
           "one 256 KiB chunk's time on the slowest link)");
+ABSL_FLAG(double, receive_handshake_timeout, 10,
+          "seconds an incoming migration may take to send its handshake");
 ABSL_FLAG(double, timeout, 120, "default deadline of a migration, seconds");
 ABSL_FLAG(double, live_threshold_seconds, 0.1,
           "AUTO migrates live (pre-copy) when its transfer estimate exceeds this, seconds");
@@ -104,8 +109,14 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_live_max_rounds) < 1) return Fail("--live-max-rounds must be >= 1");
   if (!(absl::GetFlag(FLAGS_timeout) > 0)) return Fail("--timeout must be > 0");
   if (absl::GetFlag(FLAGS_max_receives) < 1) return Fail("--max-receives must be >= 1");
+  if (!(absl::GetFlag(FLAGS_session_ttl) >= 0 && absl::GetFlag(FLAGS_session_ttl) <= 1e9)) {
+    return Fail("--session-ttl must be >= 0 seconds (0: sessions never expire)");
+  }
   if (!(absl::GetFlag(FLAGS_receive_idle_timeout) > 0)) {
     return Fail("--receive-idle-timeout must be > 0");
+  }
+  if (!(absl::GetFlag(FLAGS_receive_handshake_timeout) > 0)) {
+    return Fail("--receive-handshake-timeout must be > 0");
   }
   if (absl::GetFlag(FLAGS_policy).empty() && !absl::GetFlag(FLAGS_bank).empty()) {
     return Fail("--bank needs the --policy that names it");
@@ -149,12 +160,14 @@ int main(int argc, char** argv) {
   options.capacity = absl::GetFlag(FLAGS_capacity);
   options.link_mbps = absl::GetFlag(FLAGS_link_mbps);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.session_idle_ttl_seconds = absl::GetFlag(FLAGS_session_ttl);
   options.live_threshold_seconds = absl::GetFlag(FLAGS_live_threshold_seconds);
   options.live_pause_rows = absl::GetFlag(FLAGS_live_pause_rows);
   options.live_max_rounds = absl::GetFlag(FLAGS_live_max_rounds);
   options.default_timeout_seconds = absl::GetFlag(FLAGS_timeout);
   options.max_concurrent_receives = absl::GetFlag(FLAGS_max_receives);
   options.receive_idle_seconds = absl::GetFlag(FLAGS_receive_idle_timeout);
+  options.receive_handshake_seconds = absl::GetFlag(FLAGS_receive_handshake_timeout);
   if (!absl::GetFlag(FLAGS_policy).empty()) {
     auto r = riskkv::LoadRetention(absl::GetFlag(FLAGS_policy), absl::GetFlag(FLAGS_bank),
                                    static_cast<int32_t>((*model)->config().n_layers), *fingerprint);

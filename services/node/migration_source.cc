@@ -1,11 +1,45 @@
 // The source role's transport (see migration_source.h).
 #include "services/node/migration_source.h"
 
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <thread>
+
 #include "common/base/stopwatch.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/grpc_status.h"
 
 namespace riskkv {
+namespace {
+
+// The target's answer to "did migration `id` commit?", asked until `deadline` while it cannot be
+// reached: the session's id there, or nullopt (it did not, and now never will).
+absl::StatusOr<std::optional<std::string>> AskOutcome(
+    v1::Node::Stub& target, const std::string& id, std::chrono::system_clock::time_point deadline) {
+  v1::MigrationOutcomeRequest req;
+  req.set_migration_id(id);
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(
+        std::min(deadline, std::chrono::system_clock::now() + std::chrono::seconds(2)));
+    v1::MigrationOutcomeReply reply;
+    const grpc::Status st = target.MigrationOutcome(&ctx, req, &reply);
+    if (st.ok()) {
+      return reply.committed() ? std::optional<std::string>(reply.session_id()) : std::nullopt;
+    }
+    const bool transient = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!transient ||
+        std::chrono::system_clock::now() + std::chrono::milliseconds(200) >= deadline) {
+      return FromGrpc(st);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace
+
 absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendOutcome* out,
                           const BetweenRounds& between_rounds) {
   *out = {};
@@ -78,13 +112,23 @@ absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendO
   const bool committed = stream->Write(*commit) && stream->WritesDone() && stream->Read(&reply) &&
                          sender.OnReply(reply).ok();
   const grpc::Status st = stream->Finish();
-  if (!committed) {
-    sender.Abort();
-    return absl::Status(st.ok() ? absl::StatusCode::kUnavailable : FromGrpc(st).code(),
-                        "target did not confirm the hand-over" +
-                            (st.ok() ? std::string() : ": " + st.error_message()));
+  if (committed) return absl::OkStatus();
+  std::string asked;
+  if (sender.state() == MigrationSender::State::kAwaitCommitted &&
+      !sender.handshake().migration_id().empty()) {
+    // No confirmation came back: only the target knows whether it took the session, so it is
+    // asked (which also makes it refuse a commit still on its way) before the session comes back.
+    absl::StatusOr<std::optional<std::string>> taken =
+        AskOutcome(*stub, sender.handshake().migration_id(), link.deadline);
+    if (taken.ok() && taken->has_value()) return sender.ConfirmCommitted(**taken);
+    asked = taken.ok() ? "; asked, it says it did not take the session"
+                       : "; asking it whether it took the session failed (" +
+                             std::string(taken.status().message()) + ")";
   }
-  return absl::OkStatus();
+  sender.Abort();
+  return absl::Status(st.ok() ? absl::StatusCode::kUnavailable : FromGrpc(st).code(),
+                      "target did not confirm the hand-over" +
+                          (st.ok() ? std::string() : ": " + st.error_message()) + asked);
 }
 
 }  // namespace riskkv

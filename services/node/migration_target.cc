@@ -2,6 +2,8 @@
 #include "services/node/migration_target.h"
 
 #include <chrono>
+#include <optional>
+#include <string>
 
 #include "common/base/stopwatch.h"
 #include "services/grpc_status.h"
@@ -14,11 +16,6 @@ grpc::Status ReceiveMigration(
     ReceiveWatchdog& watchdog) {
   const Stopwatch whole;
   NodeMetrics* metrics = side.metrics;
-  v1::MigrationFrame f;
-  if (!stream->Read(&f)) {
-    return ToGrpc(absl::InvalidArgumentError("the stream carried no handshake"));
-  }
-  watchdog.Touch();
   auto fail = [&](const std::string& reason, const absl::Status& s) {
     if (metrics) {
       metrics->Failure("target", reason);
@@ -26,8 +23,22 @@ grpc::Status ReceiveMigration(
     }
     return ToGrpc(s);
   };
+  // When the watchdog cancelled the call, its bound ("deadline", "no_handshake" or "idle") is why
+  // the stream ended, not the source.
+  auto cut_off = [&]() -> std::optional<grpc::Status> {
+    const std::string fired = watchdog.fired();
+    if (fired.empty()) return std::nullopt;
+    return fail(fired, absl::DeadlineExceededError("the receive's " + fired + " bound cut it off"));
+  };
+  v1::MigrationFrame f;
+  if (!stream->Read(&f)) {
+    if (auto cut = cut_off()) return *cut;
+    return ToGrpc(absl::InvalidArgumentError("the stream carried no handshake"));
+  }
+  watchdog.Touch();
   if (auto room = side.sessions->CheckRoom(); !room.ok()) return fail("session_limit", room);
   const Retention* r = side.retention.get();
+  std::string migration_id;  // the handshake's, once the session was adopted
   // From the commit on the session is registered: the deadline may no longer cancel the call.
   auto adopt = [&](ResumedSession resumed) -> absl::StatusOr<std::string> {
     if (!watchdog.Disarm()) {
@@ -39,7 +50,11 @@ grpc::Status ReceiveMigration(
     s->sampler = std::move(resumed.sampler);
     // The first decode step already ran: its logits give the next token.
     s->pending_logits = std::move(resumed.logits);
-    return side.sessions->Add(std::move(s));
+    migration_id = resumed.migration_id;
+    auto add = [&] { return side.sessions->Add(std::move(s)); };
+    // Recorded under its migration id, unless its source already gave up asking about it.
+    if (migration_id.empty() || side.outcomes == nullptr) return add();
+    return side.outcomes->Commit(migration_id, add);
   };
   auto on_resumed = [&](const ResumeFigures& fig) {
     if (fig.prefill_seconds > 0) {
@@ -57,6 +72,8 @@ grpc::Status ReceiveMigration(
       .groups = r ? &r->groups : nullptr,
       .predictors = r ? r->predictors.get() : nullptr,
       .capacity = side.capacity,
+      .max_chunk_bytes = side.max_chunk_bytes,
+      .kv_dtype = side.kv_dtype,
       .prefill_seconds_per_token = side.planner->measured_prefill_seconds_per_token(),
       .rebuild_seconds_per_token = side.planner->measured_rebuild_seconds_per_token(),
       .adopt = adopt,
@@ -78,13 +95,20 @@ grpc::Status ReceiveMigration(
       return ToGrpc(reply.status());
     }
     if (reply->has_value() && !stream->Write(**reply) && rx.committed()) {
-      // The source cannot learn that we took the session over, so it keeps serving it.
-      side.sessions->Erase(rx.session_id());
+      // The source cannot learn that we took the session over, so it keeps serving it; unless it
+      // already asked and was told we did.
+      auto drop = [&] { side.sessions->Erase(rx.session_id()); };
+      if (migration_id.empty() || side.outcomes == nullptr) {
+        drop();
+      } else if (!side.outcomes->Revoke(migration_id, drop)) {
+        break;
+      }
       return fail("not_committed", absl::AbortedError("the commit confirmation could not be sent"));
     }
     if (rx.committed()) break;
     if (!stream->Read(&f)) {
       rx.OnStreamEnd();
+      if (auto cut = cut_off()) return *cut;
       return fail(rx.failure_reason(),
                   absl::AbortedError(rx.failure_reason() == "not_committed"
                                          ? "the source did not commit; the resumed session was "

@@ -9,6 +9,7 @@
 
 #include "common/engine/engine.h"
 #include "riskkv/v1/node.grpc.pb.h"
+#include "services/node/migration_outcomes.h"
 #include "services/node/mode_planner.h"
 #include "services/node/node_metrics.h"
 #include "services/node/receive_watchdog.h"
@@ -22,9 +23,12 @@ struct TargetSide {
   std::string model_fingerprint;
   std::shared_ptr<const Retention> retention;  // a snapshot for this migration (may be null)
   int64_t capacity = 0;
+  int64_t max_chunk_bytes = 0;   // the largest chunk payload accepted (0: no bound)
+  DType kv_dtype = DType::kF32;  // how this node's sessions store KV
   SessionTable* sessions = nullptr;
-  ModePlanner* planner = nullptr;  // hears this node's rebuild and prefill speeds
-  NodeMetrics* metrics = nullptr;  // may be null
+  MigrationOutcomes* outcomes = nullptr;  // records each commit by migration id (may be null)
+  ModePlanner* planner = nullptr;         // hears this node's rebuild and prefill speeds
+  NodeMetrics* metrics = nullptr;         // may be null
 };
 
 // Runs one admitted Receive call to its end; `watchdog` hears of every frame and is disarmed

@@ -55,6 +55,10 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
                     .Name("riskkv_active_sessions")
                     .Help("Decoding sessions this node serves")
                     .Register(r)),
+      expired_(prometheus::BuildCounter()
+                   .Name("riskkv_sessions_expired_total")
+                   .Help("Sessions closed because they were idle past the node's TTL")
+                   .Register(r)),
       policy_version_(prometheus::BuildGauge()
                           .Name("riskkv_policy_version")
                           .Help("Version of the retention policy in use (0: none)")
@@ -72,6 +76,7 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
                 .Help("1, labelled with the node's advertised address and compute backend")
                 .Register(r)) {
   sessions_.Add({{"model", model_}}).Set(0);
+  expired_.Add({{"model", model_}});
   policy_version_.Add({{"model", model_}}).Set(0);
 }
 
@@ -83,6 +88,8 @@ void NodeMetrics::Migration(const std::string& role, const std::string& mode,
     duration_.Add({{"model", model_}, {"role", role}, {"mode", mode}}, kSeconds).Observe(seconds);
   }
 }
+
+void NodeMetrics::SessionExpired() { expired_.Add({{"model", model_}}).Increment(); }
 
 void NodeMetrics::Failure(const std::string& role, const std::string& reason) {
   failures_.Add({{"model", model_}, {"role", role}, {"reason", reason}}).Increment();

@@ -27,6 +27,7 @@ class NodeMetrics {
   // (handover "live") or stop-and-copy ("stop_and_copy").
   void Downtime(const std::string& mode, bool live, double seconds);
   void SetActiveSessions(double n);
+  void SessionExpired();
   void SetPolicyVersion(double version);
   // Following the control plane: whether the Watch stream is up, and each pushed version
   // ("applied" or "rejected").
@@ -47,6 +48,7 @@ class NodeMetrics {
   prometheus::Family<prometheus::Counter>& omitted_;
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Family<prometheus::Gauge>& sessions_;
+  prometheus::Family<prometheus::Counter>& expired_;
   prometheus::Family<prometheus::Gauge>& policy_version_;
   prometheus::Family<prometheus::Gauge>& control_connected_;
   prometheus::Family<prometheus::Counter>& policy_updates_;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/random_id.h"
 #include "common/base/status_macros.h"
 #include "common/base/stopwatch.h"
 #include "services/grpc_status.h"
@@ -50,6 +51,15 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
                 .link_bytes_per_second = std::max(0.0, options_.link_mbps * 1e6 / 8)}),
       link_(options_.link_mbps * 1e6) {
   SetRetention(std::move(options_.retention));
+  if (options_.session_idle_ttl_seconds > 0) {
+    reaper_ = std::make_unique<SessionReaper>(
+        sessions_, absl::Seconds(options_.session_idle_ttl_seconds),
+        [this](const SessionTable::Expired& e) {
+          spdlog::info("session {} expired after {:.0f} s idle (TTL {} s)", e.id,
+                       absl::ToDoubleSeconds(e.idle), options_.session_idle_ttl_seconds);
+          if (metrics_) metrics_->SessionExpired();
+        });
+  }
 }
 
 void NodeService::SetRetention(std::shared_ptr<const Retention> retention) {
@@ -359,6 +369,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
   MigrationSender sender({&out.kv(), tokens, &*sampler},
                          {.mode = mode,
                           .model_fingerprint = options_.model_fingerprint,
+                          .migration_id = RandomId(),
                           .policy = retention ? &retention->policy : nullptr,
                           .wire_form = full_kv_form,
                           .max_chunk_bytes = options_.max_chunk_bytes,
@@ -445,12 +456,16 @@ grpc::Status NodeService::Receive(
   grpc::Status st;
   {
     ReceiveWatchdog watchdog(ctx, std::min(bound, ctx->deadline()),
-                             Seconds(options_.receive_idle_seconds));
+                             Seconds(options_.receive_idle_seconds),
+                             Seconds(options_.receive_handshake_seconds));
     st = ReceiveMigration({.engine = &engine_,
                            .model_fingerprint = options_.model_fingerprint,
                            .retention = retention(),
                            .capacity = options_.capacity,
+                           .max_chunk_bytes = options_.max_chunk_bytes,
+                           .kv_dtype = options_.kv_dtype,
                            .sessions = &sessions_,
+                           .outcomes = &outcomes_,
                            .planner = &planner_,
                            .metrics = metrics_},
                           stream, watchdog);
@@ -459,6 +474,9 @@ grpc::Status NodeService::Receive(
       st = ToGrpc(absl::DeadlineExceededError(
           absl::StrCat("the migration did not finish within this node's bound of ",
                        options_.default_timeout_seconds, " s; nothing was applied")));
+    } else if (fired == "no_handshake") {
+      st = ToGrpc(absl::DeadlineExceededError(absl::StrCat(
+          "no handshake within ", options_.receive_handshake_seconds, " s; nothing was applied")));
     } else if (fired == "idle") {
       st = ToGrpc(absl::DeadlineExceededError(absl::StrCat("the source sent nothing for ",
                                                            options_.receive_idle_seconds,
@@ -467,6 +485,21 @@ grpc::Status NodeService::Receive(
   }
   receiving_.fetch_sub(1);
   return st;
+}
+
+grpc::Status NodeService::MigrationOutcome(grpc::ServerContext*,
+                                           const v1::MigrationOutcomeRequest* req,
+                                           v1::MigrationOutcomeReply* reply) {
+  const std::string& id = req->migration_id();
+  if (id.empty() || id.size() > 64 ||
+      id.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return Bad("migration_id must be 1 to 64 lowercase hex digits");
+  }
+  if (std::optional<std::string> session = outcomes_.Ask(id)) {
+    reply->set_committed(true);
+    reply->set_session_id(*session);
+  }
+  return grpc::Status::OK;
 }
 
 }  // namespace riskkv

@@ -16,10 +16,12 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/engine.h"
 #include "riskkv/v1/node.grpc.pb.h"
+#include "services/node/migration_outcomes.h"
 #include "services/node/mode_planner.h"
 #include "services/node/node_metrics.h"
 #include "services/node/rate_limiter.h"
 #include "services/node/retention.h"
+#include "services/node/session_reaper.h"
 #include "services/node/session_table.h"
 
 namespace riskkv {
@@ -41,9 +43,13 @@ struct NodeOptions {
   // A receive whose source sends nothing this long is cut off (a stalled peer must not hold a
   // slot until the deadline). One chunk must cross the link in less.
   double receive_idle_seconds = 60;
+  // A receive whose handshake does not arrive within this long is cut off.
+  double receive_handshake_seconds = 10;
   // How this node reaches migration targets (null: plaintext).
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
   int max_sessions = 64;
+  // A session no call or migration used for this long is closed (seconds; 0: never).
+  double session_idle_ttl_seconds = 3600;
   // Live migration: AUTO pre-copies when its estimate of the transfer exceeds this (seconds;
   // a request's `live` overrides); the pause comes once a round would carry at most
   // live_pause_rows rows, or after live_max_rounds rounds.
@@ -85,6 +91,8 @@ class NodeService final : public v1::Node::Service {
   grpc::Status Receive(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream) override;
+  grpc::Status MigrationOutcome(grpc::ServerContext*, const v1::MigrationOutcomeRequest*,
+                                v1::MigrationOutcomeReply*) override;
 
  private:
   void Fill(const std::string& id, const NodeSession& s, bool with_tokens,
@@ -100,9 +108,11 @@ class NodeService final : public v1::Node::Service {
   NodeOptions options_;  // its retention is moved out at construction
   NodeMetrics* const metrics_;
   SessionTable sessions_;
+  std::unique_ptr<SessionReaper> reaper_;  // null without a TTL; stops before sessions_ goes
   ModePlanner planner_;
   RateLimiter link_;
   std::atomic<int> receiving_{0};
+  MigrationOutcomes outcomes_;  // of the migrations this node received
   mutable absl::Mutex retention_mu_;
   std::shared_ptr<const Retention> retention_ ABSL_GUARDED_BY(retention_mu_);
 };

@@ -2,26 +2,15 @@
 #include "services/node/session_table.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/random_id.h"
 #include "common/base/status_macros.h"
 
 namespace riskkv {
-namespace {
-
-std::string RandomPrefix() {
-  std::random_device rd;
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%06x-", rd() & 0xFFFFFF);
-  return buf;
-}
-
-}  // namespace
 
 SessionTable::SessionTable(int max_sessions, std::function<void(size_t)> on_count)
-    : max_sessions_(max_sessions), on_count_(std::move(on_count)), id_prefix_(RandomPrefix()) {}
+    : max_sessions_(max_sessions), on_count_(std::move(on_count)) {}
 
 absl::Status SessionTable::Full() const {
   return absl::ResourceExhaustedError(
@@ -39,13 +28,36 @@ absl::StatusOr<std::string> SessionTable::Add(std::unique_ptr<NodeSession> sessi
   entry->session = std::move(session);
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(sessions_.size()) >= max_sessions_) return Full();
-  std::string id = id_prefix_ + std::to_string(next_id_++);
+  std::string id = RandomId();
+  while (sessions_.count(id) != 0) id = RandomId();
   sessions_[id] = std::move(entry);
   Count();
   return id;
 }
 
 void SessionTable::Erase(const std::string& id) { Take(id); }
+
+std::vector<SessionTable::Expired> SessionTable::ExpireIdle(absl::Time now, absl::Duration ttl) {
+  std::vector<Expired> out;
+  absl::MutexLock lock(&mu_);
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    Entry& e = *it->second;
+    absl::MutexLock entry_lock(&e.mu);
+    if (e.busy || e.migrating || now - e.last_used <= ttl) {
+      ++it;
+      continue;
+    }
+    e.expired = true;
+    out.push_back({it->first, now - e.last_used});
+    it = sessions_.erase(it);
+  }
+  if (!out.empty()) Count();
+  return out;
+}
+
+absl::Status SessionTable::Gone(const std::string& id) {
+  return absl::NotFoundError("session '" + id + "' expired: it was idle past this node's TTL");
+}
 
 absl::StatusOr<std::shared_ptr<SessionTable::Entry>> SessionTable::Find(
     const std::string& id) const {
@@ -65,6 +77,7 @@ absl::StatusOr<SessionTable::Lease> SessionTable::Acquire(const std::string& id)
   absl::MutexLock lock(&entry->mu);
   // A migration pausing the session decides within its deadline whether it stays here.
   entry->mu.Await(absl::Condition(&Entry::Unpaused, entry.get()));
+  if (entry->expired) return Gone(id);
   if (entry->moved) {
     return absl::NotFoundError(absl::StrCat("session '", id, "' moved to ",
                                             entry->moved->target_address, " as '",
@@ -80,6 +93,7 @@ absl::StatusOr<SessionTable::Lease> SessionTable::Acquire(const std::string& id)
 absl::StatusOr<SessionTable::Outbound> SessionTable::BeginMigration(const std::string& id) {
   ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id));
   absl::MutexLock lock(&entry->mu);
+  if (entry->expired) return Gone(id);
   if (entry->migrating) {
     return absl::FailedPreconditionError("session '" + id + "' is already migrating");
   }
@@ -107,7 +121,9 @@ absl::Status SessionTable::Inspect(const std::string& id,
                                    const std::function<void(const NodeSession&)>& fn) {
   ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id));
   absl::MutexLock lock(&entry->mu);
+  if (entry->expired) return Gone(id);
   if (entry->busy) return absl::FailedPreconditionError("session '" + id + "' is busy");
+  entry->last_used = absl::Now();
   fn(*entry->session);
   return absl::OkStatus();
 }
@@ -153,6 +169,7 @@ SessionTable::Lease::~Lease() {
   if (entry_ == nullptr || !held_) return;  // moved from, or the session migrated
   absl::MutexLock lock(&entry_->mu);
   entry_->busy = false;
+  entry_->last_used = absl::Now();
 }
 
 absl::Status SessionTable::Lease::Remove() {
@@ -210,6 +227,7 @@ SessionTable::Outbound::~Outbound() {
   absl::MutexLock lock(&entry_->mu);
   entry_->migrating = false;
   entry_->pause_wanted = false;
+  entry_->last_used = absl::Now();
   if (paused_) entry_->busy = false;
 }
 

@@ -135,6 +135,14 @@ class SessionTable {
   absl::StatusOr<std::string> Add(std::unique_ptr<NodeSession> session) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes a session no call uses (a registration that must be undone).
   void Erase(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // An expired session: its id and how long it had been idle.
+  struct Expired {
+    std::string id;
+    absl::Duration idle;
+  };
+  // Closes every session no call or migration has used for longer than `ttl` up to `now`; a
+  // call that found one of them just before learns it expired.
+  std::vector<Expired> ExpireIdle(absl::Time now, absl::Duration ttl) ABSL_LOCKS_EXCLUDED(mu_);
   // The session for exclusive use: NotFound (naming where it went if it migrated), or
   // FailedPrecondition while another call uses it. A call that arrives while a migration
   // pauses the session waits for the migration's outcome.
@@ -158,8 +166,10 @@ class SessionTable {
   struct Entry {
     absl::Mutex mu;
     bool busy ABSL_GUARDED_BY(mu) = false;
-    bool migrating ABSL_GUARDED_BY(mu) = false;     // an Outbound holds it
-    bool pause_wanted ABSL_GUARDED_BY(mu) = false;  // the Outbound pauses or paused it
+    bool migrating ABSL_GUARDED_BY(mu) = false;              // an Outbound holds it
+    bool pause_wanted ABSL_GUARDED_BY(mu) = false;           // the Outbound pauses or paused it
+    bool expired ABSL_GUARDED_BY(mu) = false;                // closed by ExpireIdle
+    absl::Time last_used ABSL_GUARDED_BY(mu) = absl::Now();  // the end of its last use
     std::optional<SessionMoved> moved ABSL_GUARDED_BY(mu);
     // Written by the call holding the lease (busy), read by others while not busy; tokens and
     // sampler change under mu while migrating (Publish) and a migration reads them under mu.
@@ -169,6 +179,7 @@ class SessionTable {
     static bool Unpaused(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) { return !e->pause_wanted; }
   };
   absl::Status Full() const;
+  static absl::Status Gone(const std::string& id);
   // The one lookup: NotFound naming the id.
   absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
   void Put(const std::string& id, std::shared_ptr<Entry> entry) ABSL_LOCKS_EXCLUDED(mu_);
@@ -178,12 +189,10 @@ class SessionTable {
 
   const int max_sessions_;
   const std::function<void(size_t)> on_count_;
-  const std::string id_prefix_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, SessionMoved> moved_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> moved_order_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace riskkv

@@ -12,7 +12,8 @@ set -euo pipefail
 BIN=$1 MODEL=$2 PY=$3 PART=${4:-flags}
 source "$(dirname "$0")/process_test_lib.sh"
 
-node() { "$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 "$@"; }
+# exec: a node started in the background is its own PID (pids, the cleanup), not a subshell's.
+node() { exec "$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 "$@"; }
 refused() {  # expected message, flags...
   local want=$1; shift
   local out

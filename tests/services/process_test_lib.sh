@@ -1,5 +1,6 @@
 # What the process-level service tests share; source it after setting BIN, MODEL and PY.
-# Gives T (a temporary directory, removed on exit with every process recorded in pids), fail
+# Gives T (a temporary directory, removed on exit with every process recorded in pids; a process
+# naming T that outlives them fails the test), fail
 # (prints the tail of every log in T and exits 1), json (a field of the JSON on stdin), wait_file
 # (until a port file appears, 10 s), and for a server NAME started with --port-file $T/NAME.ports:
 # addr NAME (its gRPC address), ctl NAME ARGS (riskkvctl against it), metrics NAME (its /metrics,
@@ -8,9 +9,22 @@
 T=$(mktemp -d)
 pids=()
 cleanup() {
+  local rc=$? left=""
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # Every process a test starts names T in its flags: none may outlive the test.
+  for _ in $(seq 50); do
+    left=$(pgrep -f -- "$T/" || true)
+    [ -z "$left" ] && break
+    sleep 0.1
+  done
+  if [ -n "$left" ]; then
+    echo "FAIL: processes outlived the test: $(ps -o pid=,args= -p "${left//$'\n'/,}" | cut -c1-160)" >&2
+    kill $left 2>/dev/null || true
+    rc=1
+  fi
   rm -rf "$T"
+  exit "$rc"
 }
 trap cleanup EXIT
 fail() {

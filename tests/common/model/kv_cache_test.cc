@@ -2,6 +2,11 @@
 #include "common/model/kv_cache.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <memory>
+#include <vector>
 
 #include "tests/kernels/op_reference.h"
 
@@ -79,6 +84,42 @@ TEST(KvCache, CloneAndCopyFrom) {
   EXPECT_EQ(ya, yb);
   auto other = KvCache::Create(2, 1, 8, 6, DType::kF32);
   EXPECT_FALSE((*other)->CopyFrom(**a).ok());
+}
+
+// Resident memory of this process, bytes.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+TEST(KvCache, UntouchedRowsCostNothingAndAClosedCacheGoesBackToTheOs) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's shadow memory is in the figures";
+#endif
+  // 8 layers x 4,096 rows x 256 f32 = 64 MiB per cache.
+  constexpr int64_t kBytes = 2 * 8 * 4096 * 256 * 4;
+  const int64_t base = ResidentBytes();
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (int i = 0; i < 6; ++i) {
+    auto c = KvCache::Create(8, 4, 64, 4096, DType::kF32);
+    ASSERT_TRUE(c.ok()) << c.status();
+    caches.push_back(*std::move(c));
+  }
+  EXPECT_LT(ResidentBytes() - base, kBytes / 8) << "six empty caches";
+  const std::vector<float> row(256, 1.5f);
+  for (auto& c : caches) {
+    for (int64_t l = 0; l < 8; ++l) {
+      for (int64_t t = 0; t < 4096; ++t) {
+        ASSERT_TRUE(c->WriteKeys(l, t, 1, row.data()).ok());
+        ASSERT_TRUE(c->WriteValues(l, t, 1, row.data()).ok());
+      }
+    }
+  }
+  EXPECT_GT(ResidentBytes() - base, 5 * kBytes) << "six full caches";
+  caches.clear();
+  EXPECT_LT(ResidentBytes() - base, kBytes / 8) << "closed: the pages went back";
 }
 
 }  // namespace

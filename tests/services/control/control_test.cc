@@ -116,6 +116,9 @@ TEST_F(Control, BadPutsAreRefusedAndChangeNothing) {
     ASSERT_FALSE(r.ok()) << needle;
     EXPECT_EQ(r.status().code(), code) << r.status();
     EXPECT_NE(r.status().message().find(needle), std::string_view::npos) << r.status();
+    // The caller learns what was wrong, not where this machine keeps its files.
+    EXPECT_EQ(r.status().message().find(dir_.string()), std::string_view::npos) << r.status();
+    EXPECT_EQ(r.status().message().find("tmp."), std::string_view::npos) << r.status();
   };
   expect(tiny_->policy, "", absl::StatusCode::kFailedPrecondition, "does not hold");
   RetentionPolicy p = tiny_->policy;

@@ -11,6 +11,7 @@
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
 #include "common/recovery/rebuild.h"
+#include "kernels/dtype.h"
 #include "services/migration/migration_receiver.h"
 #include "services/migration/migration_sender.h"
 #include "services/migration/wire.h"
@@ -57,6 +58,49 @@ TEST_F(Migration, ChunksAreBoundedAndCarryTheirCrc) {
   }
   EXPECT_EQ(bytes, h.kv_bytes());
   EXPECT_EQ(frames.back().trailer().kv_bytes(), bytes);
+}
+
+TEST_F(Migration, ChunksAboveTheTargetsBoundAreRefused) {
+  Session s = Start(3);
+  TargetContext ctx = Target();
+  ctx.max_chunk_bytes = 500;
+  auto r = Receive(Frames(s, MigrationMode::kFullKv), ctx);  // 7 rows of 128 bytes per chunk
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(
+                "chunk 0 carries 896 bytes, above this node's bound of 500 bytes per chunk"),
+            std::string_view::npos)
+      << r.status();
+  EXPECT_TRUE(Receive(Frames(s, MigrationMode::kFullKv, 500), ctx).ok());
+  ctx.max_chunk_bytes = 100;  // under one row: a chunk of one row is still accepted
+  EXPECT_TRUE(Receive(Frames(s, MigrationMode::kFullKv, 128), ctx).ok());
+  EXPECT_FALSE(Receive(Frames(s, MigrationMode::kFullKv, 256), ctx).ok());
+}
+
+TEST_F(Migration, TheTargetStoresRowsInItsOwnDtypeWhateverTheSourceSends) {
+  // An f32 stream into a node that keeps f16 KV costs it f16 rows, not the f32 the source chose.
+  Session s = Start(3);
+  ASSERT_EQ(s.kv->dtype(), DType::kF32);
+  TargetContext ctx = Target();
+  ctx.kv_dtype = DType::kF16;
+  auto r = Receive(Frames(s, MigrationMode::kFullKv), ctx);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const KvStore& kv = *r->session.kv;
+  ASSERT_EQ(kv.dtype(), DType::kF16);
+  const int64_t n = static_cast<int64_t>(s.tokens.size()) - 1;
+  std::vector<uint8_t> src(static_cast<size_t>(n * s.kv->row_bytes()));
+  std::vector<uint8_t> got(static_cast<size_t>(n * kv.row_bytes()));
+  for (int32_t layer : {0, 7}) {
+    for (bool values : {false, true}) {
+      ASSERT_TRUE(s.kv->ReadRows(layer, values, 0, n, src.data()).ok());
+      ASSERT_TRUE(kv.ReadRows(layer, values, 0, n, got.data()).ok());
+      const auto* f = reinterpret_cast<const float*>(src.data());
+      const auto* h = reinterpret_cast<const uint16_t*>(got.data());
+      for (size_t i = 0; i < got.size() / 2; ++i) {
+        ASSERT_EQ(h[i], F32ToF16(f[i])) << "layer " << layer << " element " << i;
+      }
+    }
+  }
 }
 
 TEST_F(Migration, TokenReplaySendsNoKvAndContinuesTheSameTokens) {
@@ -148,6 +192,10 @@ TEST_F(Migration, BadStreamsAreRefusedNamingTheProblem) {
   f = good;
   f[0].mutable_handshake()->set_policy_version(2);
   expect(f, absl::StatusCode::kFailedPrecondition, "version 2 is not this node's tiny version 3");
+
+  f = good;
+  f[0].mutable_handshake()->set_migration_id("Not/hex");
+  expect(f, absl::StatusCode::kInvalidArgument, "migration_id must be at most 64 lowercase hex");
 
   f = good;
   f[0].mutable_handshake()->set_protocol_version(2);

@@ -230,6 +230,98 @@ TEST_F(Nodes, ATargetFailingAtTheCommitLeavesTheSessionOnTheSource) {
   server->Shutdown();
 }
 
+// Relays a migration to a real target like a network that partitions at the commit: either the
+// target's confirmation is lost on its way back, or the commit itself never reaches the target.
+// The outcome question passes through.
+class PartitionsAtTheCommit final : public v1::Node::Service {
+ public:
+  PartitionsAtTheCommit(const std::string& target, bool lose_commit)
+      : stub_(v1::Node::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
+        lose_commit_(lose_commit) {}
+  grpc::Status Receive(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream) override {
+    grpc::ClientContext ctx;
+    auto up = stub_->Receive(&ctx);
+    v1::MigrationFrame f;
+    v1::ReceiveReply r;
+    const grpc::Status partition(grpc::StatusCode::UNAVAILABLE, "partitioned");
+    while (stream->Read(&f)) {
+      if (f.has_commit() && lose_commit_) return partition;
+      if (!up->Write(f)) break;
+      if (!f.has_chunk()) {  // every other frame is answered
+        if (!up->Read(&r)) break;
+        if (r.has_committed()) {
+          confirmations_lost++;
+          up->WritesDone();
+          (void)up->Finish();
+          return partition;
+        }
+        stream->Write(r);
+      }
+    }
+    return grpc::Status(grpc::StatusCode::ABORTED, "relay ended");
+  }
+  grpc::Status MigrationOutcome(grpc::ServerContext*, const v1::MigrationOutcomeRequest* req,
+                                v1::MigrationOutcomeReply* reply) override {
+    grpc::ClientContext ctx;
+    return stub_->MigrationOutcome(&ctx, *req, reply);
+  }
+  std::atomic<int> confirmations_lost{0};
+
+ private:
+  std::unique_ptr<v1::Node::Stub> stub_;
+  const bool lose_commit_;
+};
+
+TEST_F(Nodes, ALostCommitOrConfirmationLeavesExactlyOneCopyOfTheSession) {
+  for (bool lose_commit : {false, true}) {
+    SCOPED_TRACE(lose_commit ? "the commit is lost" : "the confirmation is lost");
+    auto a = Start(true), b = Start(true);
+    PartitionsAtTheCommit relay(b->address, lose_commit);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&relay);
+    auto server = builder.BuildAndStart();
+    TestNode via;
+    via.address = "127.0.0.1:" + std::to_string(port);
+    const std::string id = StartSession(*a);
+    ASSERT_TRUE(Generate(*a, id, 3).ok());
+    const auto before = Tokens(*a, id);
+    v1::MigrateReply reply;
+    const grpc::Status s = Migrate(*a, id, via, v1::FULL_KV, &reply);
+    auto count = [](TestNode& n) {
+      grpc::ClientContext ctx;
+      v1::ListSessionsReply all;
+      EXPECT_TRUE(n.stub->ListSessions(&ctx, {}, &all).ok());
+      return all.sessions_size();
+    };
+    if (!lose_commit) {
+      // B took the session; asked, it says so, and A lets it go.
+      EXPECT_EQ(relay.confirmations_lost, 1);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(count(*a), 0);
+      ASSERT_EQ(count(*b), 1);
+      EXPECT_EQ(Tokens(*b, reply.target_session_id()), before);
+      EXPECT_TRUE(Generate(*b, reply.target_session_id(), 2).ok());
+    } else {
+      // B never saw the commit; asked, it says no (and would now refuse it), and A serves on.
+      EXPECT_FALSE(s.ok());
+      EXPECT_NE(s.error_message().find("it says it did not take the session"), std::string::npos)
+          << s.error_message();
+      EXPECT_EQ(Tokens(*a, id), before);
+      EXPECT_TRUE(Generate(*a, id, 2).ok());
+      EXPECT_EQ(count(*a), 1);
+      for (int i = 0; i < 200 && count(*b) > 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      EXPECT_EQ(count(*b), 0);
+    }
+    server->Shutdown();
+  }
+}
+
 TEST_F(Nodes, ChainsAndConcurrentMigrations) {
   auto a = Start(true), b = Start(true), c = Start(true);
   const std::string x = StartSession(*a), y = StartSession(*a);
@@ -394,11 +486,12 @@ TEST_F(Nodes, ATargetBoundsItsIncomingMigrationsInNumberAndTime) {
   ASSERT_TRUE(strict->stub->ListSessions(&lc, {}, &list).ok());
   EXPECT_EQ(list.sessions_size(), 0);
 
-  // A peer that opens a receive and sends nothing loses its slot after the idle bound, and the
-  // slot serves the next migration.
+  // A peer that opens a receive and sends no handshake loses its slot after the handshake bound
+  // (well before the idle one), and the slot serves the next migration.
   auto guarded = Start(true, 0, 3e-3, [](NodeOptions& o) {
     o.max_concurrent_receives = 1;
-    o.receive_idle_seconds = 0.3;
+    o.receive_idle_seconds = 30;
+    o.receive_handshake_seconds = 0.3;
   });
   grpc::ClientContext stall_ctx;
   auto stalled = guarded->stub->Receive(&stall_ctx);
@@ -408,10 +501,53 @@ TEST_F(Nodes, ATargetBoundsItsIncomingMigrationsInNumberAndTime) {
   const grpc::Status cut = stalled->Finish();
   EXPECT_FALSE(cut.ok());
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count(), 5.0);
+  // Counted as the missing handshake's doing, not as a truncated stream.
+  const std::string m = guarded->Metrics();
+  EXPECT_NE(m.find("riskkv_migration_failures_total{model=\"tiny\",reason=\"no_handshake\",role="
+                   "\"target\"} 1"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("reason=\"truncated\""), std::string::npos) << m;
   auto quick = Start(true);
   const std::string z = StartSession(*quick);
   s = Migrate(*quick, z, *guarded, v1::FULL_KV, &reply);
   EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(Nodes, SessionsIdlePastTheTtlAreClosedAndCountedBusyOnesStay) {
+  auto n = Start(true, 0, 3e-3, [](NodeOptions& o) {
+    o.session_idle_ttl_seconds = 0.3;
+    o.generate_step = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  });
+  const std::string idle = StartSession(*n), busy = StartSession(*n);
+  // Generating for 0.8 s, past the TTL: a session in use never expires.
+  auto tokens = Generate(*n, busy, 40);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  auto info = [&](const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    req.set_session_id(id);
+    v1::SessionInfo out;
+    return n->stub->GetSession(&ctx, req, &out);
+  };
+  EXPECT_TRUE(info(busy).ok()) << "just used";
+  const grpc::Status gone = info(idle);
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND) << gone.error_message();
+  // Listing does not count as using a session: the other one goes too, once idle past the TTL.
+  auto listed = [&] {
+    grpc::ClientContext ctx;
+    v1::ListSessionsReply all;
+    EXPECT_TRUE(n->stub->ListSessions(&ctx, {}, &all).ok());
+    return all.sessions_size();
+  };
+  for (int i = 0; i < 300 && listed() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(listed(), 0);
+  EXPECT_EQ(info(busy).error_code(), grpc::StatusCode::NOT_FOUND) << "idle since";
+  const std::string m = n->Metrics();
+  EXPECT_NE(m.find("riskkv_sessions_expired_total{model=\"tiny\"} 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("riskkv_active_sessions{model=\"tiny\"} 0"), std::string::npos) << m;
 }
 
 TEST_F(Nodes, AutoPicksTheFastestEstimateAndSaysWhy) {

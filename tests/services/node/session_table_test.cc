@@ -25,7 +25,11 @@ TEST(SessionTable, GivesDistinctIdsUpToItsLimitAndCountsThem) {
   auto b = table.Add(WithTokens({2}));
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(*a, *b);
-  EXPECT_EQ(a->substr(0, 7), b->substr(0, 7)) << "one random prefix per process";
+  // 128 random bits each, as 32 hex digits.
+  for (const std::string& id : {*a, *b}) {
+    EXPECT_EQ(id.size(), 32u) << id;
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+  }
   EXPECT_EQ(table.CheckRoom().code(), absl::StatusCode::kResourceExhausted);
   auto c = table.Add(WithTokens({3}));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
@@ -182,6 +186,34 @@ TEST(SessionTable, AMigrationWaitsForAGrowingSessionUntilItStopsGrowing) {
   EXPECT_EQ(out->AwaitHistory(now + 5, absl::Milliseconds(50), far), now);
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+}
+
+TEST(SessionTable, SessionsIdlePastTheTtlExpireButNotOnesInUse) {
+  std::vector<size_t> counts;
+  SessionTable table(8, [&](size_t n) { counts.push_back(n); });
+  const std::string idle = *table.Add(WithTokens({1})), used = *table.Add(WithTokens({2})),
+                    moving = *table.Add(WithTokens({3}));
+  auto leased = table.Acquire(used);
+  ASSERT_TRUE(leased.ok());
+  std::optional<SessionTable::Lease> lease(std::move(*leased));
+  auto begun = table.BeginMigration(moving);
+  ASSERT_TRUE(begun.ok());
+  std::optional<SessionTable::Outbound> out(std::move(*begun));
+  const absl::Time later = absl::Now() + absl::Minutes(10);
+  EXPECT_TRUE(table.ExpireIdle(later, absl::Minutes(20)).empty()) << "within the TTL";
+  const std::vector<SessionTable::Expired> gone = table.ExpireIdle(later, absl::Minutes(5));
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].id, idle);
+  EXPECT_GE(gone[0].idle, absl::Minutes(10));
+  EXPECT_EQ(table.size(), 2u);
+  EXPECT_EQ(counts.back(), 2u);
+  EXPECT_EQ(table.Acquire(idle).status().code(), absl::StatusCode::kNotFound);
+  // Once their use ends, the clock starts again from then.
+  lease.reset();
+  out.reset();
+  EXPECT_TRUE(table.ExpireIdle(absl::Now() + absl::Minutes(4), absl::Minutes(5)).empty());
+  EXPECT_EQ(table.ExpireIdle(absl::Now() + absl::Minutes(6), absl::Minutes(5)).size(), 2u);
+  EXPECT_EQ(table.size(), 0u);
 }
 
 TEST(SessionTable, AFailedMigrationGivesThePausedSessionBack) {
