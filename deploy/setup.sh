@@ -57,8 +57,9 @@ fi
 
 # Test and deployment tooling: curl for /metrics, iproute2 for the two-namespace test, openssl
 # for the TLS test's certificates, docker-compose to validate the compose file (no container
-# engine is needed for that), clang for the thread-safety preset's -Wthread-safety build.
-install_debs curl iproute2 openssl docker-compose clang-14
+# engine is needed for that), clang for the thread-safety preset's -Wthread-safety build and,
+# with its compiler-rt (libFuzzer), the fuzz preset.
+install_debs curl iproute2 openssl docker-compose clang-14 libclang-rt-14-dev
 
 # --- Python environment for the reference implementations and test-data generators ----------
 VENV="$RISKKV_HOME/venv"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Sets everything up, builds, and runs the whole test suite: the Release build, then the same
 # tests under AddressSanitizer + UndefinedBehaviorSanitizer, the service tests under
-# ThreadSanitizer, and a clang build of the whole tree that checks the lock annotations.
-#   deploy/test.sh            # release + asan + tsan + thread-safety
+# ThreadSanitizer, a clang build of the whole tree that checks the lock annotations, and every
+# parser's fuzz target under libFuzzer for a minute each.
+#   deploy/test.sh            # release + asan + tsan + thread-safety + fuzz
 #   deploy/test.sh release    # one preset only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup.sh
-presets=("${@:-release asan tsan thread-safety}")
+presets=("${@:-release asan tsan thread-safety fuzz}")
 for preset in ${presets[*]}; do
   targets=()
   case "$preset" in
@@ -15,6 +16,9 @@ for preset in ${presets[*]}; do
     tsan) targets=(node_test live_handover_test migration_test live_migration_test control_test
                    policy_follower_test session_table_test mode_planner_test rate_limiter_test
                    migration_outcomes_test) ;;
+    # The fuzz preset builds and runs the fuzz targets only (label "fuzz").
+    fuzz) targets=(gguf_fuzz safetensors_fuzz tokenizer_json_fuzz bank_fuzz policy_fuzz
+                   session_codec_fuzz migration_receiver_fuzz) ;;
   esac
   echo "=== build ($preset) ==="
   deploy/build.sh "$preset" "${targets[@]}"

@@ -37,17 +37,18 @@ void ToProto(const DeltaNll& d, v1::DeltaNll* out) {
 
 // The n for which the policy's layer ids would partition [0, n).
 absl::StatusOr<int32_t> ImpliedLayers(const RetentionPolicy& p) {
-  int32_t n = 0;
-  for (int32_t l : p.kept_layers) n = std::max(n, l + 1);
+  int64_t n = 0;  // wide: a layer id of INT32_MAX must not overflow
+  auto see = [&n](int32_t l) { n = std::max(n, int64_t{l} + 1); };
+  for (int32_t l : p.kept_layers) see(l);
   for (const LayerGroup& g : p.rebuilt_groups) {
-    for (int32_t l : g.targets) n = std::max(n, l + 1);
-    for (int32_t l : g.anchors) n = std::max(n, l + 1);
+    for (int32_t l : g.targets) see(l);
+    for (int32_t l : g.anchors) see(l);
   }
   if (n == 0) return absl::InvalidArgumentError("retention policy: it lists no layers");
   if (n > kMaxImpliedLayers) {
     return absl::InvalidArgumentError("retention policy: layer ids above 4095");
   }
-  return n;
+  return static_cast<int32_t>(n);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "common/recovery/policy_codec.h"
 
@@ -239,6 +240,11 @@ TEST(RetentionPolicy, ReadersWithoutAModelCheckTheLayersThePolicyImplies) {
   EXPECT_NE(s.message().find("lists no layers"), std::string::npos) << s;
   p = Valid();
   p.kept_layers.push_back(5000);
+  s = PolicyFromProto(PolicyToProto(p), 0, "").status();
+  EXPECT_NE(s.message().find("above 4095"), std::string::npos) << s;
+  // The largest id a proto can carry (found by policy_fuzz: one past it overflowed).
+  p = Valid();
+  p.kept_layers.push_back(std::numeric_limits<int32_t>::max());
   s = PolicyFromProto(PolicyToProto(p), 0, "").status();
   EXPECT_NE(s.message().find("above 4095"), std::string::npos) << s;
 }
