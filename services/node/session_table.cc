@@ -39,16 +39,26 @@ void SessionTable::Erase(const std::string& id) { Take(id); }
 
 std::vector<SessionTable::Expired> SessionTable::ExpireIdle(absl::Time now, absl::Duration ttl) {
   std::vector<Expired> out;
+  // Destroyed last, after both locks: an entry must not go while its own lock is held, and its
+  // KV is freed outside the table's.
+  std::vector<std::shared_ptr<Entry>> gone;
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    Entry& e = *it->second;
-    absl::MutexLock entry_lock(&e.mu);
-    if (e.busy || e.migrating || now - e.last_used <= ttl) {
+    std::shared_ptr<Entry> e = it->second;
+    bool expire = false;
+    {
+      absl::MutexLock entry_lock(&e->mu);
+      expire = !e->busy && !e->migrating && now - e->last_used > ttl;
+      if (expire) {
+        e->expired = true;
+        out.push_back({it->first, now - e->last_used});
+      }
+    }
+    if (!expire) {
       ++it;
       continue;
     }
-    e.expired = true;
-    out.push_back({it->first, now - e.last_used});
+    gone.push_back(std::move(e));
     it = sessions_.erase(it);
   }
   if (!out.empty()) Count();
