@@ -141,12 +141,7 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
       std::min(ctx_.capacity > 0 ? ctx_.capacity : c.context_length, c.context_length);
   capacity_ = capacity;
   live_ = h.live();
-  if (h.migration_id().size() > 64 ||
-      h.migration_id().find_first_not_of("0123456789abcdef") != std::string::npos) {
-    return absl::InvalidArgumentError(
-        "migration_id must be at most 64 lowercase hex digits, not '" +
-        h.migration_id().substr(0, 80) + "'");
-  }
+  RETURN_IF_ERROR(CheckMigrationId(h.migration_id(), /*required=*/false));
   session_.migration_id = h.migration_id();
   if (history_ + 1 > capacity) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -97,4 +97,14 @@ absl::StatusOr<WireForm> WireFormFromProto(v1::KvWireForm form) {
   }
 }
 
+absl::Status CheckMigrationId(const std::string& id, bool required) {
+  if ((required && id.empty()) || id.size() > 64 ||
+      id.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("migration_id must be ", required ? "1 to" : "at most",
+                     " 64 lowercase hex digits, not '", id.substr(0, 80), "'"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace riskkv

@@ -54,4 +54,8 @@ v1::KvWireForm WireFormToProto(WireForm form);
 // value this build does not know.
 absl::StatusOr<WireForm> WireFormFromProto(v1::KvWireForm form);
 
+// A migration id as handshakes carry it: at most 64 lowercase hex digits (empty: a source that
+// names none, which `required` refuses). InvalidArgument naming the id otherwise.
+absl::Status CheckMigrationId(const std::string& id, bool required);
+
 }  // namespace riskkv

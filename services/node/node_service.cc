@@ -491,10 +491,7 @@ grpc::Status NodeService::MigrationOutcome(grpc::ServerContext*,
                                            const v1::MigrationOutcomeRequest* req,
                                            v1::MigrationOutcomeReply* reply) {
   const std::string& id = req->migration_id();
-  if (id.empty() || id.size() > 64 ||
-      id.find_first_not_of("0123456789abcdef") != std::string::npos) {
-    return Bad("migration_id must be 1 to 64 lowercase hex digits");
-  }
+  if (auto st = CheckMigrationId(id, /*required=*/true); !st.ok()) return ToGrpc(st);
   if (std::optional<std::string> session = outcomes_.Ask(id)) {
     reply->set_committed(true);
     reply->set_session_id(*session);

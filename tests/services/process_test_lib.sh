@@ -2,7 +2,7 @@
 # Gives T (a temporary directory, removed on exit with every process recorded in pids; a process
 # naming T that outlives them fails the test), fail
 # (prints the tail of every log in T and exits 1), json (a field of the JSON on stdin), wait_file
-# (until a port file appears, 10 s), and for a server NAME started with --port-file $T/NAME.ports:
+# (until a port file appears, 30 s: a SmolLM2 node loading while the suite runs in parallel), and for a server NAME started with --port-file $T/NAME.ports:
 # addr NAME (its gRPC address), ctl NAME ARGS (riskkvctl against it), metrics NAME (its /metrics,
 # empty when unreachable; through Python, which machines without curl have too) and
 # wait_metric NAME LINE (until that exact line shows, 10 s).
@@ -33,7 +33,7 @@ fail() {
   exit 1
 }
 json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print(d$1)"; }
-wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
+wait_file() { for _ in $(seq 300); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
 addr() { echo "127.0.0.1:$(cut -d' ' -f1 "$T/$1.ports")"; }
 ctl() { local n=$1; shift; "$BIN/riskkvctl" --node "$(addr "$n")" "$@"; }
 metrics() {

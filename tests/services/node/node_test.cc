@@ -182,6 +182,26 @@ TEST_F(Nodes, UnreachableOrStoppedTargetLeavesTheSessionOnTheSource) {
 }
 
 // A target that plays along until the commit and then fails: the session must stay on the source.
+// A fake node on an ephemeral port, its server in *server.
+TestNode Serve(grpc::Service& service, std::unique_ptr<grpc::Server>* server) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  *server = builder.BuildAndStart();
+  TestNode n;
+  n.address = "127.0.0.1:" + std::to_string(port);
+  return n;
+}
+
+// Sessions a node lists (listing does not count as using them).
+int Count(TestNode& n) {
+  grpc::ClientContext ctx;
+  v1::ListSessionsReply all;
+  EXPECT_TRUE(n.stub->ListSessions(&ctx, {}, &all).ok());
+  return all.sessions_size();
+}
+
 class FailsAtCommit final : public v1::Node::Service {
  public:
   grpc::Status Receive(
@@ -209,13 +229,8 @@ class FailsAtCommit final : public v1::Node::Service {
 TEST_F(Nodes, ATargetFailingAtTheCommitLeavesTheSessionOnTheSource) {
   auto a = Start(true);
   FailsAtCommit fake;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&fake);
-  auto server = builder.BuildAndStart();
-  TestNode target;
-  target.address = "127.0.0.1:" + std::to_string(port);
+  std::unique_ptr<grpc::Server> server;
+  TestNode target = Serve(fake, &server);
   const std::string id = StartSession(*a);
   ASSERT_TRUE(Generate(*a, id, 3).ok());
   const auto before = Tokens(*a, id);
@@ -279,30 +294,19 @@ TEST_F(Nodes, ALostCommitOrConfirmationLeavesExactlyOneCopyOfTheSession) {
     SCOPED_TRACE(lose_commit ? "the commit is lost" : "the confirmation is lost");
     auto a = Start(true), b = Start(true);
     PartitionsAtTheCommit relay(b->address, lose_commit);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&relay);
-    auto server = builder.BuildAndStart();
-    TestNode via;
-    via.address = "127.0.0.1:" + std::to_string(port);
+    std::unique_ptr<grpc::Server> server;
+    TestNode via = Serve(relay, &server);
     const std::string id = StartSession(*a);
     ASSERT_TRUE(Generate(*a, id, 3).ok());
     const auto before = Tokens(*a, id);
     v1::MigrateReply reply;
     const grpc::Status s = Migrate(*a, id, via, v1::FULL_KV, &reply);
-    auto count = [](TestNode& n) {
-      grpc::ClientContext ctx;
-      v1::ListSessionsReply all;
-      EXPECT_TRUE(n.stub->ListSessions(&ctx, {}, &all).ok());
-      return all.sessions_size();
-    };
     if (!lose_commit) {
       // B took the session; asked, it says so, and A lets it go.
       EXPECT_EQ(relay.confirmations_lost, 1);
       ASSERT_TRUE(s.ok()) << s.error_message();
-      EXPECT_EQ(count(*a), 0);
-      ASSERT_EQ(count(*b), 1);
+      EXPECT_EQ(Count(*a), 0);
+      ASSERT_EQ(Count(*b), 1);
       EXPECT_EQ(Tokens(*b, reply.target_session_id()), before);
       EXPECT_TRUE(Generate(*b, reply.target_session_id(), 2).ok());
     } else {
@@ -312,11 +316,11 @@ TEST_F(Nodes, ALostCommitOrConfirmationLeavesExactlyOneCopyOfTheSession) {
           << s.error_message();
       EXPECT_EQ(Tokens(*a, id), before);
       EXPECT_TRUE(Generate(*a, id, 2).ok());
-      EXPECT_EQ(count(*a), 1);
-      for (int i = 0; i < 200 && count(*b) > 0; ++i) {
+      EXPECT_EQ(Count(*a), 1);
+      for (int i = 0; i < 200 && Count(*b) > 0; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
-      EXPECT_EQ(count(*b), 0);
+      EXPECT_EQ(Count(*b), 0);
     }
     server->Shutdown();
   }
@@ -538,16 +542,10 @@ TEST_F(Nodes, SessionsIdlePastTheTtlAreClosedAndCountedBusyOnesStay) {
   const grpc::Status gone = info(idle);
   EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND) << gone.error_message();
   // Listing does not count as using a session: the other one goes too, once idle past the TTL.
-  auto listed = [&] {
-    grpc::ClientContext ctx;
-    v1::ListSessionsReply all;
-    EXPECT_TRUE(n->stub->ListSessions(&ctx, {}, &all).ok());
-    return all.sessions_size();
-  };
-  for (int i = 0; i < 300 && listed() > 0; ++i) {
+  for (int i = 0; i < 300 && Count(*n) > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(listed(), 0);
+  EXPECT_EQ(Count(*n), 0);
   EXPECT_EQ(info(busy).error_code(), grpc::StatusCode::NOT_FOUND) << "idle since";
   const std::string m = n->Metrics();
   EXPECT_NE(m.find("riskkv_sessions_expired_total{model=\"tiny\"} 2"), std::string::npos) << m;
