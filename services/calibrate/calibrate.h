@@ -216,4 +216,8 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationR
 // noise-control.svg.
 absl::Status WriteOutputs(const CalibrationResult& result, const std::string& dir);
 
+// Whether WriteOutputs can write into `dir`: creates it when missing and writes and removes a
+// probe file, so that a calibration refuses an unwritable --out before it starts, not after.
+absl::Status CheckOutputDir(const std::string& dir);
+
 }  // namespace riskkv

@@ -14,6 +14,7 @@
 #include "common/model/model.h"
 #include "services/calibrate/calibrate.h"
 #include "services/cli_args.h"
+#include "services/cli_help.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory (required)");
 ABSL_FLAG(std::string, out, "",
@@ -158,6 +159,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "riskkv-calibrate --model PATH --out DIR [--quick] [--epsilon 0.005] [--gate upper90]");
   std::vector<std::string> store;
+  riskkv::ExitOnHelp(argc, argv);
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
   g_args = store;
   const std::vector<char*> rest =
@@ -170,6 +172,7 @@ int main(int argc, char** argv) {
   if (out.empty()) return Fail(absl::InvalidArgumentError("--out is required"));
   auto options = OptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
+  if (absl::Status s = riskkv::CheckOutputDir(out); !s.ok()) return Fail(s);
   auto model_options =
       riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
   if (!model_options.ok()) return Fail(model_options.status());

@@ -78,6 +78,19 @@ RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank
   return p;
 }
 
+absl::Status CheckOutputDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::FailedPreconditionError("cannot create --out " + dir + ": " + ec.message());
+  const std::filesystem::path probe = std::filesystem::path(dir) / ".riskkv-calibrate-probe";
+  if (absl::Status s = WriteFileAtomically(probe.string(), ""); !s.ok()) {
+    return absl::FailedPreconditionError("cannot write into --out " + dir + ": " +
+                                         std::string(s.message()));
+  }
+  std::filesystem::remove(probe, ec);
+  return absl::OkStatus();
+}
+
 absl::Status WriteOutputs(const CalibrationResult& res, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "services/cli_args.h"
+#include "services/cli_help.h"
 #include "services/control/control_service.h"
 #include "services/server_main.h"
 #include "services/tls.h"
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   const sigset_t signals = riskkv::BlockTerminationSignals();
   absl::SetProgramUsageMessage("riskkv-control --store DIR [--listen HOST:PORT]");
   std::vector<std::string> args_store;
+  riskkv::ExitOnHelp(argc, argv);
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &args_store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (absl::GetFlag(FLAGS_store).empty()) return Fail("--store is required");

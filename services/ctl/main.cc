@@ -25,6 +25,7 @@
 #include "riskkv/v1/control.grpc.pb.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/cli_args.h"
+#include "services/cli_help.h"
 #include "services/client/follow_generate.h"
 #include "services/grpc_status.h"
 #include "services/migration/wire.h"
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
       "riskkvctl [--node HOST:PORT] health | [--control HOST:PORT] control-health: exit 0 when "
       "serving");
   std::vector<std::string> store;
+  riskkv::ExitOnHelp(argc, argv);
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
   std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (rest.size() != 2) {

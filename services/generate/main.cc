@@ -11,6 +11,7 @@
 #include "common/model/sampler.h"
 #include "kernels/accelerator.h"
 #include "services/cli_args.h"
+#include "services/cli_help.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
@@ -64,6 +65,7 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("riskkv-generate --model PATH --prompt TEXT -n N");
   std::vector<std::string> arg_store;
+  riskkv::ExitOnHelp(argc, argv);
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &arg_store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (absl::GetFlag(FLAGS_model).empty()) {

@@ -19,6 +19,8 @@
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/retention_policy.h"
 #include "services/cli_args.h"
+#include "services/cli_help.h"
+#include "services/node/advertise.h"
 #include "services/node/node_service.h"
 #include "services/node/policy_follower.h"
 #include "services/server_main.h"
@@ -29,7 +31,8 @@ ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory (re
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (port 0: any free port)");
 ABSL_FLAG(std::string, advertise, "",
           "the address other nodes and clients reach this node at, shown in riskkv_node_info "
-          "(default: --listen with the port it got)");
+          "(default: --listen's host with the port it got; this machine's host name for a "
+          "wildcard such as 0.0.0.0)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9470",
           "Prometheus /metrics address (port 0: any free port; empty: no metrics)");
 ABSL_FLAG(std::string, port_file, "",
@@ -94,6 +97,7 @@ int main(int argc, char** argv) {
       "riskkv-node --model PATH [--listen HOST:PORT] [--policy P --bank B | --control ADDR "
       "--policy-id ID [--cache-dir DIR]]");
   std::vector<std::string> store;
+  riskkv::ExitOnHelp(argc, argv);
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   const std::string model_path = absl::GetFlag(FLAGS_model);
@@ -235,8 +239,7 @@ int main(int argc, char** argv) {
   if (!server || port == 0) return Fail("cannot listen on " + absl::GetFlag(FLAGS_listen));
   std::string advertise = absl::GetFlag(FLAGS_advertise);
   if (advertise.empty()) {
-    const std::string listen = absl::GetFlag(FLAGS_listen);
-    advertise = listen.substr(0, listen.rfind(':')) + ":" + std::to_string(port);
+    advertise = riskkv::DefaultAdvertise(absl::GetFlag(FLAGS_listen), port, riskkv::HostName());
   }
   metrics.SetInfo(advertise, std::string((*engine)->backend()));
   const auto retention = service.retention();

@@ -75,8 +75,12 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
                 .Name("riskkv_node_info")
                 .Help("1, labelled with the node's advertised address and compute backend")
                 .Register(r)) {
+  // Series a dashboard queries exist from the start, at zero: a policy that omits nothing or a
+  // node that never rebuilt shows 0 (or no quantile), not a missing series.
   sessions_.Add({{"model", model_}}).Set(0);
   expired_.Add({{"model", model_}});
+  omitted_.Add({{"model", model_}});
+  rebuild_.Add({{"model", model_}}, kSeconds);
   policy_version_.Add({{"model", model_}}).Set(0);
 }
 

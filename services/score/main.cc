@@ -11,6 +11,7 @@
 #include "common/model/model.h"
 #include "common/model/sampler.h"
 #include "services/cli_args.h"
+#include "services/cli_help.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
 ABSL_FLAG(std::string, tokens_file, "", "JSON list of token ids to score");
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "riskkv-score --model PATH (--tokens-file F.json | --text-file F.txt) [--out OUT.json]");
   std::vector<std::string> arg_store;
+  riskkv::ExitOnHelp(argc, argv);
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &arg_store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   auto options =

@@ -433,6 +433,19 @@ TEST_F(CalibrateTiny, BadKindsFailBeforeAnyWorkNamingTheKind) {
   expect_error(o, absl::StatusCode::kInvalidArgument, {"--test", "2 kinds"});
 }
 
+TEST_F(CalibrateTiny, OutputDirIsCheckedBeforeAnyWork) {
+  const fs::path fresh = *dir_ / "check-out" / "nested";
+  ASSERT_TRUE(CheckOutputDir(fresh.string()).ok());
+  EXPECT_TRUE(fs::is_directory(fresh));
+  EXPECT_TRUE(fs::is_empty(fresh)) << "the probe file is left behind";
+  // A path under a regular file can be neither created nor written, even by root.
+  const fs::path file = *dir_ / "check-out" / "a-file";
+  std::ofstream(file) << "x";
+  const absl::Status s = CheckOutputDir((file / "out").string());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("--out " + (file / "out").string()), std::string::npos) << s;
+}
+
 TEST(ParseGroupList, ReadsTargetsAndAnchors) {
   auto g = ParseGroupList("4-5:3,6;8:7,9");
   ASSERT_TRUE(g.ok()) << g.status();
