@@ -32,9 +32,11 @@ engine_up() {
   done
   mkdir -p "$ENGINE_HOME/root" "$ENGINE_RUN"
   export DOCKER_HOST="unix://$ENGINE_RUN/docker.sock"
-  if [ -f "$ENGINE_RUN/dockerd.pid" ] && kill -0 "$(cat "$ENGINE_RUN/dockerd.pid")" 2>/dev/null; then
-    ENGINE_WHY="another smoke run's engine is running (pid $(cat "$ENGINE_RUN/dockerd.pid"))"
-    return 1
+  # One this script started earlier and left running (an interrupted run): use it, leave it.
+  if [ -f "$ENGINE_RUN/dockerd.pid" ] && kill -0 "$(cat "$ENGINE_RUN/dockerd.pid")" 2>/dev/null &&
+    docker version >/dev/null 2>&1; then
+    _engine_log "using the engine an earlier run left at $DOCKER_HOST"
+    return 0
   fi
   ip link show $ENGINE_BRIDGE >/dev/null 2>&1 || {
     ip link add $ENGINE_BRIDGE type bridge &&
