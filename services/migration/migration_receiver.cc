@@ -147,6 +147,7 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session of ", history_ + 1, " tokens does not fit this node's ", capacity, "-row cache"));
   }
+  rows_reached_ = history_ + 1;
   // The layers must be exactly what this node expects for the mode.
   if (session_.mode == MigrationMode::kReconstruct) {
     const RetentionPolicy* p = ctx_.policy;
@@ -271,6 +272,7 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
                                                    " bytes, above this node's bound of ", bound,
                                                    " bytes per chunk"));
   }
+  rows_reached_ = std::max(rows_reached_, first + n);
   const auto* bytes = reinterpret_cast<const uint8_t*>(chunk.data().data());
   const uint32_t crc = Crc32c({bytes, chunk.data().size()});
   if (crc != chunk.crc32c()) {
@@ -395,6 +397,7 @@ absl::Status MigrationReceiver::OnRound(const v1::PrecopyRound& round) {
                                handshake_.chunk_count(), " and ", handshake_.kv_bytes())));
   }
   if (auto st = CheckRowsThrough(end); !st.ok()) return Fail("corrupt", st);
+  rows_reached_ = std::max(rows_reached_, end + 1);
   const std::vector<int32_t> ids(round.token_ids().begin(), round.token_ids().end());
   if (auto st = ctx_.engine->CheckTokenIds(ids); !st.ok()) return Fail("bad_chunk", st);
   session_.tokens.insert(session_.tokens.end(), ids.begin(), ids.end());
@@ -460,6 +463,7 @@ absl::Status MigrationReceiver::OnLiveTrailer(const v1::MigrationTrailer& t) {
                                  capacity_, "-row cache")));
   }
   if (auto st = CheckRowsThrough(end); !st.ok()) return Fail("corrupt", st);
+  rows_reached_ = std::max(rows_reached_, end + 1);
   session_.tokens.insert(session_.tokens.end(), state->token_ids.begin(), state->token_ids.end());
   session_.sampler = std::move(state->sampler);
   history_ = end;

@@ -115,6 +115,10 @@ class MigrationReceiver {
   // The mode the handshake named, once it parsed.
   std::optional<MigrationMode> mode() const { return mode_; }
   bool committed() const { return stage_ == Stage::kCommitted; }
+  // The KV rows the stream has asked this node to hold so far: the announced history with the
+  // row its resume adds, or past it, the highest row a chunk or a round reached (a node's KV
+  // budget is charged with them after each frame).
+  int64_t rows_reached() const { return rows_reached_; }
   // The id `adopt` gave the session, once committed.
   const std::string& session_id() const { return session_id_; }
   // Set once the session resumed (trailer accepted).
@@ -164,6 +168,7 @@ class MigrationReceiver {
   bool live_ = false;
   int64_t capacity_ = 0;
   int64_t closed_ = 0;  // live: rows of the rounds applied
+  int64_t rows_reached_ = 0;
   int rounds_ = 0;
   std::vector<int64_t> tensor_rows_;  // [layer * 2 + values]: rows received
 };

@@ -21,6 +21,7 @@
 #include "services/cli_args.h"
 #include "services/cli_help.h"
 #include "services/node/advertise.h"
+#include "services/node/kv_budget.h"
 #include "services/node/node_service.h"
 #include "services/node/policy_follower.h"
 #include "services/server_main.h"
@@ -57,6 +58,10 @@ ABSL_FLAG(std::string, kv_dtype, "f16", "KV cache storage and wire dtype: f16 or
 ABSL_FLAG(int64_t, capacity, 0, "KV rows per session (0: the model's context)");
 ABSL_FLAG(double, link_mbps, 0, "sender-side rate limit emulating a link, Mbit/s (0: none)");
 ABSL_FLAG(int, max_sessions, 64, "sessions this node serves at most");
+ABSL_FLAG(std::string, kv_budget, "0",
+          "KV bytes that sessions and migrations being received may hold together, e.g. 2GiB "
+          "(0: no limit but --capacity and --max-sessions); a call that would pass it is "
+          "refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(double, session_ttl, 3600,
           "seconds a session may go unused (no call, no migration) before the node closes it "
           "(0: never)");
@@ -106,6 +111,8 @@ int main(int argc, char** argv) {
   if (!kv.ok()) return Fail(kv.status().ToString());
   if (absl::GetFlag(FLAGS_link_mbps) < 0) return Fail("--link-mbps must be >= 0");
   if (absl::GetFlag(FLAGS_max_sessions) < 1) return Fail("--max-sessions must be >= 1");
+  const auto kv_budget = riskkv::ParseByteSize("kv-budget", absl::GetFlag(FLAGS_kv_budget));
+  if (!kv_budget.ok()) return Fail(std::string(kv_budget.status().message()));
   if (!(absl::GetFlag(FLAGS_live_threshold_seconds) >= 0)) {
     return Fail("--live-threshold-seconds must be >= 0");
   }
@@ -164,6 +171,7 @@ int main(int argc, char** argv) {
   options.capacity = absl::GetFlag(FLAGS_capacity);
   options.link_mbps = absl::GetFlag(FLAGS_link_mbps);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.kv_budget_bytes = *kv_budget;
   options.session_idle_ttl_seconds = absl::GetFlag(FLAGS_session_ttl);
   options.live_threshold_seconds = absl::GetFlag(FLAGS_live_threshold_seconds);
   options.live_pause_rows = absl::GetFlag(FLAGS_live_pause_rows);

@@ -39,6 +39,9 @@ grpc::Status ReceiveMigration(
   if (auto room = side.sessions->CheckRoom(); !room.ok()) return fail("session_limit", room);
   const Retention* r = side.retention.get();
   std::string migration_id;  // the handshake's, once the session was adopted
+  // The rows the stream asks this node to hold, against its KV budget; the session takes it over.
+  KvBudget::Charge charge =
+      side.budget ? side.budget->Open(KvBudget::State::kReceiving) : KvBudget::Charge();
   // From the commit on the session is registered: the deadline may no longer cancel the call.
   auto adopt = [&](ResumedSession resumed) -> absl::StatusOr<std::string> {
     if (!watchdog.Disarm()) {
@@ -50,6 +53,8 @@ grpc::Status ReceiveMigration(
     s->sampler = std::move(resumed.sampler);
     // The first decode step already ran: its logits give the next token.
     s->pending_logits = std::move(resumed.logits);
+    s->charge = std::move(charge);
+    s->charge.MoveTo(KvBudget::State::kSessions);
     migration_id = resumed.migration_id;
     auto add = [&] { return side.sessions->Add(std::move(s)); };
     // Recorded under its migration id, unless its source already gave up asking about it.
@@ -83,6 +88,11 @@ grpc::Status ReceiveMigration(
     watchdog.Busy();  // checking a handshake or a complete anchor set may start work here
     auto reply = rx.OnFrame(f);
     watchdog.Touch();
+    if (reply.ok() && !rx.committed()) {
+      if (absl::Status charged = charge.GrowTo(rx.rows_reached()); !charged.ok()) {
+        return fail("kv_budget", charged);
+      }
+    }
     if (!reply.ok()) {
       // A refused handshake (on any ground, its wire form included) moved no KV.
       const std::string& reason = rx.failure_reason();

@@ -26,6 +26,7 @@ struct TargetSide {
   int64_t max_chunk_bytes = 0;   // the largest chunk payload accepted (0: no bound)
   DType kv_dtype = DType::kF32;  // how this node's sessions store KV
   SessionTable* sessions = nullptr;
+  KvBudget* budget = nullptr;  // charged with the rows the stream announces or writes (may be null)
   MigrationOutcomes* outcomes = nullptr;  // records each commit by migration id (may be null)
   ModePlanner* planner = nullptr;         // hears this node's rebuild and prefill speeds
   NodeMetrics* metrics = nullptr;         // may be null

@@ -55,6 +55,14 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
                     .Name("riskkv_active_sessions")
                     .Help("Decoding sessions this node serves")
                     .Register(r)),
+      kv_bytes_(prometheus::BuildGauge()
+                    .Name("riskkv_kv_bytes")
+                    .Help("KV bytes held, by sessions or by migrations being received")
+                    .Register(r)),
+      kv_budget_(prometheus::BuildGauge()
+                     .Name("riskkv_kv_budget_bytes")
+                     .Help("The node's KV budget (--kv-budget; 0: none)")
+                     .Register(r)),
       expired_(prometheus::BuildCounter()
                    .Name("riskkv_sessions_expired_total")
                    .Help("Sessions closed because they were idle past the node's TTL")
@@ -78,6 +86,9 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
   // Series a dashboard queries exist from the start, at zero: a policy that omits nothing or a
   // node that never rebuilt shows 0 (or no quantile), not a missing series.
   sessions_.Add({{"model", model_}}).Set(0);
+  kv_bytes_.Add({{"model", model_}, {"state", "sessions"}}).Set(0);
+  kv_bytes_.Add({{"model", model_}, {"state", "receiving"}}).Set(0);
+  kv_budget_.Add({{"model", model_}}).Set(0);
   expired_.Add({{"model", model_}});
   omitted_.Add({{"model", model_}});
   rebuild_.Add({{"model", model_}}, kSeconds);
@@ -122,6 +133,12 @@ void NodeMetrics::Downtime(const std::string& mode, bool live, double seconds) {
 }
 
 void NodeMetrics::SetActiveSessions(double n) { sessions_.Add({{"model", model_}}).Set(n); }
+
+void NodeMetrics::SetKvBytes(const std::string& state, double bytes) {
+  kv_bytes_.Add({{"model", model_}, {"state", state}}).Set(bytes);
+}
+
+void NodeMetrics::SetKvBudget(double bytes) { kv_budget_.Add({{"model", model_}}).Set(bytes); }
 
 void NodeMetrics::SetPolicyVersion(double v) { policy_version_.Add({{"model", model_}}).Set(v); }
 

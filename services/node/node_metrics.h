@@ -27,6 +27,10 @@ class NodeMetrics {
   // (handover "live") or stop-and-copy ("stop_and_copy").
   void Downtime(const std::string& mode, bool live, double seconds);
   void SetActiveSessions(double n);
+  // riskkv_kv_bytes{state}: KV bytes held by "sessions" or by "receiving" migrations (the
+  // node's KV budget counts both); riskkv_kv_budget_bytes: that budget (0: none).
+  void SetKvBytes(const std::string& state, double bytes);
+  void SetKvBudget(double bytes);
   void SessionExpired();
   void SetPolicyVersion(double version);
   // Following the control plane: whether the Watch stream is up, and each pushed version
@@ -48,6 +52,8 @@ class NodeMetrics {
   prometheus::Family<prometheus::Counter>& omitted_;
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Family<prometheus::Gauge>& sessions_;
+  prometheus::Family<prometheus::Gauge>& kv_bytes_;
+  prometheus::Family<prometheus::Gauge>& kv_budget_;
   prometheus::Family<prometheus::Counter>& expired_;
   prometheus::Family<prometheus::Gauge>& policy_version_;
   prometheus::Family<prometheus::Gauge>& control_connected_;

@@ -41,6 +41,13 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
     : engine_(engine),
       options_(std::move(options)),
       metrics_(metrics),
+      budget_(options_.kv_budget_bytes,
+              engine.config().n_layers * 2 * engine.config().n_kv_heads * engine.config().head_dim *
+                  RowBytes(options_.kv_dtype, 1),
+              [metrics](KvBudget::State s, int64_t bytes) {
+                if (metrics)
+                  metrics->SetKvBytes(KvBudget::StateName(s), static_cast<double>(bytes));
+              }),
       sessions_(options_.max_sessions,
                 [metrics](size_t n) {
                   if (metrics) metrics->SetActiveSessions(static_cast<double>(n));
@@ -51,6 +58,7 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
                 .link_bytes_per_second = std::max(0.0, options_.link_mbps * 1e6 / 8)}),
       link_(options_.link_mbps * 1e6) {
   SetRetention(std::move(options_.retention));
+  if (metrics_) metrics_->SetKvBudget(static_cast<double>(options_.kv_budget_bytes));
   if (options_.session_idle_ttl_seconds > 0) {
     reaper_ = std::make_unique<SessionReaper>(
         sessions_, absl::Seconds(options_.session_idle_ttl_seconds),
@@ -137,6 +145,10 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
                                                      "-token session limit")));
   }
   if (auto room = sessions_.CheckRoom(); !room.ok()) return ToGrpc(room);
+  s->charge = budget_.Open(KvBudget::State::kSessions);
+  if (auto charged = s->charge.GrowTo(static_cast<int64_t>(s->tokens.size())); !charged.ok()) {
+    return ToGrpc(charged);
+  }
   auto kv = engine_.NewStore(capacity, options_.kv_dtype);
   if (!kv.ok()) return ToGrpc(kv.status());
   s->kv = *std::move(kv);
@@ -180,6 +192,11 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
     std::vector<float> logits = std::move(s.pending_logits);
     s.pending_logits.clear();
     if (logits.empty()) {
+      // The decode step stores the last token's row; the session stays as it is when the node
+      // has no room for it.
+      if (auto charged = s.charge.GrowTo(static_cast<int64_t>(s.tokens.size())); !charged.ok()) {
+        return ToGrpc(charged);
+      }
       auto l = engine_.Decode(s.tokens.back(), *s.kv);
       if (!l.ok()) return ToGrpc(l.status());
       logits = *std::move(l);
@@ -241,7 +258,13 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
     return ToGrpc(
         absl::OutOfRangeError("the continuation does not fit the session's length limit"));
   }
-  // Scored on a copy: the session's own KV stays as it was.
+  // Scored on a copy, which the budget counts while it lives: the session's own KV stays as it
+  // was.
+  KvBudget::Charge copy = budget_.Open(KvBudget::State::kSessions);
+  if (auto charged = copy.GrowTo(static_cast<int64_t>(s.tokens.size() + ids.size()));
+      !charged.ok()) {
+    return ToGrpc(charged);
+  }
   auto nll = [&]() -> absl::StatusOr<NllResult> {
     ASSIGN_OR_RETURN(std::unique_ptr<KvStore> work, engine_.CopyStore(*s.kv));
     std::vector<float> first = s.pending_logits;
@@ -465,6 +488,7 @@ grpc::Status NodeService::Receive(
                            .max_chunk_bytes = options_.max_chunk_bytes,
                            .kv_dtype = options_.kv_dtype,
                            .sessions = &sessions_,
+                           .budget = &budget_,
                            .outcomes = &outcomes_,
                            .planner = &planner_,
                            .metrics = metrics_},

@@ -48,6 +48,9 @@ struct NodeOptions {
   // How this node reaches migration targets (null: plaintext).
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
   int max_sessions = 64;
+  // KV bytes that sessions and receives may hold together (0: no limit but capacity and
+  // max_sessions); a call that would pass it is refused (RESOURCE_EXHAUSTED).
+  int64_t kv_budget_bytes = 0;
   // A session no call or migration used for this long is closed (seconds; 0: never).
   double session_idle_ttl_seconds = 3600;
   // Live migration: AUTO pre-copies when its estimate of the transfer exceeds this (seconds;
@@ -107,6 +110,7 @@ class NodeService final : public v1::Node::Service {
   Engine& engine_;
   NodeOptions options_;  // its retention is moved out at construction
   NodeMetrics* const metrics_;
+  KvBudget budget_;  // before sessions_: their charges return to it as they go
   SessionTable sessions_;
   std::unique_ptr<SessionReaper> reaper_;  // null without a TTL; stops before sessions_ goes
   ModePlanner planner_;

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "common/engine/engine.h"
 #include "common/model/sampler.h"
+#include "services/node/kv_budget.h"
 
 namespace riskkv {
 
@@ -31,6 +32,7 @@ struct NodeSession {
   std::vector<float> pending_logits;
   std::optional<Sampler> sampler;
   int64_t generated = 0;
+  KvBudget::Charge charge;  // the rows of kv, against the node's KV budget
 };
 
 // Where a migration took a session.

@@ -798,5 +798,88 @@ TEST_F(Nodes, AHandshakeInAFormThePolicyDoesNotAllowIsRefusedAndCounted) {
   ASSERT_TRUE(Generate(*a, other, 1).ok());
 }
 
+// The node-wide KV budget: a call that would take the node past it is refused before it
+// computes anything, the session it was for stays as it was, a receive is refused as soon as its
+// stream announces more than fits, and what closes returns to the budget.
+TEST_F(Nodes, TheKvBudgetBoundsWhatCallsAndReceivesHold) {
+  const ModelConfig& c = Model::Load(Path(), {.threads = 1}).value()->config();
+  const int64_t row = c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4;  // f32 KV
+  auto a = Start(false, 0, 3e-3, [&](NodeOptions& o) { o.kv_budget_bytes = 100 * row; });
+  auto b = Start(false, 0, 3e-3, [&](NodeOptions& o) { o.kv_budget_bytes = 40 * row; });
+  auto kv_bytes = [](const TestNode& n, const std::string& state) {
+    std::smatch m;
+    const std::string text = n.Metrics();
+    const std::regex re("riskkv_kv_bytes\\{model=\"tiny\",state=\"" + state + "\"\\} (\\S+)");
+    return std::regex_search(text, m, re) ? std::stod(m[1]) : -1.0;
+  };
+  EXPECT_NE(
+      a->Metrics().find("riskkv_kv_budget_bytes{model=\"tiny\"} " + std::to_string(100 * row)),
+      std::string::npos);
+
+  const std::string s = StartSession(*a);  // 30 tokens
+  EXPECT_EQ(kv_bytes(*a, "sessions"), 30.0 * row);
+  {
+    grpc::ClientContext ctx;
+    v1::StartSessionRequest req;
+    for (int i = 0; i < 80; ++i) req.add_token_ids(i + 7);
+    v1::SessionInfo info;
+    const grpc::Status st = a->stub->StartSession(&ctx, req, &info);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+    EXPECT_NE(st.error_message().find("--kv-budget"), std::string::npos) << st.error_message();
+  }
+  EXPECT_EQ(kv_bytes(*a, "sessions"), 30.0 * row) << "a refused start holds nothing";
+
+  // Generating stops where the next row would pass the budget: 70 decode steps after the
+  // prefill's 30 rows, each token sampled from the step before it.
+  auto gen = Generate(*a, s, 150);
+  ASSERT_FALSE(gen.ok());
+  EXPECT_EQ(gen.status().code(), absl::StatusCode::kResourceExhausted) << gen.status();
+  EXPECT_EQ(Tokens(*a, s).size(), 30u + 71u);
+  EXPECT_EQ(kv_bytes(*a, "sessions"), 100.0 * row);
+  {
+    grpc::ClientContext ctx;
+    v1::ScoreRequest req;
+    req.set_session_id(s);
+    req.add_token_ids(5);
+    v1::ScoreReply reply;
+    EXPECT_EQ(a->stub->Score(&ctx, req, &reply).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << "scoring works on a copy, which the budget has no room for";
+  }
+
+  // B's budget holds 40 rows: the 101-token session's stream is refused as soon as its handshake
+  // announces it; A keeps serving the session.
+  v1::MigrateReply reply;
+  const grpc::Status moved = Migrate(*a, s, *b, v1::FULL_KV, &reply);
+  EXPECT_FALSE(moved.ok());
+  EXPECT_NE(moved.error_message().find("KV budget"), std::string::npos) << moved.error_message();
+  EXPECT_EQ(Tokens(*a, s).size(), 101u);
+  EXPECT_EQ(kv_bytes(*b, "receiving"), 0.0);
+  EXPECT_EQ(kv_bytes(*b, "sessions"), 0.0);
+  EXPECT_NE(b->Metrics().find("reason=\"kv_budget\",role=\"target\"} 1"), std::string::npos)
+      << b->Metrics();
+
+  // Closing returns the rows: the 80-token start that was refused now fits.
+  {
+    grpc::ClientContext ctx;
+    v1::CloseSessionRequest req;
+    req.set_session_id(s);
+    v1::CloseSessionReply r;
+    ASSERT_TRUE(a->stub->CloseSession(&ctx, req, &r).ok());
+  }
+  EXPECT_EQ(kv_bytes(*a, "sessions"), 0.0);
+  // A short session fits B; once received, its rows count as a session's there, and they left A
+  // with it.
+  const std::string small = StartSession(*a, 0, {5, 6, 7, 8, 9, 10});
+  EXPECT_EQ(kv_bytes(*a, "sessions"), 6.0 * row);
+  ASSERT_TRUE(Migrate(*a, small, *b, v1::FULL_KV, &reply).ok());
+  EXPECT_EQ(kv_bytes(*b, "sessions"), 6.0 * row);  // the same 6 rows as on A
+  EXPECT_EQ(kv_bytes(*b, "receiving"), 0.0);
+  EXPECT_EQ(kv_bytes(*a, "sessions"), 0.0);
+  std::vector<int32_t> long_prompt;
+  for (int i = 0; i < 80; ++i) long_prompt.push_back(i + 7);
+  StartSession(*a, 0, long_prompt);
+  EXPECT_EQ(kv_bytes(*a, "sessions"), 80.0 * row);
+}
+
 }  // namespace
 }  // namespace riskkv
