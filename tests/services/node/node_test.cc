@@ -802,7 +802,7 @@ TEST_F(Nodes, AHandshakeInAFormThePolicyDoesNotAllowIsRefusedAndCounted) {
 // computes anything, the session it was for stays as it was, a receive is refused as soon as its
 // stream announces more than fits, and what closes returns to the budget.
 TEST_F(Nodes, TheKvBudgetBoundsWhatCallsAndReceivesHold) {
-  const ModelConfig& c = Model::Load(Path(), {.threads = 1}).value()->config();
+  const ModelConfig c = Model::Load(Path(), {.threads = 1}).value()->config();
   const int64_t row = c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4;  // f32 KV
   auto a = Start(false, 0, 3e-3, [&](NodeOptions& o) { o.kv_budget_bytes = 100 * row; });
   auto b = Start(false, 0, 3e-3, [&](NodeOptions& o) { o.kv_budget_bytes = 40 * row; });
