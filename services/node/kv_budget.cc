@@ -81,14 +81,20 @@ absl::Status KvBudget::Charge::GrowTo(int64_t rows) {
 void KvBudget::Charge::MoveTo(State state) {
   if (budget_ == nullptr || state == state_) return;
   const int64_t bytes = rows_ * budget_->bytes_per_row_;
-  if (bytes > 0) {
-    budget_->Sub(state_, bytes);
-    // Moving rows already counted keeps the total; it cannot pass the limit.
-    absl::MutexLock lock(&budget_->mu_);
-    budget_->used_[static_cast<int>(state)] += bytes;
-  }
+  const State from = state_;
   state_ = state;
-  if (bytes > 0 && budget_->on_change_) budget_->on_change_(state, budget_->used_bytes(state));
+  if (bytes == 0) return;
+  int64_t from_now = 0, to_now = 0;
+  {
+    // One step, so the total never dips for another charge to take what is moving.
+    absl::MutexLock lock(&budget_->mu_);
+    from_now = budget_->used_[static_cast<int>(from)] -= bytes;
+    to_now = budget_->used_[static_cast<int>(state)] += bytes;
+  }
+  if (budget_->on_change_) {
+    budget_->on_change_(from, from_now);
+    budget_->on_change_(state, to_now);
+  }
 }
 
 absl::StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& text) {
