@@ -86,8 +86,8 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
   // Series a dashboard queries exist from the start, at zero: a policy that omits nothing or a
   // node that never rebuilt shows 0 (or no quantile), not a missing series.
   sessions_.Add({{"model", model_}}).Set(0);
-  kv_bytes_.Add({{"model", model_}, {"state", "sessions"}}).Set(0);
-  kv_bytes_.Add({{"model", model_}, {"state", "receiving"}}).Set(0);
+  kv_sessions_ = &kv_bytes_.Add({{"model", model_}, {"state", "sessions"}});
+  kv_receiving_ = &kv_bytes_.Add({{"model", model_}, {"state", "receiving"}});
   kv_budget_.Add({{"model", model_}}).Set(0);
   expired_.Add({{"model", model_}});
   omitted_.Add({{"model", model_}});
@@ -135,7 +135,7 @@ void NodeMetrics::Downtime(const std::string& mode, bool live, double seconds) {
 void NodeMetrics::SetActiveSessions(double n) { sessions_.Add({{"model", model_}}).Set(n); }
 
 void NodeMetrics::SetKvBytes(const std::string& state, double bytes) {
-  kv_bytes_.Add({{"model", model_}, {"state", state}}).Set(bytes);
+  (state == "receiving" ? kv_receiving_ : kv_sessions_)->Set(bytes);
 }
 
 void NodeMetrics::SetKvBudget(double bytes) { kv_budget_.Add({{"model", model_}}).Set(bytes); }

@@ -29,7 +29,7 @@ class NodeMetrics {
   void SetActiveSessions(double n);
   // riskkv_kv_bytes{state}: KV bytes held by "sessions" or by "receiving" migrations (the
   // node's KV budget counts both); riskkv_kv_budget_bytes: that budget (0: none).
-  void SetKvBytes(const std::string& state, double bytes);
+  void SetKvBytes(const std::string& state, double bytes);  // state: "sessions" or "receiving"
   void SetKvBudget(double bytes);
   void SessionExpired();
   void SetPolicyVersion(double version);
@@ -53,6 +53,9 @@ class NodeMetrics {
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Family<prometheus::Gauge>& sessions_;
   prometheus::Family<prometheus::Gauge>& kv_bytes_;
+  // Its two series, looked up once: the budget sets one on every decode step.
+  prometheus::Gauge* kv_sessions_ = nullptr;
+  prometheus::Gauge* kv_receiving_ = nullptr;
   prometheus::Family<prometheus::Gauge>& kv_budget_;
   prometheus::Family<prometheus::Counter>& expired_;
   prometheus::Family<prometheus::Gauge>& policy_version_;

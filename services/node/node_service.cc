@@ -41,13 +41,12 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
     : engine_(engine),
       options_(std::move(options)),
       metrics_(metrics),
-      budget_(options_.kv_budget_bytes,
-              engine.config().n_layers * 2 * engine.config().n_kv_heads * engine.config().head_dim *
-                  RowBytes(options_.kv_dtype, 1),
-              [metrics](KvBudget::State s, int64_t bytes) {
-                if (metrics)
-                  metrics->SetKvBytes(KvBudget::StateName(s), static_cast<double>(bytes));
-              }),
+      budget_(
+          options_.kv_budget_bytes,
+          engine.config().n_layers * 2 * RowBytes(options_.kv_dtype, engine.config().kv_width()),
+          [metrics](KvBudget::State s, int64_t bytes) {
+            if (metrics) metrics->SetKvBytes(KvBudget::StateName(s), static_cast<double>(bytes));
+          }),
       sessions_(options_.max_sessions,
                 [metrics](size_t n) {
                   if (metrics) metrics->SetActiveSessions(static_cast<double>(n));
