@@ -1,5 +1,5 @@
-// What the fuzz targets share: the input written to a file for readers that take a path, and
-// where the test data lies.
+// What the fuzz targets share: the input written to a file for readers that take a path (the
+// test data lies where tests/test_paths.h says).
 #pragma once
 
 #include <unistd.h>
@@ -22,11 +22,6 @@ inline const std::string& AsFile(const uint8_t* data, size_t size, const char* s
   if (size > 0 && std::fwrite(data, 1, size, f) != size) std::abort();
   std::fclose(f);
   return path;
-}
-
-inline std::string TestdataDir() {
-  if (const char* env = std::getenv("RISKKV_TESTDATA_DIR")) return env;
-  return RISKKV_TESTDATA_DIR;
 }
 
 }  // namespace riskkv::fuzz

@@ -23,7 +23,7 @@
 #include "common/model/sampler.h"
 #include "services/migration/migration_receiver.h"
 #include "services/migration/migration_sender.h"
-#include "tests/fuzz/fuzz_input.h"
+#include "tests/test_paths.h"
 
 namespace {
 
@@ -36,7 +36,7 @@ struct Node {
 Node& TheNode() {
   static Node* node = [] {
     auto n = new Node;
-    auto m = riskkv::Model::Load(riskkv::fuzz::TestdataDir() + "/tiny_llama.gguf",
+    auto m = riskkv::Model::Load((riskkv::testing::TestdataDir() / "tiny_llama.gguf").string(),
                                  {.threads = 1, .activations = riskkv::ActivationPrecision::kF32});
     if (!m.ok()) std::abort();
     n->model = *std::move(m);

@@ -33,6 +33,12 @@ struct TestNode {
   std::string Metrics() const {
     return prometheus::TextSerializer().Serialize(registry->Collect());
   }
+  // The value of one series, named with its labels as exported (-1 when absent).
+  double MetricValue(const std::string& series) const {
+    const std::string text = Metrics(), line = series + " ";
+    const size_t at = text.find("\n" + line);
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + 1 + line.size()));
+  }
 };
 
 class Nodes : public ::testing::Test {
