@@ -27,6 +27,8 @@ constexpr int64_t kTileRows = 64;
 constexpr int64_t kSmallGrain = 32;
 // Queries processed together in attention (bounds the score buffer to kQueryBlock x n_ctx).
 constexpr int64_t kQueryBlock = 128;
+// Calls with at most this many queries (decode steps) take the per-query attention path.
+constexpr int64_t kFewQueries = 4;
 
 class CpuBackend final : public Backend {
  public:
@@ -121,6 +123,9 @@ class CpuBackend final : public Backend {
     const int64_t q_stride = n_heads * head_dim;
     const int64_t kv_stride = n_kv_heads * head_dim;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    if (n <= kFewQueries) {
+      return FewQueries(q, n, q_pos0, k, v, n_heads, n_kv_heads, head_dim, scale, out);
+    }
     // Work items: (kv head, query block). All query heads of one KV head share its K/V: read in
     // place from an f32 cache, converted once per head from an f16 one.
     const int64_t n_blocks = (n + kQueryBlock - 1) / kQueryBlock;
@@ -155,22 +160,8 @@ class CpuBackend final : public Backend {
           // normalised over the keys it may attend to, and the rest of the row is never read.
           cpu::DotTile(kh, kh_stride, ctx, q + i0 * q_stride + h * head_dim, q_stride, nb, head_dim,
                        scores, ctx);
-          for (int64_t i = 0; i < nb; ++i) {
-            const int64_t visible = q_pos0 + i0 + i + 1;
-            float* s = scores + i * ctx;
-            float mx = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < visible; ++j) {
-              s[j] *= scale;
-              mx = std::max(mx, s[j]);
-            }
-            float sum = 0.0f;
-            for (int64_t j = 0; j < visible; ++j) {
-              s[j] = std::exp(s[j] - mx);
-              sum += s[j];
-            }
-            const float inv = 1.0f / sum;
-            for (int64_t j = 0; j < visible; ++j) s[j] *= inv;
-          }
+          for (int64_t i = 0; i < nb; ++i)
+            cpu::Softmax(scores + i * ctx, q_pos0 + i0 + i + 1, scale);
           cpu::WeightedRows(scores, ctx, nb, q_pos0 + i0 + 1, vh, kh_stride, head_dim,
                             out + i0 * q_stride + h * head_dim, q_stride);
         }
@@ -179,6 +170,48 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Attention for a decode step or a few queries: one query at a time, the query heads of a KV
+  // head together, so each cached key and value row is read once per query for all of them (and
+  // an f16 one converted as it is read, not into a copy of the whole head). Every score and
+  // output is the same sum as the blocked path's, so a row's bits do not depend on which ran.
+  void FewQueries(const float* q, int64_t n, int64_t q_pos0, const KvView& k, const KvView& v,
+                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out) {
+    const int64_t group = n_heads / n_kv_heads;
+    const int64_t q_stride = n_heads * head_dim;
+    const int64_t kv_stride = n_kv_heads * head_dim;
+    const bool f16 = k.dtype == DType::kF16;
+    pool_.ParallelFor(n * n_kv_heads, 1, [&](int64_t item_begin, int64_t item_end) {
+      thread_local std::vector<float> score_buf;  // grows only, as in Attention
+      score_buf.resize(group * (q_pos0 + n));
+      for (int64_t item = item_begin; item < item_end; ++item) {
+        const int64_t i = item / n_kv_heads;
+        const int64_t kvh = item % n_kv_heads;
+        const int64_t visible = q_pos0 + i + 1;
+        // The group's query heads are adjacent in the query row: they are DotTile's tokens.
+        const float* qh = q + i * q_stride + kvh * group * head_dim;
+        float* oh = out + i * q_stride + kvh * group * head_dim;
+        float* scores = score_buf.data();
+        if (f16) {
+          const uint16_t* kh = static_cast<const uint16_t*>(k.data) + kvh * head_dim;
+          cpu::DotTileF16(kh, kv_stride, visible, qh, head_dim, group, head_dim, scores, visible);
+        } else {
+          const float* kh = static_cast<const float*>(k.data) + kvh * head_dim;
+          cpu::DotTile(kh, kv_stride, visible, qh, head_dim, group, head_dim, scores, visible);
+        }
+        for (int64_t h = 0; h < group; ++h) cpu::Softmax(scores + h * visible, visible, scale);
+        if (f16) {
+          const uint16_t* vh = static_cast<const uint16_t*>(v.data) + kvh * head_dim;
+          cpu::WeightedRowsSharedF16(scores, visible, group, visible, vh, kv_stride, head_dim, oh,
+                                     head_dim);
+        } else {
+          const float* vh = static_cast<const float*>(v.data) + kvh * head_dim;
+          cpu::WeightedRowsShared(scores, visible, group, visible, vh, kv_stride, head_dim, oh,
+                                  head_dim);
+        }
+      }
+    });
+  }
+
   // Converts head `h` of an f16 [n_ctx, n_kv_heads, head_dim] cache to dense f32 [n_ctx, head_dim].
   static void LoadHead(const KvView& kv, int64_t h, int64_t head_dim, int64_t stride, int64_t n_ctx,
                        float* dst) {

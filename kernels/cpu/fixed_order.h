@@ -17,11 +17,29 @@ float DotF32(const float* a, const float* b, int64_t n);
 // bit for bit: blocking shares loads between outputs, never the order of an output's sum.
 void DotTile(const float* w, int64_t w_stride, int64_t rows, const float* x, int64_t x_stride,
              int64_t tokens, int64_t n, float* y, int64_t y_stride);
+// DotTile of f16 rows, each converted exactly to f32 as it is read: the bits of DotTile over the
+// converted rows, without writing them out.
+void DotTileF16(const uint16_t* w, int64_t w_stride, int64_t rows, const float* x, int64_t x_stride,
+                int64_t tokens, int64_t n, float* y, int64_t y_stride);
 
 // out[t * out_stride + d] = sum over j < count + t of p[t * p_stride + j] * v[j * v_stride + d]
 // for t < tokens and d < width, accumulated with fused multiply-adds in j order from zero (the
 // causal shape of attention: each query sees one more row than the one before it).
 void WeightedRows(const float* p, int64_t p_stride, int64_t tokens, int64_t count, const float* v,
                   int64_t v_stride, int64_t width, float* out, int64_t out_stride);
+
+// The same sums with every t seeing `count` rows: the query heads that share one query's keys and
+// values (GQA) as the `tokens`, so each value row is read once for all of them. The f16 form
+// converts each value exactly to f32 as it is read.
+void WeightedRowsShared(const float* p, int64_t p_stride, int64_t tokens, int64_t count,
+                        const float* v, int64_t v_stride, int64_t width, float* out,
+                        int64_t out_stride);
+void WeightedRowsSharedF16(const float* p, int64_t p_stride, int64_t tokens, int64_t count,
+                           const uint16_t* v, int64_t v_stride, int64_t width, float* out,
+                           int64_t out_stride);
+
+// A row of n attention scores, normalised in place: each scaled by `scale`, then exp(s - max)
+// with the max over the row, summed in index order, and multiplied by 1 / sum.
+void Softmax(float* s, int64_t n, float scale);
 
 }  // namespace riskkv::cpu

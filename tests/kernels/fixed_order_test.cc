@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -63,6 +64,35 @@ TEST(FixedOrder, DotTileEqualsDotF32ForEveryBlockShape) {
           for (int64_t r = 0; r < rows; ++r) {
             ASSERT_TRUE(SameBits(y[t * y_stride + r],
                                  cpu::DotF32(w.data() + r * w_stride, x.data() + t * x_stride, n)))
+                << "n=" << n << " rows=" << rows << " tokens=" << tokens << " t=" << t
+                << " r=" << r;
+          }
+          EXPECT_EQ(y[t * y_stride + rows], -1.0f) << "wrote past the rows";
+        }
+      }
+    }
+  }
+}
+
+// f16 rows, as attention reads an f16 cache: the bits of DotF32 over the rows converted to f32.
+TEST(FixedOrder, DotTileF16EqualsDotF32OfTheConvertedRows) {
+  for (int64_t n : {5, 64, 72}) {
+    for (int64_t rows : {1, 2, 3, 7, 9, 17}) {
+      for (int64_t tokens : {1, 2, 3, 4, 5, 7}) {
+        const int64_t w_stride = n + 3, x_stride = n + 5, y_stride = rows + 2;
+        const auto w32 = RandomVector(rows * w_stride, 13);
+        std::vector<uint16_t> w(w32.size());
+        F32ToF16Row(w32.data(), w.data(), static_cast<int64_t>(w.size()));
+        std::vector<float> converted(w.size());
+        F16ToF32Row(w.data(), converted.data(), static_cast<int64_t>(w.size()));
+        const auto x = RandomVector(tokens * x_stride, 14);
+        std::vector<float> y(tokens * y_stride, -1.0f);
+        cpu::DotTileF16(w.data(), w_stride, rows, x.data(), x_stride, tokens, n, y.data(),
+                        y_stride);
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            ASSERT_TRUE(SameBits(y[t * y_stride + r], cpu::DotF32(converted.data() + r * w_stride,
+                                                                  x.data() + t * x_stride, n)))
                 << "n=" << n << " rows=" << rows << " tokens=" << tokens << " t=" << t
                 << " r=" << r;
           }
@@ -133,6 +163,73 @@ TEST(FixedOrder, WeightedRowsAccumulatesEachOutputInRowOrder) {
         }
         EXPECT_EQ(out[t * out_stride + width], -1.0f) << "wrote past the width";
       }
+    }
+  }
+}
+
+// The shared-count form (query heads of one query), from f32 and from f16 values: each output
+// accumulated in row order from zero over the same `count` rows, the f16 values converted first.
+TEST(FixedOrder, WeightedRowsSharedAccumulatesEveryTokenOverTheSameRows) {
+  for (int64_t width : {8, 16, 64, 70, 3}) {
+    for (int64_t tokens : {1, 2, 3, 4, 5, 9}) {
+      const int64_t count = 11;
+      const int64_t p_stride = count + 2, v_stride = width + 4, out_stride = width + 3;
+      const auto p = RandomVector(tokens * p_stride, 17);
+      const auto v32 = RandomVector(count * v_stride, 18);
+      std::vector<uint16_t> v16(v32.size());
+      F32ToF16Row(v32.data(), v16.data(), static_cast<int64_t>(v16.size()));
+      std::vector<float> converted(v16.size());
+      F16ToF32Row(v16.data(), converted.data(), static_cast<int64_t>(v16.size()));
+      for (const bool half : {false, true}) {
+        const std::vector<float>& v = half ? converted : v32;
+        std::vector<float> out(tokens * out_stride, -1.0f);
+        if (half) {
+          cpu::WeightedRowsSharedF16(p.data(), p_stride, tokens, count, v16.data(), v_stride, width,
+                                     out.data(), out_stride);
+        } else {
+          cpu::WeightedRowsShared(p.data(), p_stride, tokens, count, v32.data(), v_stride, width,
+                                  out.data(), out_stride);
+        }
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t d = 0; d < width; ++d) {
+            float s = 0.0f;
+            for (int64_t j = 0; j < count; ++j) {
+              s = std::fmaf(p[t * p_stride + j], v[j * v_stride + d], s);
+            }
+            ASSERT_TRUE(SameBits(out[t * out_stride + d], s))
+                << "f16=" << half << " width=" << width << " tokens=" << tokens << " t=" << t
+                << " d=" << d;
+          }
+          EXPECT_EQ(out[t * out_stride + width], -1.0f) << "wrote past the width";
+        }
+      }
+    }
+  }
+}
+
+// Softmax is its definition (the max and the scaling are exact in any order; the sum is in index
+// order), for lengths around the eight-lane step.
+TEST(FixedOrder, SoftmaxIsItsDefinition) {
+  for (int64_t n : {1, 7, 8, 9, 17, 300}) {
+    const float scale = 0.125f;
+    auto s = RandomVector(n, 21);
+    for (float& x : s) x *= 20.0f;
+    std::vector<float> want = s;
+    float mx = -INFINITY;
+    for (float& x : want) {
+      x *= scale;
+      mx = std::max(mx, x);
+    }
+    float sum = 0.0f;
+    for (float& x : want) {
+      x = std::exp(x - mx);
+      sum += x;
+    }
+    const float inv = 1.0f / sum;
+    for (float& x : want) x *= inv;
+    cpu::Softmax(s.data(), n, scale);
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_TRUE(SameBits(s[j], want[j])) << "n=" << n << " j=" << j;
     }
   }
 }
