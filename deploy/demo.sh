@@ -58,9 +58,15 @@ wait_port_file() {
   for _ in $(seq 300); do [ -s "$1" ] && return 0; sleep 0.1; done
   cat "$1.log"; exit 1
 }
+# Every server checks its callers: the access file and tokens deploy/credentials.sh writes (kept
+# between runs); riskkvctl here acts as the operator, the nodes present the node token.
+CRED="$DEMO/credentials"
+deploy/credentials.sh "$CRED" >/dev/null
+export RISKKV_TOKEN_FILE="$CRED/operator.token"
+ACCESS=(--access-file "$CRED/access")
 CONTROL=127.0.0.1:7000
-echo "== control plane on $CONTROL (store $LOGS/control-store)"
-"$BIN/riskkv-control" --store "$LOGS/control-store" --listen $CONTROL \
+echo "== control plane on $CONTROL (store $LOGS/control-store, access file $CRED/access)"
+"$BIN/riskkv-control" --store "$LOGS/control-store" --listen $CONTROL "${ACCESS[@]}" \
   --port-file "$LOGS/control" >"$LOGS/control.log" 2>&1 &
 pids+=($!)
 echo "${pids[*]}" >"$DEMO/pids"
@@ -73,11 +79,13 @@ echo "policy $POLICY_ID version 1 stored; the nodes fetch it and its bank from t
 
 "$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:7070 --metrics-listen 127.0.0.1:9470 \
   --port-file "$LOGS/a" --link-mbps 100 --control $CONTROL --policy-id "$POLICY_ID" \
-  --cache-dir "$LOGS/cache-a" >"$LOGS/a.log" 2>&1 &
+  "${ACCESS[@]}" --peer-token-file "$CRED/node.token" --cache-dir "$LOGS/cache-a" \
+  >"$LOGS/a.log" 2>&1 &
 pids+=($!)
 "$BIN/riskkv-node" --model "$MODEL" --listen 127.0.0.1:7071 --metrics-listen 127.0.0.1:9471 \
   --port-file "$LOGS/b" --control $CONTROL --policy-id "$POLICY_ID" \
-  --cache-dir "$LOGS/cache-b" >"$LOGS/b.log" 2>&1 &
+  "${ACCESS[@]}" --peer-token-file "$CRED/node.token" --cache-dir "$LOGS/cache-b" \
+  >"$LOGS/b.log" 2>&1 &
 pids+=($!)
 echo "${pids[*]}" >"$DEMO/pids"
 for n in a b; do wait_port_file "$LOGS/$n"; done
@@ -122,7 +130,7 @@ if [ $stop_at_end = 0 ]; then
   trap - EXIT
   echo
   echo "servers left running: control plane $CONTROL, A=$A (metrics :9470), B=$B (metrics :9471); logs in $LOGS"
-  echo "try: $BIN/riskkvctl --node $B list; curl -s 127.0.0.1:9471/metrics | grep ^riskkv_"
+  echo "try: RISKKV_TOKEN_FILE=$CRED/operator.token $BIN/riskkvctl --node $B list; curl -s 127.0.0.1:9471/metrics | grep ^riskkv_"
   echo "stop them with: kill \$(cat $DEMO/pids)   (or run deploy/demo.sh --stop)"
 else
   stop

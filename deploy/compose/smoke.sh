@@ -152,7 +152,9 @@ wait_healthy() {
   fail "$service is not healthy after ${i}s (status $status)"
 }
 
-log "the control plane, and the policy put into it"
+log "credentials (deploy/credentials.sh), the control plane, and the policy put into it"
+export RISKKV_SECRETS_DIR="$WORK/secrets"
+"$ROOT/deploy/credentials.sh" "$RISKKV_SECRETS_DIR" --owner 10001 >/dev/null
 dc up -d control >/dev/null 2>&1
 wait_healthy control
 bank_args=()
@@ -160,7 +162,7 @@ bank_args=()
 dc run --rm --no-deps -v "$POLICY:/policy:ro" control riskkvctl --control control:7000 \
   policy-put --policy /policy/policy.pb "${bank_args[@]}" >/dev/null 2>&1 ||
   fail "policy-put of $POLICY failed"
-step "control plane healthy, policy $RISKKV_POLICY_ID put"
+step "credentials written; control plane healthy, policy $RISKKV_POLICY_ID put as the operator"
 
 log "everything up: control, edge-a, edge-b, prometheus"
 dc up -d control edge-a edge-b prometheus >/dev/null 2>&1
@@ -210,7 +212,11 @@ ctl_a migrate --session "$(ctl_a start --prompt "a refused migration" | _scenari
 curl -s http://127.0.0.1:9470/metrics |
   grep -q '^riskkv_migration_failures_total{.*reason="transfer_failed",role="source"} 1$' ||
   fail "edge-a did not count the refused migration in riskkv_migration_failures_total"
-step "generated on edge-b; a refused migration failed as it should"
+# Without the operator's token a call is refused (the stack runs with credentials).
+out=$(docker exec -i "$A_ID" env -u RISKKV_TOKEN_FILE riskkvctl --node edge-b:7070 list 2>&1) &&
+  fail "edge-b served a call without credentials: $out"
+grep -q "needs credentials" <<<"$out" || fail "anonymous call to edge-b: $out"
+step "generated on edge-b; a refused migration failed as it should; no call without credentials"
 
 PROM=http://127.0.0.1:9090
 query() { curl -s --get --data-urlencode "query=$1" "$PROM/api/v1/query"; }

@@ -96,8 +96,13 @@ wait_port_file() {
   for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done
   fail "$(basename "$1") did not start"
 }
+# The servers listen beyond loopback, so they check their callers: an access file and tokens from
+# deploy/credentials.sh; riskkvctl acts as the operator, the nodes present the node token.
+deploy/credentials.sh "$WORK/credentials" >/dev/null
+export RISKKV_TOKEN_FILE="$WORK/credentials/operator.token"
 ip netns exec $NC "$BIN/riskkv-control" --store "$WORK/store" --listen 0.0.0.0:7000 \
-  --metrics-listen 0.0.0.0:9400 --port-file "$WORK/control" >"$WORK/control.log" 2>&1 &
+  --metrics-listen 0.0.0.0:9400 --port-file "$WORK/control" \
+  --access-file "$WORK/credentials/access" >"$WORK/control.log" 2>&1 &
 pids+=($!)
 wait_port_file "$WORK/control"
 bank=()
@@ -108,7 +113,8 @@ POLICY_ID=$(in_ns $NC "$BIN/riskkvctl" --control 127.0.0.1:7000 policy-put \
 start_node() {  # ns name advertise control
   ip netns exec "$1" "$BIN/riskkv-node" --model "$MODEL" --listen 0.0.0.0:7070 \
     --metrics-listen 0.0.0.0:9470 --advertise "$3" --control "$4" --policy-id "$POLICY_ID" \
-    --cache-dir "$WORK/cache-$2" --port-file "$WORK/$2" >"$WORK/$2.log" 2>&1 &
+    --cache-dir "$WORK/cache-$2" --port-file "$WORK/$2" --access-file "$WORK/credentials/access" \
+    --peer-token-file "$WORK/credentials/node.token" >"$WORK/$2.log" 2>&1 &
   pids+=($!)
 }
 start_node $NA a 10.199.0.1:7070 10.199.1.2:7000

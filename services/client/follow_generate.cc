@@ -14,7 +14,7 @@ FollowResult GenerateFollowing(
   std::string at = address;
   int remaining = max_tokens;
   while (true) {
-    auto stub = v1::Node::NewStub(grpc::CreateChannel(at, credentials));
+    auto stub = v1::Node::NewStub(OpenChannel(at, credentials, options.token));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::duration_cast<std::chrono::system_clock::duration>(

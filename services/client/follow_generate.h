@@ -13,13 +13,16 @@
 #include <string>
 
 #include "riskkv/v1/node.grpc.pb.h"
+#include "services/access/client_token.h"
 
 namespace riskkv {
 
 struct FollowOptions {
-  std::shared_ptr<grpc::ChannelCredentials> credentials;  // for every node (null: plaintext)
-  bool follow = true;                                     // false: stop at the first move
-  double deadline_seconds = 600;                          // of each Generate call
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      nullptr;                                 // for every node (null: plaintext)
+  std::shared_ptr<TokenFile> token = nullptr;  // the caller's bearer token (or null)
+  bool follow = true;                          // false: stop at the first move
+  double deadline_seconds = 600;               // of each Generate call
 };
 
 struct FollowResult {

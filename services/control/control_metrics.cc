@@ -27,6 +27,11 @@ ControlMetrics::ControlMetrics(prometheus::Registry& r)
       latest_(prometheus::BuildGauge()
                   .Name("riskkv_control_policy_latest_version")
                   .Help("Latest stored version of each policy")
+                  .Register(r)),
+      denied_(prometheus::BuildCounter()
+                  .Name("riskkv_control_requests_denied_total")
+                  .Help("Calls refused by the access check, by reason (unauthenticated, "
+                        "permission_denied)")
                   .Register(r)) {
   watchers_.Add({}).Set(0);
   downloads_.Add({});
@@ -45,6 +50,10 @@ void ControlMetrics::BankDownload(double bytes) {
 void ControlMetrics::AddWatchers(double delta) { watchers_.Add({}).Increment(delta); }
 
 void ControlMetrics::SetPolicies(double ids) { policies_.Add({}).Set(ids); }
+
+void ControlMetrics::Denied(const std::string& reason) {
+  denied_.Add({{"reason", reason}}).Increment();
+}
 
 void ControlMetrics::SetLatestVersion(const std::string& policy_id, double version) {
   latest_.Add({{"policy_id", policy_id}}).Set(version);

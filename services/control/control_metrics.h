@@ -21,6 +21,8 @@ class ControlMetrics {
   // Stored policy ids and, per id, the latest version (ids are few and chosen by operators).
   void SetPolicies(double ids);
   void SetLatestVersion(const std::string& policy_id, double version);
+  // A call refused by the access check: reason "unauthenticated" or "permission_denied".
+  void Denied(const std::string& reason);
 
  private:
   prometheus::Family<prometheus::Counter>& puts_;
@@ -29,6 +31,7 @@ class ControlMetrics {
   prometheus::Family<prometheus::Gauge>& watchers_;
   prometheus::Family<prometheus::Gauge>& policies_;
   prometheus::Family<prometheus::Gauge>& latest_;
+  prometheus::Family<prometheus::Counter>& denied_;
 };
 
 }  // namespace riskkv

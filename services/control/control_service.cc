@@ -9,9 +9,21 @@
 
 namespace riskkv {
 
-ControlService::ControlService(PolicyStore& store, ControlMetrics* metrics)
-    : store_(store), metrics_(metrics) {
+ControlService::ControlService(PolicyStore& store, ControlMetrics* metrics,
+                               std::shared_ptr<AccessFile> access)
+    : store_(store), metrics_(metrics), access_(std::move(access)) {
   CountPolicies();
+}
+
+grpc::Status ControlService::Authorize(grpc::ServerContext* ctx, Action action) const {
+  const absl::StatusOr<Principal> who = access_.Check(*ctx, action);
+  if (who.ok()) return grpc::Status::OK;
+  if (metrics_) {
+    metrics_->Denied(who.status().code() == absl::StatusCode::kUnauthenticated
+                         ? "unauthenticated"
+                         : "permission_denied");
+  }
+  return ToGrpc(who.status());
 }
 
 void ControlService::CountPolicies() {
@@ -23,8 +35,9 @@ void ControlService::CountPolicies() {
   }
 }
 
-grpc::Status ControlService::PutPolicy(grpc::ServerContext*, const v1::PutPolicyRequest* req,
+grpc::Status ControlService::PutPolicy(grpc::ServerContext* ctx, const v1::PutPolicyRequest* req,
                                        v1::PolicyRecord* reply) {
+  if (grpc::Status st = Authorize(ctx, Action::kPutPolicies); !st.ok()) return st;
   auto p = store_.Put(req->policy(), req->bank());
   if (metrics_) {
     metrics_->Put(p.ok() ? "ok"
@@ -36,22 +49,25 @@ grpc::Status ControlService::PutPolicy(grpc::ServerContext*, const v1::PutPolicy
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::GetPolicy(grpc::ServerContext*, const v1::GetPolicyRequest* req,
+grpc::Status ControlService::GetPolicy(grpc::ServerContext* ctx, const v1::GetPolicyRequest* req,
                                        v1::PolicyRecord* reply) {
+  if (grpc::Status st = Authorize(ctx, Action::kReadPolicies); !st.ok()) return st;
   auto p = store_.Get(req->policy_id(), req->version());
   if (!p.ok()) return ToGrpc(p.status());
   *reply->mutable_policy() = PolicyToProto(*p);
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::ListPolicies(grpc::ServerContext*, const v1::ListPoliciesRequest*,
+grpc::Status ControlService::ListPolicies(grpc::ServerContext* ctx, const v1::ListPoliciesRequest*,
                                           v1::ListPoliciesReply* reply) {
+  if (grpc::Status st = Authorize(ctx, Action::kReadPolicies); !st.ok()) return st;
   for (auto& s : store_.List()) *reply->add_policies() = s;
   return grpc::Status::OK;
 }
 
 grpc::Status ControlService::GetBank(grpc::ServerContext* ctx, const v1::GetBankRequest* req,
                                      grpc::ServerWriter<v1::BankChunk>* writer) {
+  if (grpc::Status st = Authorize(ctx, Action::kFollowPolicies); !st.ok()) return st;
   auto path = store_.BankPath(req->sha256());
   if (!path.ok()) return ToGrpc(path.status());
   std::ifstream in(*path, std::ios::binary);
@@ -77,6 +93,7 @@ grpc::Status ControlService::GetBank(grpc::ServerContext* ctx, const v1::GetBank
 
 grpc::Status ControlService::Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                                    grpc::ServerWriter<v1::PolicyRecord>* writer) {
+  if (grpc::Status st = Authorize(ctx, Action::kFollowPolicies); !st.ok()) return st;
   if (req->policy_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Watch needs a policy_id");
   }

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "riskkv/v1/control.grpc.pb.h"
+#include "services/access/authorizer.h"
 #include "services/control/control_metrics.h"
 #include "services/control/policy_store.h"
 
@@ -15,8 +16,9 @@ inline constexpr char kWatchMetadataKey[] = "riskkv-watch";
 
 class ControlService final : public v1::Control::Service {
  public:
-  // `metrics` may be null (no metrics).
-  explicit ControlService(PolicyStore& store, ControlMetrics* metrics = nullptr);
+  // `metrics` may be null (no metrics); `access` too (every caller an anonymous operator).
+  explicit ControlService(PolicyStore& store, ControlMetrics* metrics = nullptr,
+                          std::shared_ptr<AccessFile> access = nullptr);
 
   grpc::Status PutPolicy(grpc::ServerContext*, const v1::PutPolicyRequest*,
                          v1::PolicyRecord*) override;
@@ -31,9 +33,12 @@ class ControlService final : public v1::Control::Service {
 
  private:
   void CountPolicies();
+  // OK when the caller may do `action`; else its refusal, counted.
+  grpc::Status Authorize(grpc::ServerContext* ctx, Action action) const;
 
   PolicyStore& store_;
   ControlMetrics* metrics_;
+  const Authorizer access_;
 };
 
 }  // namespace riskkv

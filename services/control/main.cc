@@ -8,6 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "services/access/access_flags.h"
 #include "services/cli_args.h"
 #include "services/cli_help.h"
 #include "services/control/control_service.h"
@@ -47,21 +48,26 @@ int main(int argc, char** argv) {
   auto exposer = riskkv::ServeMetrics(absl::GetFlag(FLAGS_metrics_listen), registry, &metrics_port);
   if (!exposer.ok()) return Fail(exposer.status().ToString());
   riskkv::ControlMetrics metrics(*registry);
-  riskkv::ControlService service(**store, &metrics);
-  auto credentials = riskkv::ServerCredentialsFor(riskkv::TlsFilesFromFlags());
+  auto access_file = riskkv::AccessFileFromFlags();
+  if (!access_file.ok()) return Fail(access_file.status().ToString());
+  riskkv::ControlService service(**store, &metrics, *access_file);
+  const riskkv::TlsFiles tls = riskkv::TlsFilesFromFlags();
+  auto credentials = riskkv::ServerCredentialsFor(tls);
   if (!credentials.ok()) return Fail(credentials.status().ToString());
+  const std::string listen = riskkv::ListenAddressFromFlags(
+      "riskkv-control", absl::GetFlag(FLAGS_listen), tls.enabled(), *access_file != nullptr);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(256 << 20);  // a policy with its bank
   // Watching nodes ping every 20 s to notice a vanished control plane; allow it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.RegisterService(&service);
   auto server = builder.BuildAndStart();
-  if (!server || port == 0) return Fail("cannot listen on " + absl::GetFlag(FLAGS_listen));
+  if (!server || port == 0) return Fail("cannot listen on " + listen);
   riskkv::WritePortFile(absl::GetFlag(FLAGS_port_file),
                         std::to_string(port) + " " + std::to_string(metrics_port));
   spdlog::info("riskkv-control: store {} ({} policies), listening on port {}, metrics on port {}",

@@ -15,6 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -24,6 +25,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "riskkv/v1/control.grpc.pb.h"
 #include "riskkv/v1/node.grpc.pb.h"
+#include "services/access/client_token.h"
 #include "services/cli_args.h"
 #include "services/cli_help.h"
 #include "services/client/follow_generate.h"
@@ -32,6 +34,9 @@
 #include "services/tls.h"
 
 ABSL_FLAG(std::string, node, "127.0.0.1:7070", "the node to talk to");
+ABSL_FLAG(std::string, token_file, "",
+          "a file whose first line is the bearer token to present (an identity in the server's "
+          "access file); default: $RISKKV_TOKEN_FILE, else none");
 ABSL_FLAG(std::string, prompt, "", "start: prompt text");
 ABSL_FLAG(std::string, tokens, "",
           "start: token ids as a JSON list instead of a prompt; score: the continuation");
@@ -107,10 +112,21 @@ int main(int argc, char** argv) {
   auto tls = riskkv::ChannelCredentialsFor(riskkv::TlsFilesFromFlags());
   if (!tls.ok()) return Fail(tls.status().ToString());
   const std::shared_ptr<grpc::ChannelCredentials> credentials = *tls;
+  std::string token_path = absl::GetFlag(FLAGS_token_file);
+  if (const char* env = std::getenv("RISKKV_TOKEN_FILE"); token_path.empty() && env != nullptr) {
+    token_path = env;
+  }
+  std::shared_ptr<riskkv::TokenFile> token;
+  if (!token_path.empty()) {
+    auto t = riskkv::TokenFile::Open(token_path, "token-file");
+    if (!t.ok()) return Fail(std::string(t.status().message()));
+    token = *std::move(t);
+  }
   if (cmd == "health" || cmd == "control-health") {
     const std::string address =
         cmd == "health" ? absl::GetFlag(FLAGS_node) : absl::GetFlag(FLAGS_control);
-    auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, credentials));
+    auto health =
+        grpc::health::v1::Health::NewStub(riskkv::OpenChannel(address, credentials, token));
     grpc::ClientContext ctx;
     grpc::health::v1::HealthCheckResponse reply;
     const grpc::Status s = health->Check(Deadline(&ctx, 5), {}, &reply);
@@ -121,7 +137,7 @@ int main(int argc, char** argv) {
   }
   if (cmd.rfind("policy-", 0) == 0) {
     auto control = riskkv::v1::Control::NewStub(
-        grpc::CreateChannel(absl::GetFlag(FLAGS_control), credentials));
+        riskkv::OpenChannel(absl::GetFlag(FLAGS_control), credentials, token));
     if (cmd == "policy-put") {
       riskkv::v1::PutPolicyRequest req;
       auto policy = riskkv::ReadFileToString(absl::GetFlag(FLAGS_policy));
@@ -154,7 +170,7 @@ int main(int argc, char** argv) {
     }
   }
   auto stub =
-      riskkv::v1::Node::NewStub(grpc::CreateChannel(absl::GetFlag(FLAGS_node), credentials));
+      riskkv::v1::Node::NewStub(riskkv::OpenChannel(absl::GetFlag(FLAGS_node), credentials, token));
   const std::string session = absl::GetFlag(FLAGS_session);
   auto need_session = [&]() { return session.empty() ? Fail("--session is required") : 0; };
   if (cmd == "start") {
@@ -181,7 +197,7 @@ int main(int argc, char** argv) {
     const bool follow = absl::GetFlag(FLAGS_follow);
     const riskkv::FollowResult r = riskkv::GenerateFollowing(
         absl::GetFlag(FLAGS_node), session, absl::GetFlag(FLAGS_n),
-        {.credentials = credentials, .follow = follow, .deadline_seconds = 600},
+        {.credentials = credentials, .token = token, .follow = follow, .deadline_seconds = 600},
         [&](const riskkv::v1::GenerateReply& t, int) {
           ids.push_back(t.token_id());
           if (!print_ids) {

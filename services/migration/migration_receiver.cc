@@ -11,6 +11,7 @@
 #include "common/base/stopwatch.h"
 #include "common/kvcodec/kv_codec.h"
 #include "common/recovery/retention_policy.h"
+#include "services/access/access_list.h"
 #include "services/migration/wire.h"
 #include "services/session_codec.h"
 
@@ -143,6 +144,12 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   live_ = h.live();
   RETURN_IF_ERROR(CheckMigrationId(h.migration_id(), /*required=*/false));
   session_.migration_id = h.migration_id();
+  if (!h.owner().empty() && !ValidIdentity(h.owner())) {
+    return absl::InvalidArgumentError(absl::StrCat("owner '", h.owner().substr(0, 140),
+                                                   "' is not an identity (1-128 of ",
+                                                   "[A-Za-z0-9._@-])"));
+  }
+  session_.owner = h.owner();
   if (history_ + 1 > capacity) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session of ", history_ + 1, " tokens does not fit this node's ", capacity, "-row cache"));

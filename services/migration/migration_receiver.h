@@ -45,6 +45,7 @@ struct ResumedSession {
   std::optional<Sampler> sampler;  // restored from the handshake
   std::vector<float> logits;       // of the next token, after feeding the last one
   std::string migration_id;        // the handshake's (empty from a source that names none)
+  std::string owner;               // the handshake's: whose session it is
 };
 
 // What the target needs to accept migrations.

@@ -94,6 +94,7 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
   h.set_history_tokens(first);
   h.set_live(options_.live);
   h.set_migration_id(options_.migration_id);
+  h.set_owner(options_.owner);
   const std::span<const int32_t> known = s.tokens.first(static_cast<size_t>(first) + 1);
   *h.mutable_session() = EncodeDecodingState(known, *s.sampler);
   tokens_sent_.assign(known.begin(), known.end());

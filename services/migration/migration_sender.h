@@ -63,6 +63,8 @@ struct SendOptions {
   // Names the migration in its handshake, so the source can ask the target for the outcome
   // (empty: none).
   std::string migration_id = {};
+  // The identity that owns the session (empty: none); the target registers it under the same.
+  std::string owner = {};
   const RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
   // The form FULL_KV sends the rows in; RECONSTRUCT sends its policy's (PolicyWireForm) and
   // TOKEN_REPLAY none.

@@ -18,6 +18,7 @@
 #include "common/engine/engine.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/retention_policy.h"
+#include "services/access/access_flags.h"
 #include "services/cli_args.h"
 #include "services/cli_help.h"
 #include "services/node/advertise.h"
@@ -77,6 +78,10 @@ ABSL_FLAG(double, live_threshold_seconds, 0.1,
 ABSL_FLAG(int64_t, live_pause_rows, 4,
           "a live migration pauses the session once a round would carry at most this many rows");
 ABSL_FLAG(int, live_max_rounds, 8, "pre-copy rounds of a live migration at most");
+ABSL_FLAG(std::string, peer_token_file, "",
+          "a file whose first line is the bearer token this node presents to migration targets "
+          "and to --control (an identity with the node role in their access files); read again "
+          "when it changes");
 
 namespace {
 
@@ -163,8 +168,21 @@ int main(int argc, char** argv) {
   auto peer_credentials = riskkv::ChannelCredentialsFor(tls);
   if (!peer_credentials.ok()) return Fail(peer_credentials.status().ToString());
 
+  auto access_file = riskkv::AccessFileFromFlags();
+  if (!access_file.ok()) return Fail(access_file.status().ToString());
+  std::shared_ptr<riskkv::TokenFile> peer_token;
+  if (!absl::GetFlag(FLAGS_peer_token_file).empty()) {
+    auto t = riskkv::TokenFile::Open(absl::GetFlag(FLAGS_peer_token_file), "peer-token-file");
+    if (!t.ok()) return Fail(t.status().ToString());
+    peer_token = *std::move(t);
+  }
+  const std::string listen = riskkv::ListenAddressFromFlags(
+      "riskkv-node", absl::GetFlag(FLAGS_listen), tls.enabled(), *access_file != nullptr);
+
   riskkv::NodeOptions options;
   options.peer_credentials = *peer_credentials;
+  options.peer_token = peer_token;
+  options.access_file = *access_file;
   options.model_fingerprint = *fingerprint;
   options.kv_dtype = *kv;
   options.activations = absl::GetFlag(FLAGS_activations);
@@ -216,6 +234,7 @@ int main(int argc, char** argv) {
     fo.model_fingerprint = *fingerprint;
     fo.n_layers = n_layers;
     fo.credentials = *peer_credentials;
+    fo.token = peer_token;
     auto f = riskkv::PolicyFollower::Create(
         fo,
         [&service_ptr](std::shared_ptr<const riskkv::Retention> r) {
@@ -240,15 +259,13 @@ int main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *server_credentials, &port);
+  builder.AddListeningPort(listen, *server_credentials, &port);
   builder.SetMaxReceiveMessageSize(8 << 20);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return Fail("cannot listen on " + absl::GetFlag(FLAGS_listen));
+  if (!server || port == 0) return Fail("cannot listen on " + listen);
   std::string advertise = absl::GetFlag(FLAGS_advertise);
-  if (advertise.empty()) {
-    advertise = riskkv::DefaultAdvertise(absl::GetFlag(FLAGS_listen), port, riskkv::HostName());
-  }
+  if (advertise.empty()) advertise = riskkv::DefaultAdvertise(listen, port, riskkv::HostName());
   metrics.SetInfo(advertise, std::string((*engine)->backend()));
   const auto retention = service.retention();
   spdlog::info(

@@ -46,8 +46,9 @@ absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendO
   auto cancelled = [&] { return link.cancelled && link.cancelled(); };
   absl::StatusOr<v1::MigrationFrame> handshake = sender.Handshake();
   if (!handshake.ok()) return handshake.status();
-  auto channel = grpc::CreateChannel(
-      link.target, link.credentials ? link.credentials : grpc::InsecureChannelCredentials());
+  auto channel = OpenChannel(
+      link.target, link.credentials ? link.credentials : grpc::InsecureChannelCredentials(),
+      link.token);
   auto stub = v1::Node::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(link.deadline);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "services/access/client_token.h"
 #include "services/migration/migration_sender.h"
 
 namespace riskkv {
@@ -18,6 +19,7 @@ namespace riskkv {
 struct SourceLink {
   std::string target;                                     // the target node's address
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
+  std::shared_ptr<TokenFile> token;  // this node's bearer token for the target (may be null)
   std::chrono::system_clock::time_point deadline;
   std::function<bool()> cancelled;  // the caller gave up (may be null)
 };

@@ -51,6 +51,7 @@ grpc::Status ReceiveMigration(
     s->kv = std::move(resumed.kv);
     s->tokens = std::move(resumed.tokens);
     s->sampler = std::move(resumed.sampler);
+    s->owner = std::move(resumed.owner);
     // The first decode step already ran: its logits give the next token.
     s->pending_logits = std::move(resumed.logits);
     s->charge = std::move(charge);

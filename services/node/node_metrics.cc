@@ -67,6 +67,11 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
                    .Name("riskkv_sessions_expired_total")
                    .Help("Sessions closed because they were idle past the node's TTL")
                    .Register(r)),
+      denied_(prometheus::BuildCounter()
+                  .Name("riskkv_requests_denied_total")
+                  .Help("Calls refused by the access check, by reason (unauthenticated, "
+                        "permission_denied)")
+                  .Register(r)),
       policy_version_(prometheus::BuildGauge()
                           .Name("riskkv_policy_version")
                           .Help("Version of the retention policy in use (0: none)")
@@ -105,6 +110,10 @@ void NodeMetrics::Migration(const std::string& role, const std::string& mode,
 }
 
 void NodeMetrics::SessionExpired() { expired_.Add({{"model", model_}}).Increment(); }
+
+void NodeMetrics::Denied(const std::string& reason) {
+  denied_.Add({{"model", model_}, {"reason", reason}}).Increment();
+}
 
 void NodeMetrics::Failure(const std::string& role, const std::string& reason) {
   failures_.Add({{"model", model_}, {"role", role}, {"reason", reason}}).Increment();

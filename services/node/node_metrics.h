@@ -32,6 +32,8 @@ class NodeMetrics {
   void SetKvBytes(const std::string& state, double bytes);  // state: "sessions" or "receiving"
   void SetKvBudget(double bytes);
   void SessionExpired();
+  // A call refused by the access check: reason "unauthenticated" or "permission_denied".
+  void Denied(const std::string& reason);
   void SetPolicyVersion(double version);
   // Following the control plane: whether the Watch stream is up, and each pushed version
   // ("applied" or "rejected").
@@ -58,6 +60,7 @@ class NodeMetrics {
   prometheus::Gauge* kv_receiving_ = nullptr;
   prometheus::Family<prometheus::Gauge>& kv_budget_;
   prometheus::Family<prometheus::Counter>& expired_;
+  prometheus::Family<prometheus::Counter>& denied_;
   prometheus::Family<prometheus::Gauge>& policy_version_;
   prometheus::Family<prometheus::Gauge>& control_connected_;
   prometheus::Family<prometheus::Counter>& policy_updates_;

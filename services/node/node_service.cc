@@ -41,6 +41,7 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
     : engine_(engine),
       options_(std::move(options)),
       metrics_(metrics),
+      access_(options_.access_file),
       budget_(
           options_.kv_budget_bytes,
           engine.config().n_layers * 2 * RowBytes(options_.kv_dtype, engine.config().kv_width()),
@@ -119,14 +120,34 @@ void NodeService::Fill(const std::string& id, const NodeSession& s, bool with_to
   }
 }
 
-grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSessionRequest* req,
+absl::StatusOr<Principal> NodeService::Authorize(grpc::ServerContext* ctx, Action action,
+                                                 OwnerFilter* owner) const {
+  absl::StatusOr<Principal> who = access_.Check(*ctx, action);
+  if (!who.ok()) {
+    if (metrics_) {
+      metrics_->Denied(who.status().code() == absl::StatusCode::kUnauthenticated
+                           ? "unauthenticated"
+                           : "permission_denied");
+    }
+    return who;
+  }
+  if (owner != nullptr) {
+    *owner = who->any_session() ? OwnerFilter() : OwnerFilter(who->identity);
+  }
+  return who;
+}
+
+grpc::Status NodeService::StartSession(grpc::ServerContext* ctx, const v1::StartSessionRequest* req,
                                        v1::SessionInfo* info) {
+  const absl::StatusOr<Principal> who = Authorize(ctx, Action::kUseSessions);
+  if (!who.ok()) return ToGrpc(who.status());
   if (req->prompt().empty() == (req->token_ids_size() == 0)) {
     return Bad("StartSession needs exactly one of prompt and token_ids");
   }
   auto sampler = DecodeSampling(req->sampling());
   if (!sampler.ok()) return ToGrpc(sampler.status());
   auto s = std::make_unique<NodeSession>();
+  s->owner = who->identity;
   s->sampler = *std::move(sampler);
   if (!req->prompt().empty()) {
     auto ids = engine_.tokenizer().Encode(req->prompt(), /*add_special=*/true, false);
@@ -165,6 +186,10 @@ grpc::Status NodeService::StartSession(grpc::ServerContext*, const v1::StartSess
 
 grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                    grpc::ServerWriter<v1::GenerateReply>* writer) {
+  OwnerFilter mine;
+  if (auto who = Authorize(ctx, Action::kUseSessions, &mine); !who.ok()) {
+    return ToGrpc(who.status());
+  }
   if (req->max_tokens() < 1) return Bad("max_tokens must be >= 1");
   // The stream's last message when the session moved: where to go on.
   auto moved = [&](const SessionMoved& to, int done) {
@@ -175,9 +200,9 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
     writer->Write(r);
     return grpc::Status::OK;
   };
-  auto lease = sessions_.Acquire(req->session_id());
+  auto lease = sessions_.Acquire(req->session_id(), mine);
   if (!lease.ok()) {
-    if (auto to = sessions_.MovedTo(req->session_id())) return moved(*to, 0);
+    if (auto to = sessions_.MovedTo(req->session_id(), mine)) return moved(*to, 0);
     return ToGrpc(lease.status());
   }
   NodeSession& s = lease->session();
@@ -214,43 +239,61 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
   return grpc::Status::OK;
 }
 
-grpc::Status NodeService::GetSession(grpc::ServerContext*, const v1::GetSessionRequest* req,
+grpc::Status NodeService::GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* req,
                                      v1::SessionInfo* info) {
-  return ToGrpc(sessions_.Inspect(req->session_id(), [&](const NodeSession& s) {
-    Fill(req->session_id(), s, req->with_tokens(), info);
-  }));
+  OwnerFilter mine;
+  if (auto who = Authorize(ctx, Action::kUseSessions, &mine); !who.ok()) {
+    return ToGrpc(who.status());
+  }
+  return ToGrpc(sessions_.Inspect(
+      req->session_id(),
+      [&](const NodeSession& s) { Fill(req->session_id(), s, req->with_tokens(), info); }, mine));
 }
 
-grpc::Status NodeService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+grpc::Status NodeService::ListSessions(grpc::ServerContext* ctx, const v1::ListSessionsRequest*,
                                        v1::ListSessionsReply* reply) {
-  sessions_.ForEach([&](const std::string& id, const NodeSession* s, bool migrating) {
-    auto* info = reply->add_sessions();
-    info->set_migrating(migrating);
-    if (s != nullptr) {
-      Fill(id, *s, /*with_tokens=*/false, info);
-      return;
-    }
-    // A busy session's state belongs to the call using it; only its flag is shown.
-    info->set_session_id(id);
-    info->set_model_fingerprint(options_.model_fingerprint);
-    info->set_busy(true);
-  });
+  OwnerFilter mine;
+  if (auto who = Authorize(ctx, Action::kUseSessions, &mine); !who.ok()) {
+    return ToGrpc(who.status());
+  }
+  sessions_.ForEach(
+      [&](const std::string& id, const NodeSession* s, bool migrating) {
+        auto* info = reply->add_sessions();
+        info->set_migrating(migrating);
+        if (s != nullptr) {
+          Fill(id, *s, /*with_tokens=*/false, info);
+          return;
+        }
+        // A busy session's state belongs to the call using it; only its flag is shown.
+        info->set_session_id(id);
+        info->set_model_fingerprint(options_.model_fingerprint);
+        info->set_busy(true);
+      },
+      mine);
   return grpc::Status::OK;
 }
 
-grpc::Status NodeService::CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest* req,
+grpc::Status NodeService::CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* req,
                                        v1::CloseSessionReply*) {
-  auto lease = sessions_.Acquire(req->session_id());
+  OwnerFilter mine;
+  if (auto who = Authorize(ctx, Action::kUseSessions, &mine); !who.ok()) {
+    return ToGrpc(who.status());
+  }
+  auto lease = sessions_.Acquire(req->session_id(), mine);
   if (!lease.ok()) return ToGrpc(lease.status());
   return ToGrpc(lease->Remove());
 }
 
-grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* req,
+grpc::Status NodeService::Score(grpc::ServerContext* ctx, const v1::ScoreRequest* req,
                                 v1::ScoreReply* reply) {
+  OwnerFilter mine;
+  if (auto who = Authorize(ctx, Action::kUseSessions, &mine); !who.ok()) {
+    return ToGrpc(who.status());
+  }
   if (req->token_ids_size() == 0) return Bad("Score needs token_ids");
   const std::vector<int32_t> ids(req->token_ids().begin(), req->token_ids().end());
   if (auto ok = engine_.CheckTokenIds(ids); !ok.ok()) return ToGrpc(ok);
-  auto lease = sessions_.Acquire(req->session_id());
+  auto lease = sessions_.Acquire(req->session_id(), mine);
   if (!lease.ok()) return ToGrpc(lease.status());
   const NodeSession& s = lease->session();
   if (static_cast<int64_t>(s.tokens.size() + ids.size()) > s.kv->capacity()) {
@@ -281,6 +324,10 @@ grpc::Status NodeService::Score(grpc::ServerContext*, const v1::ScoreRequest* re
 grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::MigrateRequest* req,
                                   v1::MigrateReply* reply) {
   const Stopwatch total;
+  OwnerFilter mine;
+  if (auto who = Authorize(caller, Action::kUseSessions, &mine); !who.ok()) {
+    return ToGrpc(who.status());
+  }
   if (req->target_address().empty()) return Bad("target_address is empty");
   if (!(req->timeout_seconds() >= 0 && req->timeout_seconds() <= 86400)) {
     return Bad("timeout_seconds must be in [0, 86400]");
@@ -294,7 +341,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
     if (!m.ok()) return ToGrpc(m.status());
     mode = *m;
   }
-  auto out = sessions_.BeginMigration(req->session_id());
+  auto out = sessions_.BeginMigration(req->session_id(), mine);
   if (!out.ok()) return ToGrpc(out.status());
   const int64_t history = out->history_tokens();
   // The modes to try in order. AUTO ranks them by estimate; a refused handshake (the target
@@ -392,6 +439,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
                          {.mode = mode,
                           .model_fingerprint = options_.model_fingerprint,
                           .migration_id = RandomId(),
+                          .owner = out.session().owner,
                           .policy = retention ? &retention->policy : nullptr,
                           .wire_form = full_kv_form,
                           .max_chunk_bytes = options_.max_chunk_bytes,
@@ -420,6 +468,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
       RunMigration(sender,
                    {.target = req.target_address(),
                     .credentials = options_.peer_credentials,
+                    .token = options_.peer_token,
                     .deadline = deadline,
                     .cancelled = [caller] { return caller->IsCancelled(); }},
                    &outcome, live ? between : nullptr);
@@ -466,6 +515,10 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
 grpc::Status NodeService::Receive(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream) {
+  if (auto who = Authorize(ctx, Action::kReceiveSessions); !who.ok()) {
+    if (metrics_) metrics_->Failure("target", "unauthorized");
+    return ToGrpc(who.status());
+  }
   if (receiving_.fetch_add(1) >= options_.max_concurrent_receives) {
     receiving_.fetch_sub(1);
     if (metrics_) metrics_->Failure("target", "busy");
@@ -510,9 +563,12 @@ grpc::Status NodeService::Receive(
   return st;
 }
 
-grpc::Status NodeService::MigrationOutcome(grpc::ServerContext*,
+grpc::Status NodeService::MigrationOutcome(grpc::ServerContext* ctx,
                                            const v1::MigrationOutcomeRequest* req,
                                            v1::MigrationOutcomeReply* reply) {
+  if (auto who = Authorize(ctx, Action::kReceiveSessions); !who.ok()) {
+    return ToGrpc(who.status());
+  }
   const std::string& id = req->migration_id();
   if (auto st = CheckMigrationId(id, /*required=*/true); !st.ok()) return ToGrpc(st);
   if (std::optional<std::string> session = outcomes_.Ask(id)) {

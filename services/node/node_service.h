@@ -16,6 +16,9 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/engine.h"
 #include "riskkv/v1/node.grpc.pb.h"
+#include "services/access/access_file.h"
+#include "services/access/authorizer.h"
+#include "services/access/client_token.h"
 #include "services/node/migration_outcomes.h"
 #include "services/node/mode_planner.h"
 #include "services/node/node_metrics.h"
@@ -47,6 +50,10 @@ struct NodeOptions {
   double receive_handshake_seconds = 10;
   // How this node reaches migration targets (null: plaintext).
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
+  // The bearer token this node presents to migration targets (null: none).
+  std::shared_ptr<TokenFile> peer_token;
+  // Who may call this node, and as what (null: everyone, as an anonymous operator).
+  std::shared_ptr<AccessFile> access_file;
   int max_sessions = 64;
   // KV bytes that sessions and receives may hold together (0: no limit but capacity and
   // max_sessions); a call that would pass it is refused (RESOURCE_EXHAUSTED).
@@ -100,6 +107,9 @@ class NodeService final : public v1::Node::Service {
  private:
   void Fill(const std::string& id, const NodeSession& s, bool with_tokens,
             v1::SessionInfo* info) const;
+  // Who calls and whether it may do `action`; *owner is then the sessions it may touch.
+  absl::StatusOr<Principal> Authorize(grpc::ServerContext* ctx, Action action,
+                                      OwnerFilter* owner = nullptr) const;
   // One attempt in `mode` over `out`'s session, FULL_KV in `full_kv_form`, live or
   // stop-and-copy. *refused when the target turned the handshake down (nothing moved).
   absl::Status MigrateOnce(grpc::ServerContext* caller, SessionTable::Outbound& out,
@@ -110,6 +120,7 @@ class NodeService final : public v1::Node::Service {
   Engine& engine_;
   NodeOptions options_;  // its retention is moved out at construction
   NodeMetrics* const metrics_;
+  const Authorizer access_;
   KvBudget budget_;  // before sessions_: their charges return to it as they go
   SessionTable sessions_;
   std::unique_ptr<SessionReaper> reaper_;  // null without a TTL; stops before sessions_ goes

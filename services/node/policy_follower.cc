@@ -140,9 +140,10 @@ void PolicyFollower::Run() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // a Watch sends no data for hours
-  auto channel = grpc::CreateCustomChannel(
-      options_.control_address,
-      options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(), args);
+  auto channel =
+      OpenChannel(options_.control_address,
+                  options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(),
+                  options_.token, args);
   auto stub = v1::Control::NewStub(channel);
   std::mt19937_64 rng(std::random_device{}());
   double backoff = options_.min_backoff_seconds;

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "riskkv/v1/control.grpc.pb.h"
+#include "services/access/client_token.h"
 #include "services/control/control_service.h"
 #include "services/node/node_metrics.h"
 #include "services/node/retention.h"
@@ -37,6 +38,7 @@ struct PolicyFollowerOptions {
   int64_t max_bank_bytes = int64_t{4} << 30;
   double bank_timeout_seconds = 900;                      // one bank download, whole
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
+  std::shared_ptr<TokenFile> token;                       // this node's bearer token (may be null)
 };
 
 class PolicyFollower {

@@ -25,6 +25,7 @@ absl::Status SessionTable::CheckRoom() const {
 
 absl::StatusOr<std::string> SessionTable::Add(std::unique_ptr<NodeSession> session) {
   auto entry = std::make_shared<Entry>();
+  entry->owner = session->owner;
   entry->session = std::move(session);
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(sessions_.size()) >= max_sessions_) return Full();
@@ -70,20 +71,21 @@ absl::Status SessionTable::Gone(const std::string& id) {
 }
 
 absl::StatusOr<std::shared_ptr<SessionTable::Entry>> SessionTable::Find(
-    const std::string& id) const {
+    const std::string& id, const OwnerFilter& owner) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it != sessions_.end()) return it->second;
-  if (auto m = moved_.find(id); m != moved_.end()) {
+  if (it != sessions_.end() && (!owner || it->second->owner == *owner)) return it->second;
+  if (auto m = moved_.find(id); m != moved_.end() && (!owner || m->second.owner == *owner)) {
     return absl::NotFoundError(absl::StrCat("session '", id, "' moved to ",
-                                            m->second.target_address, " as '", m->second.session_id,
-                                            "'"));
+                                            m->second.to.target_address, " as '",
+                                            m->second.to.session_id, "'"));
   }
   return absl::NotFoundError("no session '" + id + "' on this node");
 }
 
-absl::StatusOr<SessionTable::Lease> SessionTable::Acquire(const std::string& id) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id));
+absl::StatusOr<SessionTable::Lease> SessionTable::Acquire(const std::string& id,
+                                                          const OwnerFilter& owner) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id, owner));
   absl::MutexLock lock(&entry->mu);
   // A migration pausing the session decides within its deadline whether it stays here.
   entry->mu.Await(absl::Condition(&Entry::Unpaused, entry.get()));
@@ -100,8 +102,9 @@ absl::StatusOr<SessionTable::Lease> SessionTable::Acquire(const std::string& id)
   return Lease(this, id, std::move(entry));
 }
 
-absl::StatusOr<SessionTable::Outbound> SessionTable::BeginMigration(const std::string& id) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id));
+absl::StatusOr<SessionTable::Outbound> SessionTable::BeginMigration(const std::string& id,
+                                                                    const OwnerFilter& owner) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id, owner));
   absl::MutexLock lock(&entry->mu);
   if (entry->expired) return Gone(id);
   if (entry->migrating) {
@@ -111,16 +114,19 @@ absl::StatusOr<SessionTable::Outbound> SessionTable::BeginMigration(const std::s
   return Outbound(this, id, std::move(entry));
 }
 
-std::optional<SessionMoved> SessionTable::MovedTo(const std::string& id) const {
+std::optional<SessionMoved> SessionTable::MovedTo(const std::string& id,
+                                                  const OwnerFilter& owner) const {
   absl::MutexLock lock(&mu_);
   auto it = moved_.find(id);
-  if (it == moved_.end()) return std::nullopt;
-  return it->second;
+  if (it == moved_.end() || (owner && it->second.owner != *owner)) return std::nullopt;
+  return it->second.to;
 }
 
-void SessionTable::Remember(const std::string& id, SessionMoved to) {
+void SessionTable::Remember(const std::string& id, SessionMoved to, std::string owner) {
   absl::MutexLock lock(&mu_);
-  if (moved_.insert_or_assign(id, std::move(to)).second) moved_order_.push_back(id);
+  if (moved_.insert_or_assign(id, MovedRecord{std::move(to), std::move(owner)}).second) {
+    moved_order_.push_back(id);
+  }
   while (moved_order_.size() > kMovedKept) {
     moved_.erase(moved_order_.front());
     moved_order_.pop_front();
@@ -128,8 +134,9 @@ void SessionTable::Remember(const std::string& id, SessionMoved to) {
 }
 
 absl::Status SessionTable::Inspect(const std::string& id,
-                                   const std::function<void(const NodeSession&)>& fn) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id));
+                                   const std::function<void(const NodeSession&)>& fn,
+                                   const OwnerFilter& owner) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(id, owner));
   absl::MutexLock lock(&entry->mu);
   if (entry->expired) return Gone(id);
   if (entry->busy) return absl::FailedPreconditionError("session '" + id + "' is busy");
@@ -140,9 +147,11 @@ absl::Status SessionTable::Inspect(const std::string& id,
 
 void SessionTable::ForEach(
     const std::function<void(const std::string& id, const NodeSession* session, bool migrating)>&
-        fn) {
+        fn,
+    const OwnerFilter& owner) {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, entry] : sessions_) {
+    if (owner && entry->owner != *owner) continue;
     absl::MutexLock entry_lock(&entry->mu);
     fn(id, entry->busy ? nullptr : entry->session.get(), entry->migrating);
   }
@@ -307,7 +316,7 @@ void SessionTable::Outbound::Restore() {
 }
 
 void SessionTable::Outbound::Moved(SessionMoved to) {
-  table_->Remember(id_, to);
+  table_->Remember(id_, to, entry_->owner);
   absl::MutexLock lock(&entry_->mu);
   entry_->moved = std::move(to);
 }

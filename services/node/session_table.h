@@ -33,7 +33,14 @@ struct NodeSession {
   std::optional<Sampler> sampler;
   int64_t generated = 0;
   KvBudget::Charge charge;  // the rows of kv, against the node's KV budget
+  // The identity that started it (access_list.h; "" on a node without an access file). Fixed
+  // for the session's life, and carried along when it migrates.
+  std::string owner;
 };
+
+// Whose sessions a call may see and touch: one owner's, or (nullopt) every session. Another
+// owner's session is NotFound, as one that does not exist.
+using OwnerFilter = std::optional<std::string>;
 
 // Where a migration took a session.
 struct SessionMoved {
@@ -148,24 +155,31 @@ class SessionTable {
   // The session for exclusive use: NotFound (naming where it went if it migrated), or
   // FailedPrecondition while another call uses it. A call that arrives while a migration
   // pauses the session waits for the migration's outcome.
-  absl::StatusOr<Lease> Acquire(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Lease> Acquire(const std::string& id, const OwnerFilter& owner = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A migration's hold on the session: NotFound, or FailedPrecondition while another
   // migration holds it.
-  absl::StatusOr<Outbound> BeginMigration(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Outbound> BeginMigration(const std::string& id,
+                                          const OwnerFilter& owner = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Where a session that migrated from here went (the last kMovedKept of them).
-  std::optional<SessionMoved> MovedTo(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<SessionMoved> MovedTo(const std::string& id,
+                                      const OwnerFilter& owner = std::nullopt) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr size_t kMovedKept = 1024;
   // Calls `fn` with the session while no call uses it: NotFound or FailedPrecondition (busy).
-  absl::Status Inspect(const std::string& id, const std::function<void(const NodeSession&)>& fn)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Inspect(const std::string& id, const std::function<void(const NodeSession&)>& fn,
+                       const OwnerFilter& owner = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
   // Calls `fn` for every session in id order; `session` is null while a call uses it (its
   // state belongs to that call); `migrating` while a migration holds it.
   void ForEach(const std::function<void(const std::string& id, const NodeSession* session,
-                                        bool migrating)>& fn) ABSL_LOCKS_EXCLUDED(mu_);
+                                        bool migrating)>& fn,
+               const OwnerFilter& owner = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
+    std::string owner;  // the session's, fixed when it is added
     absl::Mutex mu;
     bool busy ABSL_GUARDED_BY(mu) = false;
     bool migrating ABSL_GUARDED_BY(mu) = false;              // an Outbound holds it
@@ -182,18 +196,23 @@ class SessionTable {
   };
   absl::Status Full() const;
   static absl::Status Gone(const std::string& id);
-  // The one lookup: NotFound naming the id.
-  absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The one lookup: NotFound naming the id (and where it went, to its owner).
+  absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& id, const OwnerFilter& owner) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Put(const std::string& id, std::shared_ptr<Entry> entry) ABSL_LOCKS_EXCLUDED(mu_);
   void Take(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
-  void Remember(const std::string& id, SessionMoved to) ABSL_LOCKS_EXCLUDED(mu_);
+  void Remember(const std::string& id, SessionMoved to, std::string owner) ABSL_LOCKS_EXCLUDED(mu_);
   void Count() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int max_sessions_;
   const std::function<void(size_t)> on_count_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, SessionMoved> moved_ ABSL_GUARDED_BY(mu_);
+  struct MovedRecord {
+    SessionMoved to;
+    std::string owner;
+  };
+  std::map<std::string, MovedRecord> moved_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> moved_order_ ABSL_GUARDED_BY(mu_);
 };
 

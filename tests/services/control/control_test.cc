@@ -1,6 +1,8 @@
 // The control plane: the policy store on disk (versions, banks by hash, restarts, bad puts) and
 // its gRPC service (Get/List/Put, bank download, Watch pushing a new version).
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <filesystem>
 #include <fstream>
@@ -8,6 +10,7 @@
 
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/policy_codec.h"
+#include "services/access/client_token.h"
 #include "services/control/control_service.h"
 #include "services/control/policy_store.h"
 #include "tests/services/tiny_policy.h"
@@ -225,6 +228,91 @@ TEST_F(Control, ServiceServesBanksAndPushesNewVersionsToWatchers) {
   ASSERT_TRUE(stub->ListPolicies(&lctx, {}, &list).ok());
   ASSERT_EQ(list.policies_size(), 1);
   EXPECT_EQ(list.policies(0).latest_version(), 2u);
+  server->Shutdown();
+}
+
+// With an access file: only an operator puts policies (the attack of an anonymous
+// `PutPolicy --assign-version` reaching the whole fleet), only nodes and operators follow them,
+// every known identity may read them, and nobody without credentials does anything.
+TEST_F(Control, OnlyAnOperatorPutsPoliciesAndOnlyNodesFollowThem) {
+  fs::create_directories(dir_);
+  std::ofstream((dir_ / "access").string()) << "client alice token alice-secret-0123456789\n"
+                                               "node edge token edge-secret-0123456789\n"
+                                               "operator ops token ops-secret-0123456789\n";
+  auto access = AccessFile::Open((dir_ / "access").string());
+  ASSERT_TRUE(access.ok()) << access.status();
+  auto store = *PolicyStore::Open((dir_ / "store").string());
+  prometheus::Registry registry;
+  ControlMetrics metrics(registry);
+  ControlService service(*store, &metrics, std::shared_ptr<AccessFile>(*std::move(access)));
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.SetMaxReceiveMessageSize(64 << 20);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto as = [&](const std::string& who) {
+    std::shared_ptr<TokenFile> token;
+    if (!who.empty()) {
+      std::ofstream((dir_ / who).string()) << who << "-secret-0123456789\n";
+      token = *TokenFile::Open((dir_ / who).string(), "token-file");
+    }
+    return v1::Control::NewStub(OpenChannel(address, grpc::InsecureChannelCredentials(), token));
+  };
+  v1::PutPolicyRequest put;
+  *put.mutable_policy() = PolicyToProto(tiny_->policy);
+  put.set_bank(*bank_bytes_);
+  auto try_put = [&](v1::Control::Stub& stub) {
+    grpc::ClientContext ctx;
+    v1::PolicyRecord rec;
+    return stub.PutPolicy(&ctx, put, &rec).error_code();
+  };
+  auto try_watch = [&](v1::Control::Stub& stub) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::WatchRequest w;
+    w.set_policy_id("tiny");
+    auto watch = stub.Watch(&ctx, w);
+    v1::PolicyRecord rec;
+    if (watch->Read(&rec)) {
+      ctx.TryCancel();
+      return grpc::StatusCode::OK;
+    }
+    return watch->Finish().error_code();
+  };
+  auto try_list = [&](v1::Control::Stub& stub) {
+    grpc::ClientContext ctx;
+    v1::ListPoliciesReply reply;
+    return stub.ListPolicies(&ctx, {}, &reply).error_code();
+  };
+  auto anonymous = as(""), alice = as("alice"), edge = as("edge"), ops = as("ops");
+  EXPECT_EQ(try_put(*anonymous), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(try_put(*alice), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(try_put(*edge), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(store->List().empty()) << "a refused put stored nothing";
+  EXPECT_EQ(try_put(*ops), grpc::StatusCode::OK);
+  EXPECT_EQ(store->List().size(), 1u);
+  EXPECT_EQ(try_watch(*anonymous), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(try_watch(*alice), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(try_watch(*edge), grpc::StatusCode::OK);
+  EXPECT_EQ(try_list(*anonymous), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(try_list(*alice), grpc::StatusCode::OK);
+  {
+    grpc::ClientContext ctx;
+    v1::GetBankRequest req;
+    req.set_sha256(tiny_->policy.predictor_bank_sha256);
+    auto reader = alice->GetBank(&ctx, req);
+    v1::BankChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk)) << "a client downloads no bank";
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  const std::string text = prometheus::TextSerializer().Serialize(registry.Collect());
+  EXPECT_NE(text.find("riskkv_control_requests_denied_total{reason=\"permission_denied\"} 4"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("riskkv_control_requests_denied_total{reason=\"unauthenticated\"} 3"),
+            std::string::npos);
   server->Shutdown();
 }
 

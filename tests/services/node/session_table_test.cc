@@ -39,6 +39,46 @@ TEST(SessionTable, GivesDistinctIdsUpToItsLimitAndCountsThem) {
   EXPECT_EQ(counts, (std::vector<size_t>{1, 2, 1}));
 }
 
+// An owner filter shows a caller its own sessions only: another owner's is NotFound in every
+// lookup, with the message of an id that never existed, and missing from listings; no filter
+// (an operator) sees all.
+TEST(SessionTable, AnOwnerFilterHidesOtherOwnersSessions) {
+  SessionTable table(4);
+  auto mine = WithTokens({1});
+  mine->owner = "alice";
+  const std::string id = *table.Add(std::move(mine));
+  const OwnerFilter alice("alice"), bob("bob");
+  EXPECT_TRUE(table.Acquire(id, alice).ok());
+  for (const absl::Status& s :
+       {table.Acquire(id, bob).status(), table.BeginMigration(id, bob).status(),
+        table.Inspect(
+            id, [](const NodeSession&) {}, bob)}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(s.message(), "no session '" + id + "' on this node");
+  }
+  auto listed = [&](const OwnerFilter& who) {
+    std::vector<std::string> ids;
+    table.ForEach([&](const std::string& i, const NodeSession*, bool) { ids.push_back(i); }, who);
+    return ids;
+  };
+  EXPECT_EQ(listed(alice), std::vector<std::string>{id});
+  EXPECT_TRUE(listed(bob).empty());
+  EXPECT_EQ(listed(std::nullopt), std::vector<std::string>{id});
+  // Where it went after a migration is its owner's to learn.
+  {
+    auto out = table.BeginMigration(id, alice);
+    ASSERT_TRUE(out.ok());
+    out->Withdraw();
+    out->Moved({.target_address = "10.0.0.2:7070", .session_id = "abc"});
+  }
+  ASSERT_TRUE(table.MovedTo(id, alice).has_value());
+  EXPECT_EQ(table.MovedTo(id, alice)->session_id, "abc");
+  EXPECT_FALSE(table.MovedTo(id, bob).has_value());
+  EXPECT_NE(table.Acquire(id, alice).status().message().find("moved to 10.0.0.2:7070"),
+            std::string_view::npos);
+  EXPECT_EQ(table.Acquire(id, bob).status().message(), "no session '" + id + "' on this node");
+}
+
 TEST(SessionTable, OneCallAtATimeUsesASession) {
   SessionTable table(4);
   const std::string id = *table.Add(WithTokens({5, 6}));
