@@ -118,15 +118,19 @@ int64_t MigrationSender::RoundEnd(int64_t history) const {
   return form_ == WireForm::kPlain ? history : history / kTokenGroup * kTokenGroup;
 }
 
+int64_t MigrationSender::PauseRows() const {
+  return options_.mode == MigrationMode::kTokenReplay ? std::min<int64_t>(options_.pause_rows, 1)
+                                                      : options_.pause_rows;
+}
+
 bool MigrationSender::ShouldPause(int64_t history_tokens) const {
   const int64_t more = RoundEnd(history_tokens) - round_end_;
-  return rounds_ >= options_.max_rounds || more <= 0 ||
-         history_tokens - round_end_ <= options_.pause_rows;
+  return rounds_ >= options_.max_rounds || more <= 0 || history_tokens - round_end_ <= PauseRows();
 }
 
 int64_t MigrationSender::AwaitGroupEnd(int64_t history_tokens) {
   if (state_ != State::kRoundDone || form_ == WireForm::kPlain || awaited_group_ ||
-      rounds_ >= options_.max_rounds || history_tokens - round_end_ <= options_.pause_rows) {
+      rounds_ >= options_.max_rounds || history_tokens - round_end_ <= PauseRows()) {
     return 0;
   }
   awaited_group_ = true;

@@ -75,8 +75,8 @@ struct SendOptions {
   // limit waits there); may be null.
   std::function<void(int64_t bytes)> pace;
   // Pre-copy in rounds (see above). The pause comes when a round would carry at most
-  // `pause_rows` rows (or none: a quantized round ends on a whole token group), or after
-  // `max_rounds` rounds however fast the session grows.
+  // `pause_rows` rows (TOKEN_REPLAY: at most one token; or none: a quantized round ends on a
+  // whole token group), or after `max_rounds` rounds however fast the session grows.
   bool live = false;
   int64_t pause_rows = 4;
   int max_rounds = 8;
@@ -169,6 +169,10 @@ class MigrationSender {
   // Starts streaming rows [round_end_, end) of every layer; the tokens past those already sent,
   // up to end + 1 of them, go with the round's frame (or the trailer).
   absl::Status StartRound(std::span<const int32_t> tokens, int64_t end);
+  // The rows a pause may leave to the downtime: pause_rows, but at most one in TOKEN_REPLAY,
+  // whose target prefills each remaining token while the session waits (a decode step's work
+  // where FULL_KV only sends a row).
+  int64_t PauseRows() const;
   // The rows a pre-copy round may end on for a session of `history` rows.
   int64_t RoundEnd(int64_t history) const;
 

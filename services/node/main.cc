@@ -59,6 +59,11 @@ ABSL_FLAG(std::string, kv_dtype, "f16", "KV cache storage and wire dtype: f16 or
 ABSL_FLAG(int64_t, capacity, 0, "KV rows per session (0: the model's context)");
 ABSL_FLAG(double, link_mbps, 0, "sender-side rate limit emulating a link, Mbit/s (0: none)");
 ABSL_FLAG(int, max_sessions, 64, "sessions this node serves at most");
+ABSL_FLAG(int, max_sessions_per_identity, 16,
+          "sessions one identity (a session's owner in --access-file) holds on this node at most "
+          "(0: no limit but --max-sessions)");
+ABSL_FLAG(int, max_migrations_per_identity, 2,
+          "migrations of one identity's sessions in flight from this node at most (0: no limit)");
 ABSL_FLAG(std::string, kv_budget, "0",
           "KV bytes that sessions and migrations being received may hold together, e.g. 2GiB "
           "(0: no limit but --capacity and --max-sessions); a call that would pass it is "
@@ -116,6 +121,12 @@ int main(int argc, char** argv) {
   if (!kv.ok()) return Fail(kv.status().ToString());
   if (absl::GetFlag(FLAGS_link_mbps) < 0) return Fail("--link-mbps must be >= 0");
   if (absl::GetFlag(FLAGS_max_sessions) < 1) return Fail("--max-sessions must be >= 1");
+  if (absl::GetFlag(FLAGS_max_sessions_per_identity) < 0) {
+    return Fail("--max-sessions-per-identity must be >= 0");
+  }
+  if (absl::GetFlag(FLAGS_max_migrations_per_identity) < 0) {
+    return Fail("--max-migrations-per-identity must be >= 0");
+  }
   const auto kv_budget = riskkv::ParseByteSize("kv-budget", absl::GetFlag(FLAGS_kv_budget));
   if (!kv_budget.ok()) return Fail(std::string(kv_budget.status().message()));
   if (!(absl::GetFlag(FLAGS_live_threshold_seconds) >= 0)) {
@@ -189,6 +200,8 @@ int main(int argc, char** argv) {
   options.capacity = absl::GetFlag(FLAGS_capacity);
   options.link_mbps = absl::GetFlag(FLAGS_link_mbps);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.max_sessions_per_identity = absl::GetFlag(FLAGS_max_sessions_per_identity);
+  options.max_migrations_per_identity = absl::GetFlag(FLAGS_max_migrations_per_identity);
   options.kv_budget_bytes = *kv_budget;
   options.session_idle_ttl_seconds = absl::GetFlag(FLAGS_session_ttl);
   options.live_threshold_seconds = absl::GetFlag(FLAGS_live_threshold_seconds);

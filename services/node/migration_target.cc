@@ -36,7 +36,10 @@ grpc::Status ReceiveMigration(
     return ToGrpc(absl::InvalidArgumentError("the stream carried no handshake"));
   }
   watchdog.Touch();
-  if (auto room = side.sessions->CheckRoom(); !room.ok()) return fail("session_limit", room);
+  if (auto room = side.sessions->CheckRoom(f.has_handshake() ? f.handshake().owner() : "");
+      !room.ok()) {
+    return fail("session_limit", room);
+  }
   const Retention* r = side.retention.get();
   std::string migration_id;  // the handshake's, once the session was adopted
   // The rows the stream asks this node to hold, against its KV budget; the session takes it over.

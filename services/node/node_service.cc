@@ -48,10 +48,12 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
           [metrics](KvBudget::State s, int64_t bytes) {
             if (metrics) metrics->SetKvBytes(KvBudget::StateName(s), static_cast<double>(bytes));
           }),
-      sessions_(options_.max_sessions,
-                [metrics](size_t n) {
-                  if (metrics) metrics->SetActiveSessions(static_cast<double>(n));
-                }),
+      sessions_(
+          options_.max_sessions,
+          [metrics](size_t n) {
+            if (metrics) metrics->SetActiveSessions(static_cast<double>(n));
+          },
+          options_.max_sessions_per_identity),
       planner_({.prefill_seconds_per_token = options_.prefill_seconds_per_token,
                 .rebuild_seconds_per_token = options_.rebuild_seconds_per_token,
                 .measure_speeds = options_.measure_speeds,
@@ -164,7 +166,7 @@ grpc::Status NodeService::StartSession(grpc::ServerContext* ctx, const v1::Start
                                                      " tokens does not fit the ", capacity,
                                                      "-token session limit")));
   }
-  if (auto room = sessions_.CheckRoom(); !room.ok()) return ToGrpc(room);
+  if (auto room = sessions_.CheckRoom(s->owner); !room.ok()) return ToGrpc(room);
   s->charge = budget_.Open(KvBudget::State::kSessions);
   if (auto charged = s->charge.GrowTo(static_cast<int64_t>(s->tokens.size())); !charged.ok()) {
     return ToGrpc(charged);
@@ -343,6 +345,26 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   }
   auto out = sessions_.BeginMigration(req->session_id(), mine);
   if (!out.ok()) return ToGrpc(out.status());
+  // One identity's migrations in flight, counted while this call runs.
+  const std::string owner = out->session().owner;
+  if (!owner.empty() && options_.max_migrations_per_identity > 0) {
+    absl::MutexLock lock(&migrating_mu_);
+    if (migrating_[owner] >= options_.max_migrations_per_identity) {
+      return ToGrpc(absl::ResourceExhaustedError(
+          absl::StrCat("'", owner, "' has its limit of ", options_.max_migrations_per_identity,
+                       " migrations in flight from this node")));
+    }
+    ++migrating_[owner];
+  }
+  struct Done {
+    NodeService* self;
+    std::string owner;
+    ~Done() {
+      if (owner.empty() || self->options_.max_migrations_per_identity <= 0) return;
+      absl::MutexLock lock(&self->migrating_mu_);
+      if (--self->migrating_[owner] == 0) self->migrating_.erase(owner);
+    }
+  } done{this, owner};
   const int64_t history = out->history_tokens();
   // The modes to try in order. AUTO ranks them by estimate; a refused handshake (the target
   // lacks the bank or holds another policy version) moves on to the next, as a fallback does.

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -55,6 +56,10 @@ struct NodeOptions {
   // Who may call this node, and as what (null: everyone, as an anonymous operator).
   std::shared_ptr<AccessFile> access_file;
   int max_sessions = 64;
+  // What one identity (a session's owner) may hold at once: sessions on this node, and
+  // migrations of its sessions in flight from it (0: no limit of its own).
+  int max_sessions_per_identity = 0;
+  int max_migrations_per_identity = 0;
   // KV bytes that sessions and receives may hold together (0: no limit but capacity and
   // max_sessions); a call that would pass it is refused (RESOURCE_EXHAUSTED).
   int64_t kv_budget_bytes = 0;
@@ -127,6 +132,9 @@ class NodeService final : public v1::Node::Service {
   ModePlanner planner_;
   RateLimiter link_;
   std::atomic<int> receiving_{0};
+  // Migrations in flight from this node, by the identity whose session moves.
+  mutable absl::Mutex migrating_mu_;
+  std::map<std::string, int> migrating_ ABSL_GUARDED_BY(migrating_mu_);
   MigrationOutcomes outcomes_;  // of the migrations this node received
   mutable absl::Mutex retention_mu_;
   std::shared_ptr<const Retention> retention_ ABSL_GUARDED_BY(retention_mu_);

@@ -9,18 +9,30 @@
 
 namespace riskkv {
 
-SessionTable::SessionTable(int max_sessions, std::function<void(size_t)> on_count)
-    : max_sessions_(max_sessions), on_count_(std::move(on_count)) {}
+SessionTable::SessionTable(int max_sessions, std::function<void(size_t)> on_count,
+                           int max_per_owner)
+    : max_sessions_(max_sessions), max_per_owner_(max_per_owner), on_count_(std::move(on_count)) {}
 
 absl::Status SessionTable::Full() const {
   return absl::ResourceExhaustedError(
       absl::StrCat("this node serves its limit of ", max_sessions_, " sessions"));
 }
 
-absl::Status SessionTable::CheckRoom() const {
-  absl::MutexLock lock(&mu_);
+absl::Status SessionTable::Room(const std::string& owner) const {
   if (static_cast<int>(sessions_.size()) >= max_sessions_) return Full();
+  if (owner.empty() || max_per_owner_ <= 0) return absl::OkStatus();
+  int held = 0;
+  for (const auto& [id, entry] : sessions_) held += entry->owner == owner;
+  if (held >= max_per_owner_) {
+    return absl::ResourceExhaustedError(absl::StrCat("'", owner, "' holds its limit of ",
+                                                     max_per_owner_, " sessions on this node"));
+  }
   return absl::OkStatus();
+}
+
+absl::Status SessionTable::CheckRoom(const std::string& owner) const {
+  absl::MutexLock lock(&mu_);
+  return Room(owner);
 }
 
 absl::StatusOr<std::string> SessionTable::Add(std::unique_ptr<NodeSession> session) {
@@ -28,7 +40,7 @@ absl::StatusOr<std::string> SessionTable::Add(std::unique_ptr<NodeSession> sessi
   entry->owner = session->owner;
   entry->session = std::move(session);
   absl::MutexLock lock(&mu_);
-  if (static_cast<int>(sessions_.size()) >= max_sessions_) return Full();
+  RETURN_IF_ERROR(Room(entry->owner));
   std::string id = RandomId();
   while (sessions_.count(id) != 0) id = RandomId();
   sessions_[id] = std::move(entry);

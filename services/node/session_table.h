@@ -52,8 +52,11 @@ class SessionTable {
   struct Entry;
 
  public:
-  // `on_count` hears the number of sessions after every change (metrics); may be null.
-  explicit SessionTable(int max_sessions, std::function<void(size_t)> on_count = nullptr);
+  // `on_count` hears the number of sessions after every change (metrics); may be null. An owner
+  // (a non-empty NodeSession::owner) holds at most `max_per_owner` of them (0: no limit but
+  // max_sessions).
+  explicit SessionTable(int max_sessions, std::function<void(size_t)> on_count = nullptr,
+                        int max_per_owner = 0);
 
   // A session's exclusive use by one call; releases it when destroyed.
   class Lease {
@@ -138,9 +141,10 @@ class SessionTable {
     std::optional<absl::Time> paused_at_;
   };
 
-  // ResourceExhausted when the node serves its limit.
-  absl::Status CheckRoom() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Adds a session under a new id; ResourceExhausted when the node serves its limit.
+  // ResourceExhausted when the node serves its limit, or `owner` (if not empty) its own.
+  absl::Status CheckRoom(const std::string& owner = "") const ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds a session under a new id; ResourceExhausted when the node serves its limit, or the
+  // session's owner its own.
   absl::StatusOr<std::string> Add(std::unique_ptr<NodeSession> session) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes a session no call uses (a registration that must be undone).
   void Erase(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -195,6 +199,8 @@ class SessionTable {
     static bool Unpaused(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) { return !e->pause_wanted; }
   };
   absl::Status Full() const;
+  // The room check of Add and CheckRoom.
+  absl::Status Room(const std::string& owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::Status Gone(const std::string& id);
   // The one lookup: NotFound naming the id (and where it went, to its owner).
   absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& id, const OwnerFilter& owner) const
@@ -205,6 +211,7 @@ class SessionTable {
   void Count() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int max_sessions_;
+  const int max_per_owner_;
   const std::function<void(size_t)> on_count_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> sessions_ ABSL_GUARDED_BY(mu_);

@@ -222,6 +222,40 @@ TEST_F(LiveMigration, AQuantizedPauseIsOfferedTheNextGroupEndOnce) {
   }
 }
 
+// TOKEN_REPLAY's target prefills what the pause leaves while the session waits, so it pauses
+// at one remaining token, however many rows pause_rows allows the other modes.
+TEST_F(LiveMigration, TokenReplayPausesAtOneRemainingToken) {
+  Session source = Start(3);
+  for (MigrationMode mode : {MigrationMode::kFullKv, MigrationMode::kTokenReplay}) {
+    SCOPED_TRACE(MigrationModeName(mode));
+    SendOptions o = Options(mode, *fingerprint_, policy_, 4000);
+    o.live = true;
+    o.pause_rows = 4;
+    MigrationReceiver receiver(Target());
+    MigrationSender sender(source.View(), o, nullptr);
+    auto deliver = [&](const v1::MigrationFrame& f) {
+      auto reply = receiver.OnFrame(f);
+      ASSERT_TRUE(reply.ok()) << reply.status();
+      if (reply->has_value()) {
+        ASSERT_TRUE(sender.OnReply(**reply).ok());
+      }
+    };
+    auto h = sender.Handshake();
+    ASSERT_TRUE(h.ok());
+    deliver(*h);
+    while (sender.state() == MigrationSender::State::kStreaming) {
+      auto f = sender.NextFrame();
+      ASSERT_TRUE(f.ok() && f->has_value());
+      deliver(**f);
+    }
+    ASSERT_EQ(sender.state(), MigrationSender::State::kRoundDone);
+    const int64_t sent = sender.rows_sent();
+    EXPECT_TRUE(sender.ShouldPause(sent + 1));
+    EXPECT_EQ(sender.ShouldPause(sent + 3), mode == MigrationMode::kFullKv);
+    EXPECT_FALSE(sender.ShouldPause(sent + 5));
+  }
+}
+
 TEST_F(LiveMigration, TheRoundCapPausesASessionThatOutgrowsTheLink) {
   // 20 new tokens every round, never under pause_rows: only the cap ends the pre-copy.
   Session source = Start(2);

@@ -1,11 +1,15 @@
 // Who may touch a session, on nodes with an access file: no call without credentials, a
 // session is its owner's alone (and an operator's), only nodes send sessions in, and a migrated
 // session keeps its owner. In one process over real gRPC, with the tiny model.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "services/access/client_token.h"
 #include "tests/services/node/node_fixture.h"
@@ -40,10 +44,13 @@ class NodeAccess : public Nodes {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // A node checking the access file; it presents the node token to targets unless told not to.
-  std::unique_ptr<TestNode> StartGuarded(bool peer_token = true) {
-    return Start(/*with_policy=*/false, 0, 3e-3, [&](NodeOptions& o) {
+  std::unique_ptr<TestNode> StartGuarded(bool peer_token = true,
+                                         const std::function<void(NodeOptions&)>& tweak = nullptr,
+                                         double link_mbps = 0) {
+    return Start(/*with_policy=*/false, link_mbps, 3e-3, [&](NodeOptions& o) {
       o.access_file = access_;
       if (peer_token) o.peer_token = tokens_.at("edge");
+      if (tweak) tweak(o);
     });
   }
   // A stub of `n` presenting `who`'s token ("" for none).
@@ -222,6 +229,71 @@ TEST_F(NodeAccess, ASourceWithoutANodeTokenIsRefusedAndKeepsTheSession) {
   EXPECT_TRUE(Get(*a->stub, id, &info).ok()) << "the session stays on its source";
   EXPECT_TRUE(List(*As(*b, "ops")).empty()) << "nothing was registered on the target";
   EXPECT_TRUE(Generate(*a, id, 2).ok());
+}
+
+// Per-identity quotas: alice's sessions and her migrations in flight are bounded on their own,
+// so one client cannot take the table or the link from the others.
+TEST_F(NodeAccess, OneIdentityHoldsAtMostItsQuota) {
+  auto a = StartGuarded(
+      true,
+      [](NodeOptions& o) {
+        o.max_sessions_per_identity = 2;
+        o.max_migrations_per_identity = 1;
+      },
+      /*link_mbps=*/0);
+  auto b = StartGuarded();
+  a->stub = As(*a, "alice");
+  const std::string s1 = StartSession(*a), s2 = StartSession(*a);
+  ASSERT_FALSE(s1.empty());
+  ASSERT_FALSE(s2.empty());
+  {
+    grpc::ClientContext ctx;
+    v1::StartSessionRequest req;
+    req.add_token_ids(5);
+    v1::SessionInfo info;
+    const grpc::Status s = a->stub->StartSession(&ctx, req, &info);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(s.error_message().find("'alice' holds its limit of 2 sessions"), std::string::npos)
+        << s.error_message();
+  }
+  auto bob = As(*a, "bob");
+  {
+    grpc::ClientContext ctx;
+    v1::StartSessionRequest req;
+    req.add_token_ids(5);
+    v1::SessionInfo info;
+    EXPECT_TRUE(bob->StartSession(&ctx, req, &info).ok()) << "bob has his own quota";
+  }
+  // One migration of alice's is in flight (to a listener that never answers, until its 3 s
+  // deadline); her second is refused meanwhile.
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(silent, 4), 0);
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string nowhere = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  std::thread first([&] {
+    v1::MigrateReply reply;
+    const grpc::Status s = Migrate(*a, s1, *b, v1::FULL_KV, &reply, false, nowhere, 3);
+    EXPECT_FALSE(s.ok()) << "nobody answers there";
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  v1::MigrateReply reply;
+  const grpc::Status second = Migrate(*a, s2, *b, v1::FULL_KV, &reply);
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
+  EXPECT_NE(second.error_message().find("'alice' has its limit of 1 migrations in flight"),
+            std::string::npos)
+      << second.error_message();
+  first.join();
+  v1::SessionInfo info;
+  EXPECT_TRUE(Get(*a->stub, s2, &info).ok()) << "the refused migration left the session here";
+  const grpc::Status again = Migrate(*a, s2, *b, v1::FULL_KV, &reply);
+  EXPECT_TRUE(again.ok()) << "the quota is free again: " << again.error_message();
+  ::close(silent);
 }
 
 }  // namespace

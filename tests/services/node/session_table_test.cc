@@ -79,6 +79,31 @@ TEST(SessionTable, AnOwnerFilterHidesOtherOwnersSessions) {
   EXPECT_EQ(table.Acquire(id, bob).status().message(), "no session '" + id + "' on this node");
 }
 
+// One owner holds at most its own limit; other owners and ownerless sessions are not held back
+// by it.
+TEST(SessionTable, AnOwnerHoldsAtMostItsLimit) {
+  SessionTable table(8, nullptr, /*max_per_owner=*/2);
+  auto owned = [](const std::string& owner) {
+    auto s = WithTokens({1});
+    s->owner = owner;
+    return s;
+  };
+  ASSERT_TRUE(table.Add(owned("alice")).ok());
+  ASSERT_TRUE(table.Add(owned("alice")).ok());
+  EXPECT_EQ(table.CheckRoom("alice").code(), absl::StatusCode::kResourceExhausted);
+  auto third = table.Add(owned("alice"));
+  ASSERT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("'alice' holds its limit of 2 sessions"),
+            std::string_view::npos)
+      << third.status();
+  EXPECT_TRUE(table.CheckRoom("bob").ok());
+  EXPECT_TRUE(table.Add(owned("bob")).ok());
+  EXPECT_TRUE(table.Add(owned("")).ok());
+  EXPECT_TRUE(table.Add(owned("")).ok());
+  EXPECT_TRUE(table.Add(owned("")).ok());
+  EXPECT_EQ(table.size(), 6u);
+}
+
 TEST(SessionTable, OneCallAtATimeUsesASession) {
   SessionTable table(4);
   const std::string id = *table.Add(WithTokens({5, 6}));
