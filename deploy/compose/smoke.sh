@@ -59,6 +59,9 @@ export RISKKV_MODEL_FILE=$MODEL_FILE
 WORK=$(mktemp -d)
 echo "# smoke.sh: settings come from its environment" >"$WORK/settings.env"
 dc() { "${COMPOSE[@]}" -p $PROJECT --env-file "$WORK/settings.env" "$@"; }
+# The stack's credentials (README step 1), its own: every service mounts them.
+export RISKKV_SECRETS_DIR="$WORK/secrets"
+"$ROOT/deploy/credentials.sh" "$RISKKV_SECRETS_DIR" --owner 10001 >/dev/null
 
 # The summary table: each step with its time.
 STEPS=()
@@ -152,9 +155,7 @@ wait_healthy() {
   fail "$service is not healthy after ${i}s (status $status)"
 }
 
-log "credentials (deploy/credentials.sh), the control plane, and the policy put into it"
-export RISKKV_SECRETS_DIR="$WORK/secrets"
-"$ROOT/deploy/credentials.sh" "$RISKKV_SECRETS_DIR" --owner 10001 >/dev/null
+log "the control plane, and the policy put into it as the operator"
 dc up -d control >/dev/null 2>&1
 wait_healthy control
 bank_args=()
@@ -162,7 +163,7 @@ bank_args=()
 dc run --rm --no-deps -v "$POLICY:/policy:ro" control riskkvctl --control control:7000 \
   policy-put --policy /policy/policy.pb "${bank_args[@]}" >/dev/null 2>&1 ||
   fail "policy-put of $POLICY failed"
-step "credentials written; control plane healthy, policy $RISKKV_POLICY_ID put as the operator"
+step "control plane healthy, policy $RISKKV_POLICY_ID put as the operator"
 
 log "everything up: control, edge-a, edge-b, prometheus"
 dc up -d control edge-a edge-b prometheus >/dev/null 2>&1

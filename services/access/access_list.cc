@@ -144,6 +144,13 @@ std::optional<Principal> AccessList::ByToken(absl::string_view token) const {
   return found;
 }
 
+std::optional<Role> AccessList::RoleOf(absl::string_view identity) const {
+  for (const Entry& e : entries_) {
+    if (e.who.identity == identity) return e.who.role;
+  }
+  return std::nullopt;
+}
+
 std::optional<Principal> AccessList::BySan(absl::string_view san) const {
   for (const Entry& e : entries_) {
     if (!e.is_token && e.credential == san) return e.who;

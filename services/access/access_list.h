@@ -64,6 +64,8 @@ class AccessList {
   // that does not depend on where they differ.
   std::optional<Principal> ByToken(absl::string_view token) const;
   std::optional<Principal> BySan(absl::string_view san) const;
+  // The role of an identity the file names.
+  std::optional<Role> RoleOf(absl::string_view identity) const;
   size_t size() const { return entries_.size(); }
 
  private:

@@ -64,6 +64,11 @@ absl::StatusOr<Principal> Authorizer::Check(const grpc::ServerContext& ctx, Acti
   return Check(authorization, sans, action);
 }
 
+bool Authorizer::Limited(const std::string& identity) const {
+  if (file_ == nullptr || identity.empty()) return false;
+  return file_->Current()->RoleOf(identity) != Role::kOperator;
+}
+
 Exposure ListenExposure(const std::string& listen, bool tls, bool access_file, bool insecure) {
   if (tls || access_file || insecure) return {listen, ""};
   const size_t colon = listen.rfind(':');

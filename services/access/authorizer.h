@@ -27,6 +27,9 @@ class Authorizer {
   explicit Authorizer(std::shared_ptr<AccessFile> file = nullptr) : file_(std::move(file)) {}
 
   bool open() const { return file_ == nullptr; }
+  // Whether the identity that owns a session is held to per-identity quotas: every identity
+  // but an operator (and nobody on a server without an access file).
+  bool Limited(const std::string& identity) const;
 
   // Transport-free: the call's `authorization` metadata ("" if none) and its peer's certificate
   // names.

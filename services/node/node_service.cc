@@ -53,7 +53,8 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
           [metrics](size_t n) {
             if (metrics) metrics->SetActiveSessions(static_cast<double>(n));
           },
-          options_.max_sessions_per_identity),
+          options_.max_sessions_per_identity,
+          [this](const std::string& owner) { return access_.Limited(owner); }),
       planner_({.prefill_seconds_per_token = options_.prefill_seconds_per_token,
                 .rebuild_seconds_per_token = options_.rebuild_seconds_per_token,
                 .measure_speeds = options_.measure_speeds,
@@ -347,7 +348,8 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   if (!out.ok()) return ToGrpc(out.status());
   // One identity's migrations in flight, counted while this call runs.
   const std::string owner = out->session().owner;
-  if (!owner.empty() && options_.max_migrations_per_identity > 0) {
+  const bool limited = options_.max_migrations_per_identity > 0 && access_.Limited(owner);
+  if (limited) {
     absl::MutexLock lock(&migrating_mu_);
     if (migrating_[owner] >= options_.max_migrations_per_identity) {
       return ToGrpc(absl::ResourceExhaustedError(
@@ -359,12 +361,13 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   struct Done {
     NodeService* self;
     std::string owner;
+    bool limited;
     ~Done() {
-      if (owner.empty() || self->options_.max_migrations_per_identity <= 0) return;
+      if (!limited) return;
       absl::MutexLock lock(&self->migrating_mu_);
       if (--self->migrating_[owner] == 0) self->migrating_.erase(owner);
     }
-  } done{this, owner};
+  } done{this, owner, limited};
   const int64_t history = out->history_tokens();
   // The modes to try in order. AUTO ranks them by estimate; a refused handshake (the target
   // lacks the bank or holds another policy version) moves on to the next, as a fallback does.

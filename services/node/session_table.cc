@@ -10,8 +10,11 @@
 namespace riskkv {
 
 SessionTable::SessionTable(int max_sessions, std::function<void(size_t)> on_count,
-                           int max_per_owner)
-    : max_sessions_(max_sessions), max_per_owner_(max_per_owner), on_count_(std::move(on_count)) {}
+                           int max_per_owner, std::function<bool(const std::string&)> limited)
+    : max_sessions_(max_sessions),
+      max_per_owner_(max_per_owner),
+      limited_(std::move(limited)),
+      on_count_(std::move(on_count)) {}
 
 absl::Status SessionTable::Full() const {
   return absl::ResourceExhaustedError(
@@ -20,7 +23,9 @@ absl::Status SessionTable::Full() const {
 
 absl::Status SessionTable::Room(const std::string& owner) const {
   if (static_cast<int>(sessions_.size()) >= max_sessions_) return Full();
-  if (owner.empty() || max_per_owner_ <= 0) return absl::OkStatus();
+  if (owner.empty() || max_per_owner_ <= 0 || (limited_ && !limited_(owner))) {
+    return absl::OkStatus();
+  }
   int held = 0;
   for (const auto& [id, entry] : sessions_) held += entry->owner == owner;
   if (held >= max_per_owner_) {

@@ -53,10 +53,11 @@ class SessionTable {
 
  public:
   // `on_count` hears the number of sessions after every change (metrics); may be null. An owner
-  // (a non-empty NodeSession::owner) holds at most `max_per_owner` of them (0: no limit but
-  // max_sessions).
+  // (a non-empty NodeSession::owner) that `limited` says is held to quotas (null: every one)
+  // holds at most `max_per_owner` sessions (0: no limit but max_sessions).
   explicit SessionTable(int max_sessions, std::function<void(size_t)> on_count = nullptr,
-                        int max_per_owner = 0);
+                        int max_per_owner = 0,
+                        std::function<bool(const std::string& owner)> limited = nullptr);
 
   // A session's exclusive use by one call; releases it when destroyed.
   class Lease {
@@ -212,6 +213,7 @@ class SessionTable {
 
   const int max_sessions_;
   const int max_per_owner_;
+  const std::function<bool(const std::string&)> limited_;
   const std::function<void(size_t)> on_count_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> sessions_ ABSL_GUARDED_BY(mu_);

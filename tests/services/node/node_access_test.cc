@@ -264,6 +264,14 @@ TEST_F(NodeAccess, OneIdentityHoldsAtMostItsQuota) {
     v1::SessionInfo info;
     EXPECT_TRUE(bob->StartSession(&ctx, req, &info).ok()) << "bob has his own quota";
   }
+  auto ops = As(*a, "ops");
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext ctx;
+    v1::StartSessionRequest req;
+    req.add_token_ids(5);
+    v1::SessionInfo info;
+    EXPECT_TRUE(ops->StartSession(&ctx, req, &info).ok()) << "an operator is held to no quota";
+  }
   // One migration of alice's is in flight (to a listener that never answers, until its 3 s
   // deadline); her second is refused meanwhile.
   const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
