@@ -30,6 +30,26 @@ std::vector<float> Rows(KvStore& kv, int32_t layer, bool values, int64_t n) {
 
 class LiveMigration : public Migration {
  protected:
+  // The handshake and the first pre-copy round, delivered in memory: the sender is then in
+  // kRoundDone.
+  static void FirstRound(MigrationSender& sender, MigrationReceiver& receiver) {
+    auto deliver = [&](const v1::MigrationFrame& f) {
+      auto reply = receiver.OnFrame(f);
+      ASSERT_TRUE(reply.ok()) << reply.status();
+      if (reply->has_value()) {
+        ASSERT_TRUE(sender.OnReply(**reply).ok());
+      }
+    };
+    auto h = sender.Handshake();
+    ASSERT_TRUE(h.ok());
+    deliver(*h);
+    while (sender.state() == MigrationSender::State::kStreaming) {
+      auto f = sender.NextFrame();
+      ASSERT_TRUE(f.ok() && f->has_value());
+      deliver(**f);
+    }
+    ASSERT_EQ(sender.state(), MigrationSender::State::kRoundDone);
+  }
   struct LiveResult {
     Received received;
     int rounds = 0;
@@ -194,22 +214,7 @@ TEST_F(LiveMigration, AQuantizedPauseIsOfferedTheNextGroupEndOnce) {
     MigrationReceiver receiver(Target());
     MigrationSender sender(source.View(), o, nullptr);
     EXPECT_EQ(sender.AwaitGroupEnd(50), 0) << "before a round is done";
-    auto deliver = [&](const v1::MigrationFrame& f) {
-      auto reply = receiver.OnFrame(f);
-      ASSERT_TRUE(reply.ok()) << reply.status();
-      if (reply->has_value()) {
-        ASSERT_TRUE(sender.OnReply(**reply).ok());
-      }
-    };
-    auto h = sender.Handshake();
-    ASSERT_TRUE(h.ok());
-    deliver(*h);
-    while (sender.state() == MigrationSender::State::kStreaming) {
-      auto f = sender.NextFrame();
-      ASSERT_TRUE(f.ok() && f->has_value());
-      deliver(**f);
-    }
-    ASSERT_EQ(sender.state(), MigrationSender::State::kRoundDone);
+    ASSERT_NO_FATAL_FAILURE(FirstRound(sender, receiver));
     const int64_t sent = sender.rows_sent();  // 42 rows: plain sends them all, int8 one group
     EXPECT_EQ(sent, form == WireForm::kPlain ? 42 : 32);
     if (form == WireForm::kPlain) {
@@ -233,22 +238,7 @@ TEST_F(LiveMigration, TokenReplayPausesAtOneRemainingToken) {
     o.pause_rows = 4;
     MigrationReceiver receiver(Target());
     MigrationSender sender(source.View(), o, nullptr);
-    auto deliver = [&](const v1::MigrationFrame& f) {
-      auto reply = receiver.OnFrame(f);
-      ASSERT_TRUE(reply.ok()) << reply.status();
-      if (reply->has_value()) {
-        ASSERT_TRUE(sender.OnReply(**reply).ok());
-      }
-    };
-    auto h = sender.Handshake();
-    ASSERT_TRUE(h.ok());
-    deliver(*h);
-    while (sender.state() == MigrationSender::State::kStreaming) {
-      auto f = sender.NextFrame();
-      ASSERT_TRUE(f.ok() && f->has_value());
-      deliver(**f);
-    }
-    ASSERT_EQ(sender.state(), MigrationSender::State::kRoundDone);
+    ASSERT_NO_FATAL_FAILURE(FirstRound(sender, receiver));
     const int64_t sent = sender.rows_sent();
     EXPECT_TRUE(sender.ShouldPause(sent + 1));
     EXPECT_EQ(sender.ShouldPause(sent + 3), mode == MigrationMode::kFullKv);
