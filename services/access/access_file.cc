@@ -3,36 +3,21 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
-
-#include "absl/strings/str_cat.h"
+#include "services/access/watched_file.h"
 #include "spdlog/spdlog.h"
 
 namespace riskkv {
 namespace {
 
 // An access file lists credentials, not data: anything larger is refused unread.
-constexpr std::streamsize kMaxAccessFileBytes = 1 << 20;
-
-absl::StatusOr<std::string> ReadAccessFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError("cannot read " + path);
-  std::string text(kMaxAccessFileBytes + 1, '\0');
-  in.read(text.data(), kMaxAccessFileBytes + 1);
-  if (in.gcount() > kMaxAccessFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is larger than ", kMaxAccessFileBytes, " bytes"));
-  }
-  text.resize(static_cast<size_t>(in.gcount()));
-  return text;
-}
+constexpr int64_t kMaxAccessFileBytes = 1 << 20;
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AccessFile>> AccessFile::Open(std::string path) {
   std::unique_ptr<AccessFile> f(new AccessFile(std::move(path)));
-  const std::string stamp = f->Stamp();
-  auto text = ReadAccessFile(f->path_);
+  const std::string stamp = FileStamp(f->path_);
+  auto text = ReadBoundedFile(f->path_, kMaxAccessFileBytes);
   if (!text.ok()) return absl::InvalidArgumentError("--access-file: " + text.status().ToString());
   auto list = AccessList::Parse(*text, f->path_);
   if (!list.ok()) return absl::InvalidArgumentError("--access-file: " + list.status().ToString());
@@ -53,21 +38,15 @@ void AccessFile::set_check_interval(absl::Duration d) {
   interval_ = d;
 }
 
-std::string AccessFile::Stamp() const {
-  struct stat st {};
-  if (::stat(path_.c_str(), &st) != 0) return "";
-  return absl::StrCat(st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "/", st.st_size, "/", st.st_ino);
-}
-
 std::shared_ptr<const AccessList> AccessFile::Current() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (now - checked_ < interval_) return list_;
   checked_ = now;
-  const std::string stamp = Stamp();
+  const std::string stamp = FileStamp(path_);
   if (stamp.empty() || stamp == stamp_) return list_;
   stamp_ = stamp;
-  auto text = ReadAccessFile(path_);
+  auto text = ReadBoundedFile(path_, kMaxAccessFileBytes);
   if (!text.ok()) {
     spdlog::error("access file {} changed but cannot be read ({}); the previous version stays",
                   path_, text.status().ToString());

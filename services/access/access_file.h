@@ -29,8 +29,6 @@ class AccessFile {
 
  private:
   explicit AccessFile(std::string path) : path_(std::move(path)) {}
-  // mtime, size and inode as one string ("" when the file cannot be looked at).
-  std::string Stamp() const;
 
   const std::string path_;
   absl::Mutex mu_;

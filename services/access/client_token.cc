@@ -3,25 +3,17 @@
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/client_interceptor.h>
-#include <sys/stat.h>
-
-#include <fstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "services/access/watched_file.h"
 #include "spdlog/spdlog.h"
 
 namespace riskkv {
 namespace {
 
 constexpr size_t kMinTokenLength = 16;
-constexpr size_t kMaxTokenBytes = 4096;
-
-std::string Stamp(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return "";
-  return absl::StrCat(st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "/", st.st_size, "/", st.st_ino);
-}
+constexpr int64_t kMaxTokenBytes = 4096;
 
 class TokenInterceptor final : public grpc::experimental::Interceptor {
  public:
@@ -54,7 +46,7 @@ class TokenInterceptorFactory final : public grpc::experimental::ClientIntercept
 
 absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Open(std::string path, std::string flag) {
   std::shared_ptr<TokenFile> f(new TokenFile(std::move(path), std::move(flag)));
-  const std::string stamp = Stamp(f->path_);
+  const std::string stamp = FileStamp(f->path_);
   auto token = f->Read();
   if (!token.ok()) return token.status();
   absl::MutexLock lock(&f->mu_);
@@ -65,15 +57,11 @@ absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Open(std::string path, std
 }
 
 absl::StatusOr<std::string> TokenFile::Read() const {
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag_, ": cannot read ", path_));
-  std::string text(kMaxTokenBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMaxTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", flag_, ": ", path_, " is larger than a token (", kMaxTokenBytes, " bytes)"));
+  auto read = ReadBoundedFile(path_, kMaxTokenBytes);
+  if (!read.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag_, ": ", read.status().message()));
   }
+  const std::string& text = *read;
   std::string token(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
   if (token.size() < kMinTokenLength || token.find_first_of(" \t\r\n") != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -88,7 +76,7 @@ std::string TokenFile::Token() {
   const absl::Time now = absl::Now();
   if (now - checked_ < absl::Seconds(1)) return token_;
   checked_ = now;
-  const std::string stamp = Stamp(path_);
+  const std::string stamp = FileStamp(path_);
   if (stamp.empty() || stamp == stamp_) return token_;
   stamp_ = stamp;
   auto token = Read();

@@ -21,11 +21,13 @@ absl::Status SessionTable::Full() const {
       absl::StrCat("this node serves its limit of ", max_sessions_, " sessions"));
 }
 
-absl::Status SessionTable::Room(const std::string& owner) const {
+bool SessionTable::Limited(const std::string& owner) const {
+  return !owner.empty() && max_per_owner_ > 0 && (!limited_ || limited_(owner));
+}
+
+absl::Status SessionTable::Room(const std::string& owner, bool limited) const {
   if (static_cast<int>(sessions_.size()) >= max_sessions_) return Full();
-  if (owner.empty() || max_per_owner_ <= 0 || (limited_ && !limited_(owner))) {
-    return absl::OkStatus();
-  }
+  if (!limited) return absl::OkStatus();
   int held = 0;
   for (const auto& [id, entry] : sessions_) held += entry->owner == owner;
   if (held >= max_per_owner_) {
@@ -36,16 +38,18 @@ absl::Status SessionTable::Room(const std::string& owner) const {
 }
 
 absl::Status SessionTable::CheckRoom(const std::string& owner) const {
+  const bool limited = Limited(owner);
   absl::MutexLock lock(&mu_);
-  return Room(owner);
+  return Room(owner, limited);
 }
 
 absl::StatusOr<std::string> SessionTable::Add(std::unique_ptr<NodeSession> session) {
   auto entry = std::make_shared<Entry>();
   entry->owner = session->owner;
   entry->session = std::move(session);
+  const bool limited = Limited(entry->owner);  // may read the access file: not under mu_
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(Room(entry->owner));
+  RETURN_IF_ERROR(Room(entry->owner, limited));
   std::string id = RandomId();
   while (sessions_.count(id) != 0) id = RandomId();
   sessions_[id] = std::move(entry);

@@ -200,8 +200,12 @@ class SessionTable {
     static bool Unpaused(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) { return !e->pause_wanted; }
   };
   absl::Status Full() const;
-  // The room check of Add and CheckRoom.
-  absl::Status Room(const std::string& owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `owner` is held to max_per_owner (asks `limited`, which may read a file: called
+  // before mu_ is taken).
+  bool Limited(const std::string& owner) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The room check of Add and CheckRoom; `limited` is Limited(owner).
+  absl::Status Room(const std::string& owner, bool limited) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::Status Gone(const std::string& id);
   // The one lookup: NotFound naming the id (and where it went, to its owner).
   absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& id, const OwnerFilter& owner) const
