@@ -17,6 +17,14 @@ for preset in ${presets[*]}; do
                    policy_follower_test session_table_test mode_planner_test rate_limiter_test
                    migration_outcomes_test kv_budget_test node_access_test access_list_test
                    access_file_test authorizer_test client_token_test) ;;
+    # The lock annotations live in the libraries (tests and benches hold none): the thread-safety
+    # preset compiles every library and server, not the tests.
+    thread-safety) targets=(riskkv-node riskkv-control riskkvctl riskkv-calibrate riskkv-generate
+                            riskkv-score riskkv_cli riskkv_services riskkv_calibrate
+                            riskkv_access_list riskkv_access riskkv_migration riskkv_node
+                            riskkv_client riskkv_control riskkv_kvcodec riskkv_model riskkv_engine
+                            riskkv_model_files riskkv_tokenizer riskkv_base riskkv_recovery
+                            riskkv_kernels riskkv_proto riskkv_grpc_proto) ;;
     # The fuzz preset builds and runs the fuzz targets only (label "fuzz").
     fuzz) targets=(gguf_fuzz safetensors_fuzz tokenizer_json_fuzz bank_fuzz policy_fuzz
                    session_codec_fuzz migration_receiver_fuzz) ;;

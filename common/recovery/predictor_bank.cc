@@ -487,6 +487,55 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::FromFits(
   return bank;
 }
 
+uint64_t PredictorBank::HeadBytes() { return kFixedBytes + kMaxFingerprintBytes; }
+
+absl::Status PredictorBank::CheckHead(std::string_view source, std::string_view head,
+                                      uint64_t file_bytes, std::string_view expected_fingerprint) {
+  const absl::string_view src = AbslView(source);
+  const auto* base = reinterpret_cast<const uint8_t*>(head.data());
+  const uint64_t size = head.size();
+  auto le = [&](uint64_t at, auto zero) {
+    decltype(zero) v;
+    std::memcpy(&v, base + at, sizeof(v));
+    return v;
+  };
+  if (std::memcmp(base, kMagic, std::min<uint64_t>(size, sizeof(kMagic))) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        src, ": not a predictor bank (bad magic at byte offset 0, expected \"RKVBANK\")"));
+  }
+  if (file_bytes < kFixedBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        src, ": ", file_bytes, " bytes announced, shorter than the fixed header of ", kFixedBytes));
+  }
+  if (size >= 12 && le(8, uint32_t{}) != kFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(src,
+                                                   ": format version (byte offset 8): "
+                                                   "unsupported version ",
+                                                   le(8, uint32_t{}), " (this build reads ",
+                                                   kFormatVersion, ")"));
+  }
+  if (size >= kFileBytesOffset + 8 && le(kFileBytesOffset, uint64_t{}) != file_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": its header (byte offset ", kFileBytesOffset, ") says ",
+                     le(kFileBytesOffset, uint64_t{}), " bytes, ", file_bytes, " were announced"));
+  }
+  if (size < kFixedBytes) return absl::OkStatus();
+  const uint32_t fp_len = le(64, uint32_t{});
+  if (fp_len == 0 || fp_len > kMaxFingerprintBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(src, ": fingerprint length (byte offset 64): ", fp_len, " is outside [1, ",
+                     kMaxFingerprintBytes, "]"));
+  }
+  if (size < kFixedBytes + fp_len || expected_fingerprint.empty()) return absl::OkStatus();
+  const std::string_view fp = AsChars(base + kFixedBytes, fp_len);
+  if (fp != expected_fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat(src, ": the bank was calibrated for model ",
+                                                      AbslView(fp), ", not for this model (",
+                                                      AbslView(expected_fingerprint), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::Open(
     const std::string& path, std::string_view expected_fingerprint) {
   auto bank = std::unique_ptr<PredictorBank>(new PredictorBank());

@@ -57,6 +57,15 @@ class PredictorBank {
   static absl::StatusOr<std::unique_ptr<PredictorBank>> Open(const std::string& path,
                                                              std::string_view expected_fingerprint);
 
+  // Checks the first bytes of a bank file as they arrive, before the rest does: the magic, the
+  // format version, the file size against `file_bytes` (what the sender announced) and the model
+  // fingerprint against `expected_fingerprint`, as far as `head` reaches. OK when what it holds
+  // agrees (the file may still fail Open); otherwise the error Open would give, naming `source`.
+  // Bytes past what it needs are ignored; HeadBytes() is the most it reads.
+  static absl::Status CheckHead(std::string_view source, std::string_view head, uint64_t file_bytes,
+                                std::string_view expected_fingerprint);
+  static uint64_t HeadBytes();
+
   ~PredictorBank();
   PredictorBank(const PredictorBank&) = delete;
   PredictorBank& operator=(const PredictorBank&) = delete;

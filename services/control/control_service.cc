@@ -1,18 +1,43 @@
 // riskkv-control's gRPC service.
 #include "services/control/control_service.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/recovery/policy_codec.h"
 #include "services/grpc_status.h"
 
 namespace riskkv {
 
 ControlService::ControlService(PolicyStore& store, ControlMetrics* metrics,
-                               std::shared_ptr<AccessFile> access)
-    : store_(store), metrics_(metrics), access_(std::move(access)) {
+                               std::shared_ptr<AccessFile> access, int max_concurrent_puts)
+    : store_(store),
+      metrics_(metrics),
+      access_(std::move(access)),
+      max_puts_(std::max(1, max_concurrent_puts)) {
   CountPolicies();
+}
+
+absl::Status ControlService::TakePutSlot() {
+  if (puts_.fetch_add(1) < max_puts_) return absl::OkStatus();
+  puts_.fetch_sub(1);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the control plane is already storing its limit of ", max_puts_, " policies at once"));
+}
+
+grpc::Status ControlService::Stored(const absl::StatusOr<RetentionPolicy>& p,
+                                    v1::PolicyRecord* reply) {
+  if (metrics_) {
+    metrics_->Put(p.ok() ? "ok"
+                         : absl::AsciiStrToLower(absl::StatusCodeToString(p.status().code())));
+  }
+  if (!p.ok()) return ToGrpc(p.status());
+  CountPolicies();
+  *reply->mutable_policy() = PolicyToProto(*p);
+  return grpc::Status::OK;
 }
 
 grpc::Status ControlService::Authorize(grpc::ServerContext* ctx, Action action) const {
@@ -38,15 +63,45 @@ void ControlService::CountPolicies() {
 grpc::Status ControlService::PutPolicy(grpc::ServerContext* ctx, const v1::PutPolicyRequest* req,
                                        v1::PolicyRecord* reply) {
   if (grpc::Status st = Authorize(ctx, Action::kPutPolicies); !st.ok()) return st;
-  auto p = store_.Put(req->policy(), req->bank());
-  if (metrics_) {
-    metrics_->Put(p.ok() ? "ok"
-                         : absl::AsciiStrToLower(absl::StatusCodeToString(p.status().code())));
-  }
-  if (!p.ok()) return ToGrpc(p.status());
-  CountPolicies();
-  *reply->mutable_policy() = PolicyToProto(*p);
-  return grpc::Status::OK;
+  if (absl::Status slot = TakePutSlot(); !slot.ok()) return Stored(slot, reply);
+  const grpc::Status st = Stored(store_.Put(req->policy(), req->bank()), reply);
+  ReleasePutSlot();
+  return st;
+}
+
+grpc::Status ControlService::PutPolicyStream(grpc::ServerContext* ctx,
+                                             grpc::ServerReader<v1::PutPolicyPart>* reader,
+                                             v1::PolicyRecord* reply) {
+  if (grpc::Status st = Authorize(ctx, Action::kPutPolicies); !st.ok()) return st;
+  if (absl::Status slot = TakePutSlot(); !slot.ok()) return Stored(slot, reply);
+  auto put = [&]() -> absl::StatusOr<RetentionPolicy> {
+    v1::PutPolicyPart part;
+    if (!reader->Read(&part) || !part.has_head()) {
+      return absl::InvalidArgumentError(
+          "a PutPolicyStream starts with its head: the policy and the bank's size");
+    }
+    const v1::PutPolicyHead head = part.head();
+    std::unique_ptr<BankUpload> bank;
+    if (head.bank_bytes() > 0) {
+      ASSIGN_OR_RETURN(bank, store_.StartBank(head.policy(), head.bank_bytes()));
+    }
+    while (reader->Read(&part)) {
+      if (part.has_head())
+        return absl::InvalidArgumentError("a second head in one PutPolicyStream");
+      if (!bank) {
+        return absl::InvalidArgumentError("bank bytes after a head that announced no bank");
+      }
+      if (part.bank().size() > kMaxBankPieceBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a piece of ", part.bank().size(), " bytes, above the bound of ", kMaxBankPieceBytes));
+      }
+      RETURN_IF_ERROR(bank->Append(part.bank()));
+    }
+    return store_.Put(head.policy(), std::move(bank));
+  };
+  const grpc::Status st = Stored(put(), reply);
+  ReleasePutSlot();
+  return st;
 }
 
 grpc::Status ControlService::GetPolicy(grpc::ServerContext* ctx, const v1::GetPolicyRequest* req,

@@ -20,6 +20,9 @@ ABSL_FLAG(std::string, store, "", "directory of the policy store (created when m
 ABSL_FLAG(std::string, listen, "127.0.0.1:7000", "gRPC address (port 0: any free port)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9400",
           "Prometheus /metrics address (port 0: any free port; empty: no metrics)");
+ABSL_FLAG(int, max_concurrent_puts, 2,
+          "policy puts served at once (each may carry a bank of up to 256 MiB); more are refused "
+          "with RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, port_file, "",
           "write 'GRPC_PORT METRICS_PORT' here once listening (for scripts using port 0)");
 
@@ -40,6 +43,9 @@ int main(int argc, char** argv) {
   std::vector<char*> args = riskkv::NormalizeFlagNames(argc, argv, &args_store);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (absl::GetFlag(FLAGS_store).empty()) return Fail("--store is required");
+  if (absl::GetFlag(FLAGS_max_concurrent_puts) < 1) {
+    return Fail("--max-concurrent-puts must be >= 1");
+  }
   auto store = riskkv::PolicyStore::Open(absl::GetFlag(FLAGS_store));
   if (!store.ok()) return Fail(store.status().ToString());
   // Metrics first: civetweb's threads start before anything else takes thread-local storage.
@@ -50,7 +56,8 @@ int main(int argc, char** argv) {
   riskkv::ControlMetrics metrics(*registry);
   auto access_file = riskkv::AccessFileFromFlags();
   if (!access_file.ok()) return Fail(access_file.status().ToString());
-  riskkv::ControlService service(**store, &metrics, *access_file);
+  riskkv::ControlService service(**store, &metrics, *access_file,
+                                 absl::GetFlag(FLAGS_max_concurrent_puts));
   const riskkv::TlsFiles tls = riskkv::TlsFilesFromFlags();
   auto credentials = riskkv::ServerCredentialsFor(tls);
   if (!credentials.ok()) return Fail(credentials.status().ToString());
@@ -61,7 +68,8 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, *credentials, &port);
-  builder.SetMaxReceiveMessageSize(256 << 20);  // a policy with its bank
+  // A policy, or one with a small bank; larger banks come through PutPolicyStream in pieces.
+  builder.SetMaxReceiveMessageSize(4 << 20);
   // Watching nodes ping every 20 s to notice a vanished control plane; allow it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -18,7 +18,52 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Errors go to the caller without this machine's paths.
+absl::Status HideStorePaths(const absl::Status& st, const std::string& temp,
+                            const std::string& dir) {
+  std::string m(st.message());
+  if (!temp.empty()) m = absl::StrReplaceAll(m, {{temp, "the received bank"}});
+  return absl::Status(st.code(), absl::StrReplaceAll(m, {{dir, "the store's directory"}}));
+}
+
 }  // namespace
+
+BankUpload::BankUpload(AtomicFileWriter out, std::string sha, std::string fingerprint,
+                       uint64_t bytes, std::string store_dir)
+    : out_(std::move(out)),
+      sha_(std::move(sha)),
+      fingerprint_(std::move(fingerprint)),
+      store_dir_(std::move(store_dir)),
+      bytes_(bytes) {}
+
+absl::Status BankUpload::HidePaths(const absl::Status& st) const {
+  return HideStorePaths(st, out_.temp_path(), store_dir_);
+}
+
+absl::Status BankUpload::Append(std::string_view bytes) {
+  RETURN_IF_ERROR(failed_);
+  if (bytes.size() > bytes_ - received_) {
+    failed_ = absl::InvalidArgumentError(
+        absl::StrCat("the bank runs past the ", bytes_, " bytes announced"));
+    return failed_;
+  }
+  if (head_.size() < PredictorBank::HeadBytes()) {
+    head_.append(bytes.substr(0, PredictorBank::HeadBytes() - head_.size()));
+    if (absl::Status st =
+            PredictorBank::CheckHead("the received bank", head_, bytes_, fingerprint_);
+        !st.ok()) {
+      failed_ = absl::InvalidArgumentError("the bank does not load for this policy: " +
+                                           std::string(st.message()));
+      return failed_;
+    }
+  }
+  if (absl::Status st = out_.Append(bytes); !st.ok()) {
+    failed_ = HidePaths(st);
+    return failed_;
+  }
+  received_ += bytes.size();
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Open(const std::string& dir) {
   std::error_code ec;
@@ -51,43 +96,58 @@ uint64_t PolicyStore::Latest(const std::string& id) const {
   return it == policies_.end() || it->second.empty() ? 0 : it->second.rbegin()->first;
 }
 
+absl::StatusOr<std::unique_ptr<BankUpload>> PolicyStore::StartBank(
+    const v1::RetentionPolicy& policy, uint64_t bytes) const {
+  RETURN_IF_ERROR(ValidatePolicyId(policy.policy_id()));
+  ASSIGN_OR_RETURN(RetentionPolicy p, PolicyFromProto(policy, 0, ""));  // no model at hand
+  if (bytes == 0 || bytes > kMaxBankBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a bank of ", bytes, " bytes announced; the store takes 1 to ", kMaxBankBytes));
+  }
+  auto created = AtomicFileWriter::Create(
+      (fs::path(dir_) / "banks" / (p.predictor_bank_sha256 + ".rkvbank")).string());
+  if (!created.ok()) return HideStorePaths(created.status(), "", dir_);
+  return std::unique_ptr<BankUpload>(new BankUpload(*std::move(created), p.predictor_bank_sha256,
+                                                    p.model_fingerprint, bytes, dir_));
+}
+
 absl::StatusOr<RetentionPolicy> PolicyStore::Put(const v1::RetentionPolicy& policy,
                                                  std::string_view bank) {
+  if (bank.empty()) return Put(policy, std::unique_ptr<BankUpload>());
+  ASSIGN_OR_RETURN(std::unique_ptr<BankUpload> upload, StartBank(policy, bank.size()));
+  RETURN_IF_ERROR(upload->Append(bank));
+  return Put(policy, std::move(upload));
+}
+
+absl::StatusOr<RetentionPolicy> PolicyStore::Put(const v1::RetentionPolicy& policy,
+                                                 std::unique_ptr<BankUpload> bank) {
   RETURN_IF_ERROR(ValidatePolicyId(policy.policy_id()));
   ASSIGN_OR_RETURN(RetentionPolicy p, PolicyFromProto(policy, 0, ""));  // no model at hand
   const uint64_t requested = p.version;
   const std::string& sha = p.predictor_bank_sha256;
-  if (!bank.empty()) {
+  if (bank) {
+    RETURN_IF_ERROR(bank->failed_);
+    if (bank->received_ != bank->bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat("the bank ended after ", bank->received_,
+                                                     " of the ", bank->bytes_, " bytes announced"));
+    }
     // Loading checks the bank whole (format, checksum, model fingerprint) and gives its content
     // hash, which must be the one the policy names; only then does it get its name.
     // A bank that fails the checks is never committed: the writer removes its temporary.
-    // Errors go to the caller without this machine's paths.
-    auto hide_paths = [this](const absl::Status& st, const std::string& temp) {
-      std::string m(st.message());
-      if (!temp.empty()) m = absl::StrReplaceAll(m, {{temp, "the received bank"}});
-      return absl::Status(st.code(), absl::StrReplaceAll(m, {{dir_, "the store's directory"}}));
-    };
-    auto created =
-        AtomicFileWriter::Create((fs::path(dir_) / "banks" / (sha + ".rkvbank")).string());
-    if (!created.ok()) return hide_paths(created.status(), "");
-    AtomicFileWriter incoming = *std::move(created);
-    const std::string temp = incoming.temp_path();
-    if (auto st = incoming.Append(bank); !st.ok()) return hide_paths(st, temp);
-    auto parsed = PredictorBank::Open(temp, p.model_fingerprint);
+    auto parsed = PredictorBank::Open(bank->out_.temp_path(), p.model_fingerprint);
     if (!parsed.ok()) {
-      return hide_paths(absl::InvalidArgumentError("the bank does not load for this policy: " +
-                                                   std::string(parsed.status().message())),
-                        temp);
+      return bank->HidePaths(absl::InvalidArgumentError("the bank does not load for this policy: " +
+                                                        std::string(parsed.status().message())));
     }
     if ((*parsed)->content_hash() != sha) {
       return absl::InvalidArgumentError("the bank's SHA-256 is " + (*parsed)->content_hash() +
                                         ", the policy names " + sha);
     }
     parsed->reset();
-    if (auto st = incoming.Commit(); !st.ok()) return hide_paths(st, temp);
+    if (auto st = bank->out_.Commit(); !st.ok()) return bank->HidePaths(st);
   }
   absl::MutexLock lock(&mu_);
-  if (!bank.empty()) banks_.insert(sha);
+  if (bank) banks_.insert(sha);
   if (!p.rebuilt_groups.empty() && !banks_.count(sha)) {
     return absl::FailedPreconditionError(
         "the policy needs bank " + sha +

@@ -17,11 +17,40 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/atomic_file.h"
 #include "common/recovery/retention_policy.h"
 #include "riskkv/v1/control.pb.h"
 #include "riskkv/v1/retention_policy.pb.h"
 
 namespace riskkv {
+
+// The largest bank the store takes.
+inline constexpr uint64_t kMaxBankBytes = uint64_t{256} << 20;
+
+// A bank arriving in pieces, written to a temporary in the store as it comes (never held whole in
+// memory) and checked as far as its bytes allow (PredictorBank::CheckHead): a foreign file, a
+// bank for another model or one longer than announced is refused at the piece that shows it.
+// Errors name no path of the server's. Dropped without PolicyStore::Put, it leaves nothing.
+class BankUpload {
+ public:
+  // InvalidArgument as soon as the bytes so far show the bank cannot be the one announced;
+  // ResourceExhausted when the disk is full. After a failure every call gives the same error.
+  absl::Status Append(std::string_view bytes);
+  uint64_t received() const { return received_; }
+  uint64_t announced() const { return bytes_; }
+
+ private:
+  friend class PolicyStore;
+  BankUpload(AtomicFileWriter out, std::string sha, std::string fingerprint, uint64_t bytes,
+             std::string store_dir);
+  absl::Status HidePaths(const absl::Status& st) const;
+
+  AtomicFileWriter out_;
+  std::string sha_, fingerprint_, store_dir_;
+  uint64_t bytes_ = 0, received_ = 0;
+  std::string head_;  // the file's first bytes, up to PredictorBank::HeadBytes()
+  absl::Status failed_;
+};
 
 class PolicyStore {
  public:
@@ -36,6 +65,13 @@ class PolicyStore {
   // needs a bank the store does not hold, or names a version other than latest + 1.
   absl::StatusOr<RetentionPolicy> Put(const v1::RetentionPolicy& policy, std::string_view bank)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The same with the bank in pieces: StartBank checks the policy (as Put does) and the announced
+  // size (1 to kMaxBankBytes) before any bank byte; Put then takes the upload (null: no bank),
+  // InvalidArgument when it ended short of its announced size.
+  absl::StatusOr<std::unique_ptr<BankUpload>> StartBank(const v1::RetentionPolicy& policy,
+                                                        uint64_t bytes) const;
+  absl::StatusOr<RetentionPolicy> Put(const v1::RetentionPolicy& policy,
+                                      std::unique_ptr<BankUpload> bank) ABSL_LOCKS_EXCLUDED(mu_);
   // NotFound for an unknown id or version.
   absl::StatusOr<RetentionPolicy> Get(const std::string& id, uint64_t version) const
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
 
@@ -146,14 +147,30 @@ int main(int argc, char** argv) {
         return Fail("--policy: " + absl::GetFlag(FLAGS_policy) + " is not a retention policy");
       }
       if (absl::GetFlag(FLAGS_assign_version)) req.mutable_policy()->set_version(0);
-      if (!absl::GetFlag(FLAGS_bank).empty()) {
-        auto bank = riskkv::ReadFileToString(absl::GetFlag(FLAGS_bank));
-        if (!bank.ok()) return Fail("--bank: " + std::string(bank.status().message()));
-        req.set_bank(*bank);
-      }
       grpc::ClientContext ctx;
       riskkv::v1::PolicyRecord rec;
-      return Print(control->PutPolicy(Deadline(&ctx, 120), req, &rec), rec);
+      if (absl::GetFlag(FLAGS_bank).empty()) {
+        return Print(control->PutPolicy(Deadline(&ctx, 120), req, &rec), rec);
+      }
+      // The bank goes in pieces of PutPolicyStream's largest (1 MiB), read as they are sent.
+      std::ifstream bank(absl::GetFlag(FLAGS_bank), std::ios::binary | std::ios::ate);
+      if (!bank) return Fail("--bank: cannot read " + absl::GetFlag(FLAGS_bank));
+      const auto bank_bytes = static_cast<uint64_t>(bank.tellg());
+      bank.seekg(0);
+      auto writer = control->PutPolicyStream(Deadline(&ctx, 300), &rec);
+      riskkv::v1::PutPolicyPart part;
+      *part.mutable_head()->mutable_policy() = req.policy();
+      part.mutable_head()->set_bank_bytes(bank_bytes);
+      bool sent = writer->Write(part);
+      std::string piece(size_t{1} << 20, '\0');
+      while (sent && bank) {
+        bank.read(piece.data(), static_cast<std::streamsize>(piece.size()));
+        if (bank.gcount() <= 0) break;
+        part.set_bank(piece.data(), static_cast<size_t>(bank.gcount()));
+        sent = writer->Write(part);
+      }
+      if (sent) writer->WritesDone();
+      return Print(writer->Finish(), rec);
     }
     if (cmd == "policy-get") {
       riskkv::v1::GetPolicyRequest req;

@@ -120,6 +120,9 @@ class MigrationReceiver {
   // row its resume adds, or past it, the highest row a chunk or a round reached (a node's KV
   // budget is charged with them after each frame).
   int64_t rows_reached() const { return rows_reached_; }
+  // The handshake's migration id, once a handshake arrived (empty before, and from a source that
+  // names none).
+  const std::string& migration_id() const { return handshake_.migration_id(); }
   // The id `adopt` gave the session, once committed.
   const std::string& session_id() const { return session_id_; }
   // Set once the session resumed (trailer accepted).

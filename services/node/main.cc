@@ -77,6 +77,9 @@ ABSL_FLAG(double, receive_idle_timeout, 60,
           "one 256 KiB chunk's time on the slowest link)");
 ABSL_FLAG(double, receive_handshake_timeout, 10,
           "seconds an incoming migration may take to send its handshake");
+ABSL_FLAG(double, receive_min_rate, 32768,
+          "bytes per second an incoming migration's source must keep up after its handshake "
+          "(the target's own work not counted, past a grace of at least 10 s; 0: no minimum)");
 ABSL_FLAG(double, timeout, 120, "default deadline of a migration, seconds");
 ABSL_FLAG(double, live_threshold_seconds, 0.1,
           "AUTO migrates live (pre-copy) when its transfer estimate exceeds this, seconds");
@@ -145,6 +148,10 @@ int main(int argc, char** argv) {
   if (!(absl::GetFlag(FLAGS_receive_handshake_timeout) > 0)) {
     return Fail("--receive-handshake-timeout must be > 0");
   }
+  if (!(absl::GetFlag(FLAGS_receive_min_rate) >= 0 &&
+        absl::GetFlag(FLAGS_receive_min_rate) <= 1e12)) {
+    return Fail("--receive-min-rate must be >= 0 bytes/s (0: no minimum)");
+  }
   if (absl::GetFlag(FLAGS_policy).empty() && !absl::GetFlag(FLAGS_bank).empty()) {
     return Fail("--bank needs the --policy that names it");
   }
@@ -211,6 +218,7 @@ int main(int argc, char** argv) {
   options.max_concurrent_receives = absl::GetFlag(FLAGS_max_receives);
   options.receive_idle_seconds = absl::GetFlag(FLAGS_receive_idle_timeout);
   options.receive_handshake_seconds = absl::GetFlag(FLAGS_receive_handshake_timeout);
+  options.min_receive_bytes_per_second = absl::GetFlag(FLAGS_receive_min_rate);
   if (!absl::GetFlag(FLAGS_policy).empty()) {
     auto r = riskkv::LoadRetention(absl::GetFlag(FLAGS_policy), absl::GetFlag(FLAGS_bank),
                                    static_cast<int32_t>((*model)->config().n_layers), *fingerprint);

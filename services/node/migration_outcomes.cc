@@ -24,13 +24,20 @@ bool MigrationOutcomes::Revoke(const std::string& migration_id, const std::funct
   return true;
 }
 
-std::optional<std::string> MigrationOutcomes::Ask(const std::string& migration_id) {
+void MigrationOutcomes::CutOff(const std::string& migration_id, std::string why) {
+  absl::MutexLock lock(&mu_);
+  auto it = outcomes_.find(migration_id);
+  if (it != outcomes_.end() && it->second.session) return;  // committed before the cut
+  Record(migration_id, std::nullopt).failure = std::move(why);
+}
+
+MigrationOutcomes::Answer MigrationOutcomes::Ask(const std::string& migration_id) {
   absl::MutexLock lock(&mu_);
   auto it = outcomes_.find(migration_id);
   // Not seen: fenced, so its commit, if it still comes, is refused.
   Outcome& o = it != outcomes_.end() ? it->second : Record(migration_id, std::nullopt);
   o.told = true;
-  return o.session;
+  return {.session = o.session, .failure = o.failure};
 }
 
 MigrationOutcomes::Outcome& MigrationOutcomes::Record(const std::string& id,

@@ -30,14 +30,23 @@ class MigrationOutcomes {
   // the session stays and false is returned.
   bool Revoke(const std::string& migration_id, const std::function<void()>& drop)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The session's id when the migration committed here; nullopt when it did not, and from now
-  // on never will (a commit arriving later is refused).
-  std::optional<std::string> Ask(const std::string& migration_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // This node cut the migration's stream off before its commit (`why`, in words): recorded as
+  // not committed, with the reason its source is told when it asks.
+  void CutOff(const std::string& migration_id, std::string why) ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct Answer {
+    std::optional<std::string> session;  // the session's id here, when it committed
+    std::string failure;                 // when this node cut the stream off: why
+  };
+  // Whether the migration committed here; when it did not, from now on it never will (a commit
+  // arriving later is refused).
+  Answer Ask(const std::string& migration_id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Outcome {
     std::optional<std::string> session;  // committed: its id; nullopt: given up or revoked
     bool told = false;                   // an Ask reported it
+    std::string failure;                 // cut off by this node: why
   };
   Outcome& Record(const std::string& id, std::optional<std::string> session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -38,6 +38,22 @@ absl::StatusOr<std::optional<std::string>> AskOutcome(
   }
 }
 
+// When the target cut the stream off itself (its deadline, handshake or idle bound), the source
+// sees only a cancelled stream; the target recorded why under the migration's id. One question,
+// bounded by a second: a target that is gone gives no reason.
+std::optional<std::string> CutOffReason(v1::Node::Stub& target, const std::string& id) {
+  if (id.empty()) return std::nullopt;
+  v1::MigrationOutcomeRequest req;
+  req.set_migration_id(id);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  v1::MigrationOutcomeReply reply;
+  if (!target.MigrationOutcome(&ctx, req, &reply).ok() || reply.failure().empty()) {
+    return std::nullopt;
+  }
+  return reply.failure();
+}
+
 }  // namespace
 
 absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendOutcome* out,
@@ -61,6 +77,11 @@ absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendO
     const grpc::Status st = stream->Finish();
     if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) {
       return absl::Status(FromGrpc(st).code(), what + ": " + st.error_message());
+    }
+    if (!cancelled()) {
+      if (std::optional<std::string> why = CutOffReason(*stub, sender.handshake().migration_id())) {
+        return absl::DeadlineExceededError(what + ": the target cut the stream off: " + *why);
+      }
     }
     return absl::UnavailableError(what);
   };

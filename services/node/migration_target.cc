@@ -5,11 +5,30 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/stopwatch.h"
 #include "services/grpc_status.h"
 #include "services/migration/migration_receiver.h"
 
 namespace riskkv {
+
+std::string CutOffMessage(const TargetSide& side, ReceiveWatchdog& watchdog,
+                          const std::string& fired) {
+  if (fired == "deadline") {
+    return absl::StrCat("the migration did not finish within the target's bound of ",
+                        side.deadline_seconds, " s; nothing was applied");
+  }
+  if (fired == "no_handshake") {
+    return absl::StrCat("no handshake within ", side.handshake_seconds, " s; nothing was applied");
+  }
+  if (fired == "slow") {
+    return absl::StrCat("the source sent ", watchdog.received_bytes(), " bytes in ",
+                        absl::SixDigits(watchdog.waited_seconds()),
+                        " s of waiting on it, below the target's minimum of ",
+                        side.min_receive_bytes_per_second, " bytes/s; nothing was applied");
+  }
+  return absl::StrCat("the source sent nothing for ", side.idle_seconds, " s; nothing was applied");
+}
 
 grpc::Status ReceiveMigration(
     const TargetSide& side, grpc::ServerReaderWriter<v1::ReceiveReply, v1::MigrationFrame>* stream,
@@ -24,15 +43,18 @@ grpc::Status ReceiveMigration(
     return ToGrpc(s);
   };
   // When the watchdog cancelled the call, its bound ("deadline", "no_handshake" or "idle") is why
-  // the stream ended, not the source.
-  auto cut_off = [&]() -> std::optional<grpc::Status> {
+  // the stream ended, not the source. The source sees only a cancelled stream, so the reason is
+  // recorded where it asks for the migration's outcome.
+  auto cut_off = [&](const std::string& migration_id) -> std::optional<grpc::Status> {
     const std::string fired = watchdog.fired();
     if (fired.empty()) return std::nullopt;
-    return fail(fired, absl::DeadlineExceededError("the receive's " + fired + " bound cut it off"));
+    std::string why = CutOffMessage(side, watchdog, fired);
+    if (!migration_id.empty() && side.outcomes != nullptr) side.outcomes->CutOff(migration_id, why);
+    return fail(fired, absl::DeadlineExceededError(why));
   };
   v1::MigrationFrame f;
   if (!stream->Read(&f)) {
-    if (auto cut = cut_off()) return *cut;
+    if (auto cut = cut_off("")) return *cut;
     return ToGrpc(absl::InvalidArgumentError("the stream carried no handshake"));
   }
   watchdog.Touch();
@@ -89,7 +111,8 @@ grpc::Status ReceiveMigration(
       .on_resumed = on_resumed,
   });
   while (true) {
-    watchdog.Busy();  // checking a handshake or a complete anchor set may start work here
+    // Checking a handshake or a complete anchor set may start work here.
+    watchdog.Busy(static_cast<int64_t>(f.ByteSizeLong()));
     auto reply = rx.OnFrame(f);
     watchdog.Touch();
     if (reply.ok() && !rx.committed()) {
@@ -122,7 +145,7 @@ grpc::Status ReceiveMigration(
     if (rx.committed()) break;
     if (!stream->Read(&f)) {
       rx.OnStreamEnd();
-      if (auto cut = cut_off()) return *cut;
+      if (auto cut = cut_off(rx.migration_id())) return *cut;
       return fail(rx.failure_reason(),
                   absl::AbortedError(rx.failure_reason() == "not_committed"
                                          ? "the source did not commit; the resumed session was "

@@ -24,6 +24,16 @@ grpc::Status Bad(const std::string& m) { return ToGrpc(absl::InvalidArgumentErro
 // came for this long: the session is not generating (a CPU decode step takes tens of ms).
 constexpr absl::Duration kGeneratingGap = absl::Milliseconds(250);
 
+// A receive's minimum rate; its grace covers twice the time one largest chunk takes at that rate,
+// so a source that keeps the rate is never cut off between two chunks.
+MinimumRate ReceiveRate(const NodeOptions& o) {
+  if (!(o.min_receive_bytes_per_second > 0)) return {};
+  const double chunk = static_cast<double>(o.max_chunk_bytes > 0 ? o.max_chunk_bytes : 256 << 10);
+  return {.min_bytes_per_second = o.min_receive_bytes_per_second,
+          .grace = Seconds(
+              std::max(o.receive_rate_grace_seconds, 2 * chunk / o.min_receive_bytes_per_second))};
+}
+
 // A migration's hold on its session as the sender's hand-over.
 class OutboundHandOver final : public HandOver {
  public:
@@ -557,7 +567,7 @@ grpc::Status NodeService::Receive(
   {
     ReceiveWatchdog watchdog(ctx, std::min(bound, ctx->deadline()),
                              Seconds(options_.receive_idle_seconds),
-                             Seconds(options_.receive_handshake_seconds));
+                             Seconds(options_.receive_handshake_seconds), ReceiveRate(options_));
     st = ReceiveMigration({.engine = &engine_,
                            .model_fingerprint = options_.model_fingerprint,
                            .retention = retention(),
@@ -568,21 +578,12 @@ grpc::Status NodeService::Receive(
                            .budget = &budget_,
                            .outcomes = &outcomes_,
                            .planner = &planner_,
-                           .metrics = metrics_},
+                           .metrics = metrics_,
+                           .deadline_seconds = options_.default_timeout_seconds,
+                           .handshake_seconds = options_.receive_handshake_seconds,
+                           .idle_seconds = options_.receive_idle_seconds,
+                           .min_receive_bytes_per_second = options_.min_receive_bytes_per_second},
                           stream, watchdog);
-    const std::string fired = watchdog.fired();
-    if (fired == "deadline") {
-      st = ToGrpc(absl::DeadlineExceededError(
-          absl::StrCat("the migration did not finish within this node's bound of ",
-                       options_.default_timeout_seconds, " s; nothing was applied")));
-    } else if (fired == "no_handshake") {
-      st = ToGrpc(absl::DeadlineExceededError(absl::StrCat(
-          "no handshake within ", options_.receive_handshake_seconds, " s; nothing was applied")));
-    } else if (fired == "idle") {
-      st = ToGrpc(absl::DeadlineExceededError(absl::StrCat("the source sent nothing for ",
-                                                           options_.receive_idle_seconds,
-                                                           " s; nothing was applied")));
-    }
   }
   receiving_.fetch_sub(1);
   return st;
@@ -596,10 +597,12 @@ grpc::Status NodeService::MigrationOutcome(grpc::ServerContext* ctx,
   }
   const std::string& id = req->migration_id();
   if (auto st = CheckMigrationId(id, /*required=*/true); !st.ok()) return ToGrpc(st);
-  if (std::optional<std::string> session = outcomes_.Ask(id)) {
+  MigrationOutcomes::Answer answer = outcomes_.Ask(id);
+  if (answer.session) {
     reply->set_committed(true);
-    reply->set_session_id(*session);
+    reply->set_session_id(*answer.session);
   }
+  reply->set_failure(std::move(answer.failure));
   return grpc::Status::OK;
 }
 

@@ -49,6 +49,12 @@ struct NodeOptions {
   double receive_idle_seconds = 60;
   // A receive whose handshake does not arrive within this long is cut off.
   double receive_handshake_seconds = 10;
+  // After its handshake, a receive whose source sends slower than this (bytes per second of the
+  // time this node waits on it, past a grace period; 0: no minimum) is cut off.
+  double min_receive_bytes_per_second = 32 << 10;
+  // The grace before the minimum rate applies: this at least, and twice one largest chunk's time
+  // at the minimum rate.
+  double receive_rate_grace_seconds = 10;
   // How this node reaches migration targets (null: plaintext).
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
   // The bearer token this node presents to migration targets (null: none).

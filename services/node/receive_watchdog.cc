@@ -7,28 +7,48 @@
 #include "absl/time/time.h"
 
 namespace riskkv {
+namespace {
 
-ReceiveWatchdog::ReceiveWatchdog(grpc::ServerContext* ctx, TimePoint deadline,
-                                 std::chrono::system_clock::duration idle,
-                                 std::chrono::system_clock::duration handshake)
+// How often the thread checks the minimum rate.
+constexpr std::chrono::seconds kRateLook(1);
+
+}  // namespace
+
+ReceiveWatchdog::ReceiveWatchdog(grpc::ServerContext* ctx, TimePoint deadline, Duration idle,
+                                 Duration handshake, Rate rate)
     : deadline_(deadline),
       idle_(idle),
       handshake_(std::min(idle, handshake)),
+      rate_(rate),
       last_(std::chrono::system_clock::now()) {
   thread_ = std::thread([this, ctx] { Run(ctx); });
 }
 
+ReceiveWatchdog::Duration ReceiveWatchdog::Waited(TimePoint now) const {
+  return busy_ || !touched_ ? waited_ : waited_ + (now - last_);
+}
+
 void ReceiveWatchdog::Run(grpc::ServerContext* ctx) {
   absl::MutexLock lock(&mu_);
+  const bool rated = rate_.min_bytes_per_second > 0;
   while (!done_) {
-    const std::chrono::system_clock::duration idle = touched_ ? idle_ : handshake_;
-    cv_.WaitWithDeadline(&mu_, absl::FromChrono(std::min(deadline_, last_ + idle)));
+    const Duration idle = touched_ ? idle_ : handshake_;
+    TimePoint wake = std::min(deadline_, last_ + idle);
+    if (rated && touched_) wake = std::min(wake, std::chrono::system_clock::now() + kRateLook);
+    cv_.WaitWithDeadline(&mu_, absl::FromChrono(wake));
     if (done_) break;
     const TimePoint now = std::chrono::system_clock::now();
     if (busy_) last_ = now;  // this node's own work is not the source idling
-    const std::chrono::system_clock::duration bound = touched_ ? idle_ : handshake_;
-    if (now >= deadline_ || now >= last_ + bound) {
-      fired_ = now >= deadline_ ? "deadline" : touched_ ? "idle" : "no_handshake";
+    const Duration bound = touched_ ? idle_ : handshake_;
+    // Bytes owed: the minimum rate over the time waited, past the grace.
+    const double owed = rate_.min_bytes_per_second *
+                        std::chrono::duration<double>(Waited(now) - rate_.grace).count();
+    const bool slow = rated && touched_ && static_cast<double>(received_) < owed;
+    if (now >= deadline_ || now >= last_ + bound || slow) {
+      fired_ = now >= deadline_       ? "deadline"
+               : now >= last_ + bound ? (touched_ ? "idle" : "no_handshake")
+                                      : "slow";
+      waited_ = Waited(now);
       ctx->TryCancel();
       break;
     }
@@ -46,19 +66,37 @@ ReceiveWatchdog::~ReceiveWatchdog() {
 
 void ReceiveWatchdog::Touch() {
   absl::MutexLock lock(&mu_);
-  last_ = std::chrono::system_clock::now();
+  const TimePoint now = std::chrono::system_clock::now();
+  waited_ = Waited(now);
+  last_ = now;
   busy_ = false;
+  // The handshake came: the thread, asleep until the handshake bound, now looks at the rate.
+  if (!touched_ && rate_.min_bytes_per_second > 0) cv_.Signal();
   touched_ = true;
 }
 
-void ReceiveWatchdog::Busy() {
+void ReceiveWatchdog::Busy(int64_t arrived) {
   absl::MutexLock lock(&mu_);
+  const TimePoint now = std::chrono::system_clock::now();
+  waited_ = Waited(now);
+  last_ = now;
+  received_ += arrived;
   busy_ = true;
 }
 
 std::string ReceiveWatchdog::fired() {
   absl::MutexLock lock(&mu_);
   return fired_;
+}
+
+int64_t ReceiveWatchdog::received_bytes() {
+  absl::MutexLock lock(&mu_);
+  return received_;
+}
+
+double ReceiveWatchdog::waited_seconds() {
+  absl::MutexLock lock(&mu_);
+  return std::chrono::duration<double>(Waited(std::chrono::system_clock::now())).count();
 }
 
 bool ReceiveWatchdog::Disarm() {

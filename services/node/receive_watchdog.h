@@ -1,6 +1,6 @@
 // Cancels a Receive call at its deadline, when its handshake did not come within a short bound,
-// or when its source has sent nothing for an idle period, so a stalled or vanished source cannot
-// hold one of the node's receive slots.
+// when its source has sent nothing for an idle period, or when it sends slower than a minimum
+// rate, so a stalled, vanished or trickling source cannot hold one of the node's receive slots.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -14,35 +14,57 @@
 
 namespace riskkv {
 
-// Touch() and Busy() only take the lock: the thread wakes at most once per idle period to look,
-// so the per-chunk path never wakes it.
+// A receive's minimum rate (see ReceiveWatchdog).
+struct MinimumRate {
+  double min_bytes_per_second = 0;  // 0: no minimum
+  std::chrono::system_clock::duration grace{};
+};
+
+// The minimum rate: from the handshake on, the bytes received must keep up with `min_rate` bytes
+// per second of the time the node spent waiting on the source (its own work, between Busy() and
+// Touch(), does not count), less a grace period. The grace is at least twice the time one
+// largest chunk takes at the minimum rate, so a source that keeps the rate is never cut off.
+//
+// Touch() and Busy() only take the lock: the thread wakes at most once a second to look, so the
+// per-chunk path never wakes it.
 class ReceiveWatchdog {
  public:
   using TimePoint = std::chrono::system_clock::time_point;
+  using Duration = std::chrono::system_clock::duration;
+  using Rate = MinimumRate;
   // Until the first Touch (the handshake arrived) the idle bound is `handshake` (or `idle`, if
   // shorter).
-  ReceiveWatchdog(grpc::ServerContext* ctx, TimePoint deadline,
-                  std::chrono::system_clock::duration idle,
-                  std::chrono::system_clock::duration handshake);
+  ReceiveWatchdog(grpc::ServerContext* ctx, TimePoint deadline, Duration idle, Duration handshake,
+                  Rate rate = {});
   ~ReceiveWatchdog();
 
   // Waiting for the source from now: the idle clock starts again.
   void Touch() ABSL_LOCKS_EXCLUDED(mu_);
-  // This node is working (rebuilding, prefilling): the idle clock stops until Touch().
-  void Busy() ABSL_LOCKS_EXCLUDED(mu_);
-  // Why it cancelled the call ("deadline", "no_handshake" or "idle"), or empty.
+  // A frame of `arrived` bytes came in and this node works on it (checking, rebuilding,
+  // prefilling): the idle and rate clocks stop until Touch().
+  void Busy(int64_t arrived = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why it cancelled the call ("deadline", "no_handshake", "idle" or "slow"), or empty.
   std::string fired() ABSL_LOCKS_EXCLUDED(mu_);
+  // When it fired for "slow": the bytes received and the seconds waited on the source.
+  int64_t received_bytes() ABSL_LOCKS_EXCLUDED(mu_);
+  double waited_seconds() ABSL_LOCKS_EXCLUDED(mu_);
   // Stops the watchdog; false when it fired first.
   bool Disarm() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Run(grpc::ServerContext* ctx) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The time waited on the source since the handshake, up to `now`.
+  Duration Waited(TimePoint now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Mutex mu_;
   absl::CondVar cv_;
   const TimePoint deadline_;
-  const std::chrono::system_clock::duration idle_, handshake_;
+  const Duration idle_, handshake_;
+  const Rate rate_;
   TimePoint last_ ABSL_GUARDED_BY(mu_);
+  Duration waited_ ABSL_GUARDED_BY(mu_){};  // up to `last_`, while not busy
+  int64_t received_ ABSL_GUARDED_BY(mu_) = 0;
   bool touched_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;

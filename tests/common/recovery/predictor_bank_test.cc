@@ -252,6 +252,48 @@ TEST(PredictorBankTest, WrongModelIsAFailedPreconditionNamingBoth) {
   EXPECT_TRUE(PredictorBank::Open(path, "").ok());
 }
 
+// The check of a bank's first bytes as they arrive: every prefix of a sound bank passes, and each
+// field it reads is refused, as Open would, once the prefix reaches it.
+TEST(PredictorBankTest, CheckHeadPassesEveryPrefixAndRefusesEachFieldItReads) {
+  auto bank = PredictorBank::FromFits(kFingerprint, DType::kF16, SmallFits());
+  ASSERT_TRUE(bank.ok());
+  const std::string path = TempPath("bank.rkv");
+  ASSERT_TRUE((*bank)->Write(path).ok());
+  const std::string file = ReadFile(path);
+  const std::string_view whole(file);
+  for (size_t n = 0; n <= std::min<size_t>(file.size(), PredictorBank::HeadBytes()); ++n) {
+    EXPECT_TRUE(PredictorBank::CheckHead("b", whole.substr(0, n), file.size(), kFingerprint).ok())
+        << n;
+  }
+  auto refused = [&](const std::string& bytes, uint64_t size, std::string_view fp,
+                     absl::StatusCode code, const std::string& needle) {
+    const absl::Status st = PredictorBank::CheckHead("b", bytes, size, fp);
+    EXPECT_EQ(st.code(), code) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(needle));
+  };
+  std::string magic = file;
+  magic[1] = 'X';
+  refused(magic.substr(0, 2), file.size(), kFingerprint, absl::StatusCode::kInvalidArgument,
+          "bad magic");
+  std::string version = file;
+  Poke<uint32_t>(version, 8, 2);
+  refused(version.substr(0, 12), file.size(), kFingerprint, absl::StatusCode::kInvalidArgument,
+          "unsupported version 2");
+  EXPECT_TRUE(PredictorBank::CheckHead("b", version.substr(0, 11), file.size(), "").ok())
+      << "the version is not read before its last byte arrives";
+  refused(file.substr(0, 56), file.size() + 1, kFingerprint, absl::StatusCode::kInvalidArgument,
+          "were announced");
+  refused(file.substr(0, 20), 10, kFingerprint, absl::StatusCode::kInvalidArgument,
+          "shorter than the fixed header");
+  std::string fp_len = file;
+  Poke<uint32_t>(fp_len, 64, 5000);
+  refused(fp_len.substr(0, 68), file.size(), kFingerprint, absl::StatusCode::kInvalidArgument,
+          "fingerprint length");
+  refused(file, file.size(), "0123abcd", absl::StatusCode::kFailedPrecondition, kFingerprint);
+  EXPECT_TRUE(PredictorBank::CheckHead("b", file, file.size(), "").ok())
+      << "an empty expectation skips the fingerprint";
+}
+
 TEST(PredictorBankTest, MissingFileIsNotFound) {
   auto opened = PredictorBank::Open(TempPath("absent.rkv"), "");
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kNotFound);

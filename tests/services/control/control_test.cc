@@ -4,6 +4,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -228,6 +229,158 @@ TEST_F(Control, ServiceServesBanksAndPushesNewVersionsToWatchers) {
   ASSERT_TRUE(stub->ListPolicies(&lctx, {}, &list).ok());
   ASSERT_EQ(list.policies_size(), 1);
   EXPECT_EQ(list.policies(0).latest_version(), 2u);
+  server->Shutdown();
+}
+
+// A bank in pieces (PutPolicyStream): stored as the unary put stores it, and a bad one refused at
+// the piece that shows it, before the rest is sent, leaving nothing in the store.
+TEST_F(Control, ServiceTakesABankInPiecesAndRefusesABadOneAtThePieceThatShowsIt) {
+  auto store = *PolicyStore::Open(dir_.string());
+  ControlService service(*store);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  auto stub = v1::Control::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  const std::string& bank = *bank_bytes_;
+  ASSERT_GT(bank.size(), 2000u);
+  // Sends the head and the bank's bytes [0, upto) in pieces of `piece`, then either ends the
+  // stream or leaves it open (the server must answer without the rest); gives the status.
+  auto put = [&](const RetentionPolicy& p, uint64_t announced, const std::string& bytes,
+                 size_t upto, bool end, size_t piece = 777) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::PolicyRecord rec;
+    auto w = stub->PutPolicyStream(&ctx, &rec);
+    v1::PutPolicyPart part;
+    *part.mutable_head()->mutable_policy() = PolicyToProto(p);
+    part.mutable_head()->set_bank_bytes(announced);
+    bool ok = w->Write(part);
+    for (size_t at = 0; ok && at < upto; at += piece) {
+      part.set_bank(bytes.substr(at, std::min(piece, upto - at)));
+      ok = w->Write(part);
+    }
+    if (end && ok) w->WritesDone();
+    const auto t0 = std::chrono::steady_clock::now();
+    const grpc::Status st = w->Finish();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0)
+        << "the server answered without waiting for the rest";
+    return st;
+  };
+  auto expect = [&](const grpc::Status& st, grpc::StatusCode code, const std::string& needle) {
+    EXPECT_EQ(st.error_code(), code) << st.error_message();
+    EXPECT_NE(st.error_message().find(needle), std::string::npos) << st.error_message();
+    EXPECT_EQ(st.error_message().find(dir_.string()), std::string::npos) << st.error_message();
+  };
+  std::string foreign = bank;
+  foreign[0] = 'X';
+  expect(put(tiny_->policy, bank.size(), foreign, 777, /*end=*/false),
+         grpc::StatusCode::INVALID_ARGUMENT, "not a predictor bank");
+  RetentionPolicy other = tiny_->policy;
+  other.model_fingerprint = std::string(64, 'a');
+  expect(put(other, bank.size(), bank, 1500, /*end=*/false), grpc::StatusCode::INVALID_ARGUMENT,
+         "calibrated for model");
+  expect(put(tiny_->policy, bank.size() + 10, bank, 777, /*end=*/false),
+         grpc::StatusCode::INVALID_ARGUMENT, "were announced");
+  const std::string longer = bank + "0123456789";
+  expect(put(tiny_->policy, bank.size(), longer, longer.size(), /*end=*/true),
+         grpc::StatusCode::INVALID_ARGUMENT, "runs past the");
+  expect(put(tiny_->policy, bank.size(), bank, bank.size() / 2, /*end=*/true),
+         grpc::StatusCode::INVALID_ARGUMENT, "the bank ended after");
+  expect(put(tiny_->policy, kMaxBankBytes + 1, bank, 0, /*end=*/false),
+         grpc::StatusCode::INVALID_ARGUMENT, "the store takes 1 to");
+  std::string big(kMaxBankPieceBytes + 1, '\0');
+  std::memcpy(big.data(), bank.data(), 100);
+  expect(put(tiny_->policy, bank.size(), big, big.size(), /*end=*/false, big.size()),
+         grpc::StatusCode::INVALID_ARGUMENT, "above the bound of 1048576");
+  {
+    grpc::ClientContext ctx;
+    v1::PolicyRecord rec;
+    auto w = stub->PutPolicyStream(&ctx, &rec);
+    v1::PutPolicyPart part;
+    part.set_bank(bank.substr(0, 100));
+    w->Write(part);
+    w->WritesDone();
+    expect(w->Finish(), grpc::StatusCode::INVALID_ARGUMENT, "starts with its head");
+  }
+  EXPECT_TRUE(store->List().empty());
+  for (const auto& e : fs::directory_iterator(dir_ / "banks")) {
+    ADD_FAILURE() << "left in the store: " << e.path().filename();
+  }
+
+  ASSERT_TRUE(put(tiny_->policy, bank.size(), bank, bank.size(), /*end=*/true).ok());
+  grpc::ClientContext bctx;
+  v1::GetBankRequest gb;
+  gb.set_sha256(tiny_->bank->content_hash());
+  auto reader = stub->GetBank(&bctx, gb);
+  std::string got;
+  v1::BankChunk chunk;
+  while (reader->Read(&chunk)) got += chunk.data();
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(got, bank);
+  EXPECT_EQ(store->Get("tiny", 0)->version, 1u);
+  server->Shutdown();
+}
+
+TEST_F(Control, ConcurrentPutsAreCapped) {
+  auto store = *PolicyStore::Open(dir_.string());
+  ControlService service(*store, nullptr, nullptr, /*max_concurrent_puts=*/1);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  auto stub = v1::Control::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  // One put holds the only slot, its bank half sent.
+  grpc::ClientContext hctx;
+  v1::PolicyRecord held_rec;
+  auto held = stub->PutPolicyStream(&hctx, &held_rec);
+  v1::PutPolicyPart part;
+  *part.mutable_head()->mutable_policy() = PolicyToProto(tiny_->policy);
+  part.mutable_head()->set_bank_bytes(bank_bytes_->size());
+  ASSERT_TRUE(held->Write(part));
+  const size_t half = bank_bytes_->size() / 2;
+  part.set_bank(bank_bytes_->substr(0, half));
+  ASSERT_TRUE(held->Write(part));
+  // A second put, unary or streamed, is refused while it does (a malformed one: until the slot
+  // is taken it is refused for what it is).
+  auto unary = [&](const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::PutPolicyRequest req;
+    *req.mutable_policy() = PolicyToProto(tiny_->policy);
+    req.mutable_policy()->set_policy_id(id);
+    v1::PolicyRecord rec;
+    return stub->PutPolicy(&ctx, req, &rec);
+  };
+  grpc::Status second = unary("../bad");
+  for (int i = 0; i < 500 && second.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    second = unary("../bad");
+  }
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
+  EXPECT_NE(second.error_message().find("its limit of 1 policies at once"), std::string::npos)
+      << second.error_message();
+  {
+    grpc::ClientContext ctx;
+    v1::PolicyRecord rec;
+    auto w = stub->PutPolicyStream(&ctx, &rec);
+    v1::PutPolicyPart head;
+    *head.mutable_head()->mutable_policy() = PolicyToProto(tiny_->policy);
+    w->Write(head);
+    w->WritesDone();
+    EXPECT_EQ(w->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  // The held put finishes; the slot serves the next one.
+  part.set_bank(bank_bytes_->substr(half));
+  ASSERT_TRUE(held->Write(part));
+  held->WritesDone();
+  const grpc::Status done = held->Finish();
+  ASSERT_TRUE(done.ok()) << done.error_message();
+  EXPECT_EQ(held_rec.policy().version(), 1u);
+  EXPECT_EQ(unary("../bad").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   server->Shutdown();
 }
 

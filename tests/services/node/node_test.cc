@@ -484,12 +484,46 @@ TEST_F(Nodes, ATargetBoundsItsIncomingMigrationsInNumberAndTime) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.error_message().find("stays on this node"), std::string::npos) << s.error_message();
+  // The source saw a cancelled stream; it asked the target why.
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_NE(s.error_message().find("the target cut the stream off: the migration did not finish "
+                                   "within the target's bound of 0.5 s"),
+            std::string::npos)
+      << s.error_message();
   EXPECT_LT(took, 2.0) << s.error_message();
   EXPECT_TRUE(Generate(*slow2, y, 1).ok());
   grpc::ClientContext lc;
   v1::ListSessionsReply list;
   ASSERT_TRUE(strict->stub->ListSessions(&lc, {}, &list).ok());
   EXPECT_EQ(list.sessions_size(), 0);
+
+  // A target that hears nothing for 0.1 s cuts a 0.5 Mbit/s source off between its chunks (one
+  // layer's K or V rows, about 19 KB: 0.3 s each after the first 64 KiB); the source learns which
+  // bound it was, and the target counts it as the idle bound's doing, not as a truncated stream.
+  auto big_chunks = [](NodeOptions& o) { o.max_chunk_bytes = 64 << 10; };
+  auto impatient = Start(true, 0, 3e-3, [&](NodeOptions& o) {
+    big_chunks(o);
+    o.receive_idle_seconds = 0.1;
+  });
+  auto slow3 = Start(true, 0.5, 3e-3, big_chunks);
+  const std::string w = StartSession(*slow3);
+  ASSERT_TRUE(Generate(*slow3, w, 120).ok());
+  s = Migrate(*slow3, w, *impatient, v1::FULL_KV, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_NE(s.error_message().find("the target cut the stream off: the source sent nothing for "
+                                   "0.1 s"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_TRUE(Generate(*slow3, w, 1).ok());
+  const std::string idle_counted =
+      "riskkv_migration_failures_total{model=\"tiny\",reason=\"idle\",role=\"target\"} 1";
+  std::string im = impatient->Metrics();
+  for (int i = 0; i < 500 && im.find(idle_counted) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    im = impatient->Metrics();
+  }
+  EXPECT_NE(im.find(idle_counted), std::string::npos) << im;
+  EXPECT_EQ(im.find("reason=\"truncated\""), std::string::npos) << im;
 
   // A peer that opens a receive and sends no handshake loses its slot after the handshake bound
   // (well before the idle one), and the slot serves the next migration.
@@ -520,6 +554,45 @@ TEST_F(Nodes, ATargetBoundsItsIncomingMigrationsInNumberAndTime) {
   auto quick = Start(true);
   const std::string z = StartSession(*quick);
   s = Migrate(*quick, z, *guarded, v1::FULL_KV, &reply);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(Nodes, ATargetCutsOffASourceSlowerThanItsMinimumRate) {
+  // 16 KiB chunks and a 64 KiB/s minimum: a grace of 0.5 s (twice one chunk's time at the
+  // minimum). A 0.1 Mbit/s source (12.5 KB/s after its 64 KiB burst) falls behind and is cut
+  // off; a 1 Mbit/s one keeps up and moves.
+  auto small_chunks = [](NodeOptions& o) { o.max_chunk_bytes = 16 << 10; };
+  auto target = Start(true, 0, 3e-3, [](NodeOptions& o) {
+    o.max_chunk_bytes = 16 << 10;
+    o.min_receive_bytes_per_second = 64 << 10;
+    o.receive_rate_grace_seconds = 0.5;
+  });
+  auto trickle = Start(true, 0.1, 3e-3, small_chunks), steady = Start(true, 1, 3e-3, small_chunks);
+  const std::string x = StartSession(*trickle), y = StartSession(*steady);
+  ASSERT_TRUE(Generate(*trickle, x, 120).ok());
+  ASSERT_TRUE(Generate(*steady, y, 120).ok());
+  v1::MigrateReply reply;
+  const auto t0 = std::chrono::steady_clock::now();
+  grpc::Status s = Migrate(*trickle, x, *target, v1::FULL_KV, &reply);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_NE(s.error_message().find("the target cut the stream off: the source sent "),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("below the target's minimum of 65536 bytes/s"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_LT(took, 10.0) << "the whole transfer would take about 25 s; " << s.error_message();
+  EXPECT_TRUE(Generate(*trickle, x, 1).ok()) << "the session stays on its source";
+  const std::string counted =
+      "riskkv_migration_failures_total{model=\"tiny\",reason=\"slow\",role=\"target\"} 1";
+  std::string m = target->Metrics();
+  for (int i = 0; i < 500 && m.find(counted) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    m = target->Metrics();
+  }
+  EXPECT_NE(m.find(counted), std::string::npos) << m;
+  s = Migrate(*steady, y, *target, v1::FULL_KV, &reply);
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
