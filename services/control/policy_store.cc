@@ -28,10 +28,9 @@ absl::Status HideStorePaths(const absl::Status& st, const std::string& temp,
 
 }  // namespace
 
-BankUpload::BankUpload(AtomicFileWriter out, std::string sha, std::string fingerprint,
-                       uint64_t bytes, std::string store_dir)
+BankUpload::BankUpload(AtomicFileWriter out, std::string fingerprint, uint64_t bytes,
+                       std::string store_dir)
     : out_(std::move(out)),
-      sha_(std::move(sha)),
       fingerprint_(std::move(fingerprint)),
       store_dir_(std::move(store_dir)),
       bytes_(bytes) {}
@@ -107,8 +106,8 @@ absl::StatusOr<std::unique_ptr<BankUpload>> PolicyStore::StartBank(
   auto created = AtomicFileWriter::Create(
       (fs::path(dir_) / "banks" / (p.predictor_bank_sha256 + ".rkvbank")).string());
   if (!created.ok()) return HideStorePaths(created.status(), "", dir_);
-  return std::unique_ptr<BankUpload>(new BankUpload(*std::move(created), p.predictor_bank_sha256,
-                                                    p.model_fingerprint, bytes, dir_));
+  return std::unique_ptr<BankUpload>(
+      new BankUpload(*std::move(created), p.model_fingerprint, bytes, dir_));
 }
 
 absl::StatusOr<RetentionPolicy> PolicyStore::Put(const v1::RetentionPolicy& policy,

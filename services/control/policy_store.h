@@ -36,17 +36,14 @@ class BankUpload {
   // InvalidArgument as soon as the bytes so far show the bank cannot be the one announced;
   // ResourceExhausted when the disk is full. After a failure every call gives the same error.
   absl::Status Append(std::string_view bytes);
-  uint64_t received() const { return received_; }
-  uint64_t announced() const { return bytes_; }
 
  private:
   friend class PolicyStore;
-  BankUpload(AtomicFileWriter out, std::string sha, std::string fingerprint, uint64_t bytes,
-             std::string store_dir);
+  BankUpload(AtomicFileWriter out, std::string fingerprint, uint64_t bytes, std::string store_dir);
   absl::Status HidePaths(const absl::Status& st) const;
 
   AtomicFileWriter out_;
-  std::string sha_, fingerprint_, store_dir_;
+  std::string fingerprint_, store_dir_;
   uint64_t bytes_ = 0, received_ = 0;
   std::string head_;  // the file's first bytes, up to PredictorBank::HeadBytes()
   absl::Status failed_;

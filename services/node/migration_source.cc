@@ -15,16 +15,24 @@ namespace {
 
 // The target's answer to "did migration `id` commit?", asked until `deadline` while it cannot be
 // reached: the session's id there, or nullopt (it did not, and now never will).
-absl::StatusOr<std::optional<std::string>> AskOutcome(
-    v1::Node::Stub& target, const std::string& id, std::chrono::system_clock::time_point deadline) {
+// One MigrationOutcome question, answered by `deadline` at the latest.
+grpc::Status AskOnce(v1::Node::Stub& target, const std::string& id,
+                     std::chrono::system_clock::time_point deadline,
+                     v1::MigrationOutcomeReply* reply) {
   v1::MigrationOutcomeRequest req;
   req.set_migration_id(id);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline);
+  return target.MigrationOutcome(&ctx, req, reply);
+}
+
+absl::StatusOr<std::optional<std::string>> AskOutcome(
+    v1::Node::Stub& target, const std::string& id, std::chrono::system_clock::time_point deadline) {
   while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(
-        std::min(deadline, std::chrono::system_clock::now() + std::chrono::seconds(2)));
     v1::MigrationOutcomeReply reply;
-    const grpc::Status st = target.MigrationOutcome(&ctx, req, &reply);
+    const grpc::Status st = AskOnce(
+        target, id, std::min(deadline, std::chrono::system_clock::now() + std::chrono::seconds(2)),
+        &reply);
     if (st.ok()) {
       return reply.committed() ? std::optional<std::string>(reply.session_id()) : std::nullopt;
     }
@@ -43,12 +51,10 @@ absl::StatusOr<std::optional<std::string>> AskOutcome(
 // bounded by a second: a target that is gone gives no reason.
 std::optional<std::string> CutOffReason(v1::Node::Stub& target, const std::string& id) {
   if (id.empty()) return std::nullopt;
-  v1::MigrationOutcomeRequest req;
-  req.set_migration_id(id);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
   v1::MigrationOutcomeReply reply;
-  if (!target.MigrationOutcome(&ctx, req, &reply).ok() || reply.failure().empty()) {
+  if (!AskOnce(target, id, std::chrono::system_clock::now() + std::chrono::seconds(1), &reply)
+           .ok() ||
+      reply.failure().empty()) {
     return std::nullopt;
   }
   return reply.failure();

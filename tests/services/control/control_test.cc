@@ -54,6 +54,19 @@ class Control : public ::testing::Test {
 testing::TinyPolicy* Control::tiny_ = nullptr;
 std::string* Control::bank_bytes_ = nullptr;
 
+// `service` on a loopback port with the server's default message bound, and a client of it.
+std::pair<std::unique_ptr<grpc::Server>, std::unique_ptr<v1::Control::Stub>> Serve(
+    ControlService& service) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  return {std::move(server),
+          v1::Control::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                   grpc::InsecureChannelCredentials()))};
+}
+
 TEST_F(Control, StoresVersionsAndBanksAndSurvivesARestart) {
   {
     auto store = PolicyStore::Open(dir_.string());
@@ -237,13 +250,7 @@ TEST_F(Control, ServiceServesBanksAndPushesNewVersionsToWatchers) {
 TEST_F(Control, ServiceTakesABankInPiecesAndRefusesABadOneAtThePieceThatShowsIt) {
   auto store = *PolicyStore::Open(dir_.string());
   ControlService service(*store);
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&service);
-  auto server = b.BuildAndStart();
-  auto stub = v1::Control::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  auto [server, stub] = Serve(service);
   const std::string& bank = *bank_bytes_;
   ASSERT_GT(bank.size(), 2000u);
   // Sends the head and the bank's bytes [0, upto) in pieces of `piece`, then either ends the
@@ -327,13 +334,7 @@ TEST_F(Control, ServiceTakesABankInPiecesAndRefusesABadOneAtThePieceThatShowsIt)
 TEST_F(Control, ConcurrentPutsAreCapped) {
   auto store = *PolicyStore::Open(dir_.string());
   ControlService service(*store, nullptr, nullptr, /*max_concurrent_puts=*/1);
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&service);
-  auto server = b.BuildAndStart();
-  auto stub = v1::Control::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  auto [server, stub] = Serve(service);
   // One put holds the only slot, its bank half sent.
   grpc::ClientContext hctx;
   v1::PolicyRecord held_rec;

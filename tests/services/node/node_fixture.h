@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/engine/cpu_engine.h"
@@ -32,6 +34,16 @@ struct TestNode {
 
   std::string Metrics() const {
     return prometheus::TextSerializer().Serialize(registry->Collect());
+  }
+  // The metrics once they hold `line` (a handler counts as it returns, which may come after its
+  // client saw the call end), or after 5 s as they are.
+  std::string AwaitMetrics(const std::string& line) const {
+    std::string m = Metrics();
+    for (int i = 0; i < 500 && m.find(line) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      m = Metrics();
+    }
+    return m;
   }
   // The value of one series, named with its labels as exported (-1 when absent).
   double MetricValue(const std::string& series) const {

@@ -517,11 +517,7 @@ TEST_F(Nodes, ATargetBoundsItsIncomingMigrationsInNumberAndTime) {
   EXPECT_TRUE(Generate(*slow3, w, 1).ok());
   const std::string idle_counted =
       "riskkv_migration_failures_total{model=\"tiny\",reason=\"idle\",role=\"target\"} 1";
-  std::string im = impatient->Metrics();
-  for (int i = 0; i < 500 && im.find(idle_counted) == std::string::npos; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    im = impatient->Metrics();
-  }
+  const std::string im = impatient->AwaitMetrics(idle_counted);
   EXPECT_NE(im.find(idle_counted), std::string::npos) << im;
   EXPECT_EQ(im.find("reason=\"truncated\""), std::string::npos) << im;
 
@@ -544,11 +540,7 @@ TEST_F(Nodes, ATargetBoundsItsIncomingMigrationsInNumberAndTime) {
   // as it returns, which may come after the client saw the stream end).
   const std::string counted =
       "riskkv_migration_failures_total{model=\"tiny\",reason=\"no_handshake\",role=\"target\"} 1";
-  std::string m = guarded->Metrics();
-  for (int i = 0; i < 500 && m.find(counted) == std::string::npos; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    m = guarded->Metrics();
-  }
+  const std::string m = guarded->AwaitMetrics(counted);
   EXPECT_NE(m.find(counted), std::string::npos) << m;
   EXPECT_EQ(m.find("reason=\"truncated\""), std::string::npos) << m;
   auto quick = Start(true);
@@ -586,11 +578,7 @@ TEST_F(Nodes, ATargetCutsOffASourceSlowerThanItsMinimumRate) {
   EXPECT_TRUE(Generate(*trickle, x, 1).ok()) << "the session stays on its source";
   const std::string counted =
       "riskkv_migration_failures_total{model=\"tiny\",reason=\"slow\",role=\"target\"} 1";
-  std::string m = target->Metrics();
-  for (int i = 0; i < 500 && m.find(counted) == std::string::npos; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    m = target->Metrics();
-  }
+  const std::string m = target->AwaitMetrics(counted);
   EXPECT_NE(m.find(counted), std::string::npos) << m;
   s = Migrate(*steady, y, *target, v1::FULL_KV, &reply);
   EXPECT_TRUE(s.ok()) << s.error_message();
