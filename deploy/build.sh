@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Configures and builds one CMake preset (release by default; asan, tsan, thread-safety, fuzz; image
+# Configures and builds one CMake preset (release by default; asan, tsan, fuzz; image
 # and image-cuda for the container images), all targets or the ones named.
-#   deploy/build.sh [release|asan|tsan|thread-safety|fuzz|image|image-cuda] [TARGET...]
+#   deploy/build.sh [release|asan|tsan|fuzz|image|image-cuda] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset="${1:-release}"

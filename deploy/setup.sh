@@ -57,7 +57,7 @@ fi
 
 # Test and deployment tooling: curl for /metrics, iproute2 for the two-namespace test, openssl
 # for the TLS test's certificates, docker-compose to validate the compose file (no container
-# engine is needed for that), clang for the thread-safety preset's -Wthread-safety build and,
+# engine is needed for that), clang for the -Wthread-safety check (deploy/thread_safety.py) and,
 # with its compiler-rt (libFuzzer), the fuzz preset; a container engine, iptables and
 # debootstrap for the compose smoke test (deploy/compose/smoke.sh starts the engine itself).
 install_debs curl iproute2 openssl docker-compose clang-14 libclang-rt-14-dev docker.io iptables \

@@ -2,13 +2,21 @@
 # Gathers what a runtime image needs from a build tree: the binaries users run, the CUDA module
 # when it was built, and every shared library they load except the C runtime the base image
 # provides (glibc, libstdc++, libgcc_s) and, with --cuda-from-base, the CUDA libraries an NVIDIA
-# CUDA runtime base provides. Run by both Dockerfiles' build stages and by CI on the release
-# build (tests/deploy), so what goes into the images is checked without a container engine.
-#   docker/collect-runtime.sh BUILD_DIR OUT_DIR [--cuda-from-base]
+# CUDA runtime base provides; with --cpu-only the CUDA module stays out even where the tree has
+# one (riskkv:cpu from a host build, docker/Dockerfile.prebuilt). Run by both Dockerfiles' build
+# stages and by CI on the release build (tests/deploy), so what goes into the images is checked
+# without a container engine.
+#   docker/collect-runtime.sh BUILD_DIR OUT_DIR [--cuda-from-base|--cpu-only]
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: collect-runtime.sh BUILD_DIR OUT_DIR [--cuda-from-base]" >&2; exit 2; }
-build=$1 out=$2 cuda_from_base=0
-[ "${3:-}" = --cuda-from-base ] && cuda_from_base=1
+usage="usage: collect-runtime.sh BUILD_DIR OUT_DIR [--cuda-from-base|--cpu-only]"
+[ $# -ge 2 ] && [ $# -le 3 ] || { echo "$usage" >&2; exit 2; }
+build=$1 out=$2 cuda_from_base=0 cpu_only=0
+case "${3:-}" in
+  "") ;;
+  --cuda-from-base) cuda_from_base=1 ;;
+  --cpu-only) cpu_only=1 ;;
+  *) echo "collect-runtime: unknown option '$3' ($usage)" >&2; exit 2 ;;
+esac
 BINARIES=(services/riskkv-node services/riskkv-control services/riskkvctl
   services/riskkv-calibrate services/riskkv-generate services/riskkv-score)
 mkdir -p "$out/bin" "$out/lib"
@@ -17,7 +25,7 @@ for b in "${BINARIES[@]}"; do
   cp "$build/$b" "$out/bin/"
 done
 objects=("$out"/bin/*)
-if [ -f "$build/kernels/cuda/libriskkv_cuda.so" ]; then
+if [ "$cpu_only" = 0 ] && [ -f "$build/kernels/cuda/libriskkv_cuda.so" ]; then
   # Beside the binaries, where the node looks for them first: the engine and its small probe.
   for m in libriskkv_cuda.so libriskkv_cuda_probe.so; do
     cp "$build/kernels/cuda/$m" "$out/bin/"

@@ -14,11 +14,25 @@
 # engine.sh: data root under $RISKKV_HOME/docker, kept between runs so the base images and the
 # build dependencies' layer are reused; a bridge in 10.199.128.0/20). Makes debian:12 and
 # debian:12-slim with debootstrap when absent. Exits 77 (skipped) when not root or when no engine
-# can be started, naming why. Takes about 10 minutes, most of it the image build.
-#   deploy/compose/smoke.sh
+# can be started, naming why. Takes about 10 minutes, most of it the image build. With --binaries
+# BUILD_DIR (CI, on its release build) the image is docker/Dockerfile's runtime stage filled with
+# that tree's binaries (docker/Dockerfile.prebuilt) instead of a second compile inside the image.
+#   deploy/compose/smoke.sh [--binaries BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(cd ../.. && pwd)
+BINARIES=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --binaries)
+      [ $# -ge 2 ] && [ -x "$2/services/riskkv-node" ] ||
+        { echo "FAIL: --binaries needs a build tree with services/riskkv-node" >&2; exit 2; }
+      BINARIES=$(cd "$2" && pwd)
+      shift 2
+      ;;
+    *) echo "FAIL: unknown argument '$1' (usage: smoke.sh [--binaries BUILD_DIR])" >&2; exit 2 ;;
+  esac
+done
 RISKKV_HOME="${RISKKV_HOME:-$HOME/.cache/riskkv}"
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 POLICY="$ROOT/deploy/policies/smollm2-135m-instruct"
@@ -112,15 +126,31 @@ log "base images"
 base_images || fail "cannot make the base images"
 
 step "engine $(docker version --format '{{.Server.Version}}'), base images debian:12, debian:12-slim"
-log "building the build dependencies (riskkv:build-deps) and riskkv:cpu (docker-compose build)"
-docker build -q --target deps -t riskkv:build-deps -f "$ROOT/docker/Dockerfile" "$ROOT" >/dev/null
-# Progress: the Dockerfile's steps and the build's percentage, as they come.
-set +e
-dc build control 2>&1 | tee "$WORK/build.log" |
-  grep --line-buffered -E '^Step |^\[ *[0-9]+0%\]' | sed -u 's/^/[build] /' >&2
-build_rc=${PIPESTATUS[0]}
-set -e
-[ "$build_rc" = 0 ] || { tail -n 30 "$WORK/build.log" >&2; fail "docker-compose build control failed"; }
+if [ -n "$BINARIES" ]; then
+  log "riskkv:cpu from the binaries of $BINARIES (docker/Dockerfile.prebuilt)"
+  docker build -q --target runtime -t riskkv:runtime -f "$ROOT/docker/Dockerfile" "$ROOT" \
+    >/dev/null || fail "docker/Dockerfile's runtime stage does not build"
+  context="$WORK/image"
+  "$ROOT/docker/collect-runtime.sh" "$BINARIES" "$context/opt/riskkv" --cpu-only >&2 ||
+    fail "cannot collect the binaries of $BINARIES"
+  for corpus in /usr/share/doc/jargon-text/jargon.txt.gz \
+    /usr/share/debian-reference/debian-reference.en.txt.gz; do
+    mkdir -p "$context$(dirname "$corpus")"
+    cp "$corpus" "$context$corpus" || fail "no $corpus (run deploy/setup.sh)"
+  done
+  docker build -q -f "$ROOT/docker/Dockerfile.prebuilt" -t riskkv:cpu "$context" >/dev/null ||
+    fail "docker/Dockerfile.prebuilt does not build"
+else
+  log "building the build dependencies (riskkv:build-deps) and riskkv:cpu (docker-compose build)"
+  docker build -q --target deps -t riskkv:build-deps -f "$ROOT/docker/Dockerfile" "$ROOT" >/dev/null
+  # Progress: the Dockerfile's steps and the build's percentage, as they come.
+  set +e
+  dc build control 2>&1 | tee "$WORK/build.log" |
+    grep --line-buffered -E '^Step |^\[ *[0-9]+0%\]' | sed -u 's/^/[build] /' >&2
+  build_rc=${PIPESTATUS[0]}
+  set -e
+  [ "$build_rc" = 0 ] || { tail -n 30 "$WORK/build.log" >&2; fail "docker-compose build control failed"; }
+fi
 if [ "$RISKKV_PROMETHEUS_IMAGE" = riskkv-prometheus:debian12 ]; then
   log "building $RISKKV_PROMETHEUS_IMAGE from Debian's prometheus package"
   docker build -q -f "$ROOT/docker/Dockerfile.prometheus" -t "$RISKKV_PROMETHEUS_IMAGE" \
