@@ -19,6 +19,10 @@ FollowResult GenerateFollowing(
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::duration_cast<std::chrono::system_clock::duration>(
                          std::chrono::duration<double>(options.deadline_seconds)));
+    // The session is already on the target it moved to, so a target that cannot be reached for
+    // a moment (a partition, a restarting proxy) is waited for until the deadline; the request
+    // is sent only once a connection is up, so no token is generated twice.
+    if (out.moves > 0) ctx.set_wait_for_ready(true);
     v1::GenerateRequest req;
     req.set_session_id(session);
     req.set_max_tokens(remaining);

@@ -7,6 +7,7 @@
 //   riskkvctl --node 127.0.0.1:7070 score --session ID --tokens '[1,2,3]'
 //   riskkvctl --node 127.0.0.1:7070 show --session ID
 //   riskkvctl --node 127.0.0.1:7070 list
+//   riskkvctl --node 127.0.0.1:7070 close --session ID
 //   riskkvctl --control 127.0.0.1:7000 policy-put --policy policy.pb --bank bank.rkvbank
 //   riskkvctl --control 127.0.0.1:7000 policy-get --policy-id ID [--version N]
 //   riskkvctl --control 127.0.0.1:7000 policy-list
@@ -96,7 +97,7 @@ grpc::ClientContext* Deadline(grpc::ClientContext* ctx, double seconds) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "riskkvctl [--node HOST:PORT] start|generate|migrate|score|show|list [flags]\n"
+      "riskkvctl [--node HOST:PORT] start|generate|migrate|score|show|list|close [flags]\n"
       "riskkvctl [--control HOST:PORT] policy-put|policy-get|policy-list [flags]\n"
       "riskkvctl [--node HOST:PORT] health | [--control HOST:PORT] control-health: exit 0 when "
       "serving");
@@ -106,7 +107,7 @@ int main(int argc, char** argv) {
   std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (rest.size() != 2) {
     return Fail(
-        "one command expected: start, generate, migrate, score, show, list, policy-put, "
+        "one command expected: start, generate, migrate, score, show, list, close, policy-put, "
         "policy-get, policy-list, health, control-health");
   }
   const std::string cmd = rest[1];
@@ -292,7 +293,15 @@ int main(int argc, char** argv) {
     riskkv::v1::ListSessionsReply reply;
     return Print(stub->ListSessions(Deadline(&ctx, 60), {}, &reply), reply);
   }
+  if (cmd == "close") {
+    if (int rc = need_session()) return rc;
+    riskkv::v1::CloseSessionRequest req;
+    req.set_session_id(session);
+    grpc::ClientContext ctx;
+    riskkv::v1::CloseSessionReply reply;
+    return Print(stub->CloseSession(Deadline(&ctx, 60), req, &reply), reply);
+  }
   return Fail("unknown command '" + cmd +
-              "': start, generate, migrate, score, show, list, health, policy-put, policy-get, "
-              "policy-list or control-health");
+              "': start, generate, migrate, score, show, list, close, health, policy-put, "
+              "policy-get, policy-list or control-health");
 }
