@@ -57,6 +57,7 @@ class Link:
         self.drop_c2s = False  # requests are dropped
         self.closed = False
         self.frames = {}  # HTTP/2 stream id -> DATA frames seen from the client
+        self.buf, self.preface = b"", True  # the client's bytes not yet parsed into frames
         threading.Thread(target=self.pump_c2s, daemon=True).start()
         threading.Thread(target=self.pump_s2c, daemon=True).start()
 
@@ -71,48 +72,47 @@ class Link:
                 pass
             s.close()
 
-    def pump_c2s(self):
-        buf, preface = b"", True
+    def pump(self, src, dst, dropped, watch=None):
+        """Copies src to dst until either closes, dropping what `dropped()` says; `watch` sees
+        every byte the client sent."""
         try:
             while True:
-                data = self.client.recv(65536)
+                data = src.recv(65536)
                 if not data:
                     break
-                if not self.drop_c2s:
-                    self.server.sendall(data)
-                # The client's HTTP/2 frames: a stream that sent several DATA frames and then
-                # ends (END_STREAM) is a Receive whose commit went out.
-                buf += data
-                if preface:
-                    if len(buf) < len(H2_PREFACE):
-                        continue
-                    buf, preface = buf[len(H2_PREFACE):], False
-                while len(buf) >= 9:
-                    length = int.from_bytes(buf[:3], "big")
-                    if len(buf) < 9 + length:
-                        break
-                    ftype, flags = buf[3], buf[4]
-                    sid = struct.unpack(">I", buf[5:9])[0] & 0x7FFFFFFF
-                    buf = buf[9 + length:]
-                    if ftype == 0:
-                        self.frames[sid] = self.frames.get(sid, 0) + 1
-                        if flags & 1 and self.frames[sid] >= 3:
-                            self.proxy.commit_sent(self)
+                if not dropped():
+                    dst.sendall(data)
+                if watch:
+                    watch(data)
         except OSError:
             pass
         self.close()
 
+    def pump_c2s(self):
+        self.pump(self.client, self.server, lambda: self.drop_c2s, self.watch_frames)
+
     def pump_s2c(self):
-        try:
-            while True:
-                data = self.server.recv(65536)
-                if not data:
-                    break
-                if not self.drop_s2c:
-                    self.client.sendall(data)
-        except OSError:
-            pass
-        self.close()
+        self.pump(self.server, self.client, lambda: self.drop_s2c)
+
+    def watch_frames(self, data):
+        """The client's HTTP/2 frames: a stream that sent several DATA frames and then ends
+        (END_STREAM) is a Receive whose commit went out."""
+        self.buf += data
+        if self.preface:
+            if len(self.buf) < len(H2_PREFACE):
+                return
+            self.buf, self.preface = self.buf[len(H2_PREFACE):], False
+        while len(self.buf) >= 9:
+            length = int.from_bytes(self.buf[:3], "big")
+            if len(self.buf) < 9 + length:
+                return
+            ftype, flags = self.buf[3], self.buf[4]
+            sid = struct.unpack(">I", self.buf[5:9])[0] & 0x7FFFFFFF
+            self.buf = self.buf[9 + length:]
+            if ftype == 0:
+                self.frames[sid] = self.frames.get(sid, 0) + 1
+                if flags & 1 and self.frames[sid] >= 3:
+                    self.proxy.commit_sent(self)
 
 
 class Proxy:
