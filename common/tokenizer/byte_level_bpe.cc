@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/normalizer.h"
 #include "common/tokenizer/pre_tokenizer.h"
 #include "common/tokenizer/special_tokens.h"
 #include "common/tokenizer/text_util.h"
@@ -103,13 +104,21 @@ class ByteLevelBpe final : public Tokenizer {
     if (add_special && spec_.add_bos && spec_.bos_id >= 0) ids.push_back(spec_.bos_id);
     Scratch scratch;
     std::vector<std::string_view> words;
+    std::string normalized;
     for (const TextFragment& fragment : specials_.Split(text, parse_special)) {
       if (fragment.id >= 0) {
         ids.push_back(fragment.id);
         continue;
       }
       words.clear();
-      if (absl::Status s = pre_->Split(fragment.text, &words); !s.ok()) return s;
+      std::string_view piece = fragment.text;
+      if (spec_.normalization != Normalization::kNone) {
+        absl::StatusOr<std::string> normal = Normalize(spec_.normalization, piece);
+        if (!normal.ok()) return normal.status();
+        normalized = *std::move(normal);
+        piece = normalized;
+      }
+      if (absl::Status s = pre_->Split(piece, &words); !s.ok()) return s;
       for (std::string_view word : words) {
         if (absl::Status s = EncodeWord(word, &scratch, &ids); !s.ok()) return s;
       }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
+#include "common/tokenizer/normalizer.h"
 #include "common/tokenizer/pre_tokenizer.h"
 #include "common/tokenizer/spec_util.h"
 #include "common/tokenizer/special_tokens.h"
@@ -117,6 +118,35 @@ absl::StatusOr<std::string> DetectPreTokenizer(const json& pre) {
     return std::string(name);
   }
   return unsupported();
+}
+
+// The Unicode normal form a normalizer applies: null, NFC/NFD/NFKC/NFKD, or a Sequence holding
+// at most one of them. Normalizers that change text otherwise (Lowercase, Strip, Replace,
+// Prepend, BertNormalizer, ...) are refused by name.
+absl::StatusOr<Normalization> ReadNormalizer(const json& normalizer) {
+  if (normalizer.is_null()) return Normalization::kNone;
+  const std::string type = TypeOf(normalizer);
+  if (type == "Sequence") {
+    if (!normalizer.contains("normalizers") || !normalizer["normalizers"].is_array()) {
+      return absl::InvalidArgumentError("normalizer Sequence without a \"normalizers\" list");
+    }
+    Normalization form = Normalization::kNone;
+    for (const json& part : normalizer["normalizers"]) {
+      ASSIGN_OR_RETURN(Normalization one, ReadNormalizer(part));
+      if (one == Normalization::kNone) continue;
+      if (form != Normalization::kNone && form != one) {
+        return Unsupported(absl::StrCat("normalizer Sequence of ", NormalizationName(form),
+                                        " and ", NormalizationName(one)));
+      }
+      form = one;
+    }
+    return form;
+  }
+  std::optional<Normalization> form = NormalizationFromName(type);
+  if (!form || *form == Normalization::kNone) {
+    return Unsupported(absl::StrCat("normalizer ", type));
+  }
+  return *form;
 }
 
 absl::Status CheckModelOptions(const json& model, TokenizerSpec* spec) {
@@ -273,8 +303,8 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const json& root, const std::st
   TokenizerSpec spec;
   spec.kind = TokenizerSpec::Kind::kByteLevelBpe;
   RETURN_IF_ERROR(CheckModelOptions(model, &spec));
-  if (root.contains("normalizer") && !root["normalizer"].is_null()) {
-    return Unsupported(absl::StrCat("normalizer ", TypeOf(root["normalizer"])));
+  if (root.contains("normalizer")) {
+    ASSIGN_OR_RETURN(spec.normalization, ReadNormalizer(root["normalizer"]));
   }
   if (!root.contains("pre_tokenizer") || root["pre_tokenizer"].is_null()) {
     return Unsupported("a BPE model without a ByteLevel pre-tokenizer");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tokenizer/normalizer.h"
 
 namespace riskkv {
 
@@ -31,6 +32,9 @@ struct TokenizerSpec {
   // Byte-level BPE: a pre-token that is itself in the vocabulary is emitted whole, without
   // merging (HF "ignore_merges", set by Llama 3).
   bool ignore_merges = false;
+  // Byte-level BPE: the normal form each piece of text between added tokens is put in before
+  // pre-tokenization (HF's rule for added tokens with normalized=false, the only kind Qwen2 has).
+  Normalization normalization = Normalization::kNone;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
   int32_t unk_id = -1;

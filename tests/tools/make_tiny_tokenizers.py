@@ -10,6 +10,8 @@ Writes, deterministically:
       HF byte-level BPE with the Qwen2 Split regex, then ByteLevel(use_regex=False).
   OUT/tokenizers/spm/{spm.model,gguf_tokenizer.json}
       SentencePiece BPE with byte fallback (the GGUF "llama" tokenizer family).
+  OUT/tokenizers/{qwen2_nfc,qwen2_nfkc}/{tokenizer.json,tokenizer_config.json}
+      The qwen2 tokenizer with an NFC normalizer (as real Qwen2 and Qwen2.5 ship) or NFKC.
 The gguf_tokenizer.json files hold exactly the tokenizer.ggml.* metadata values that the tiny
 model GGUFs carry. Training uses the first 80% of the Jargon File; tokenizer_reference.py takes
 its evaluation paragraphs from the rest.
@@ -154,6 +156,20 @@ def make_qwen2(out, paras):
     write_hf(os.path.join(out, "tokenizers", "qwen2"), train_hf(paras, pre, post), "qwen2")
 
 
+def make_normalized(out):
+    """The qwen2 tokenizer behind a Unicode normalizer; tokenizer.json only (GGUF has none)."""
+    from tokenizers import Tokenizer, normalizers
+    src = os.path.join(out, "tokenizers", "qwen2")
+    for name, normalizer in (("qwen2_nfc", normalizers.NFC()), ("qwen2_nfkc", normalizers.NFKC())):
+        tok = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
+        tok.normalizer = normalizer
+        dst = os.path.join(out, "tokenizers", name)
+        os.makedirs(dst, exist_ok=True)
+        tok.save(os.path.join(dst, "tokenizer.json"))
+        with open(os.path.join(src, "tokenizer_config.json"), encoding="utf-8") as f:
+            write_json(os.path.join(dst, "tokenizer_config.json"), json.load(f))
+
+
 def make_spm(out, lines):
     import sentencepiece as spm
     sentences = [l.strip() for l in lines if l.strip()]
@@ -203,8 +219,9 @@ def main():
     paras = paragraphs(train_lines)
     make_bpe(out, paras)
     make_qwen2(out, paras)
+    make_normalized(out)
     make_spm(out, train_lines)
-    print(f"make_tiny_tokenizers: wrote {out}/tokenizers/{{bpe,qwen2,spm}}")
+    print(f"make_tiny_tokenizers: wrote {out}/tokenizers/{{bpe,qwen2,qwen2_nfc,qwen2_nfkc,spm}}")
 
 
 if __name__ == "__main__":

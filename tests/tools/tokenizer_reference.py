@@ -50,7 +50,19 @@ EDGE_CASES = [
     ("special_adjacent", "<|endoftext|><|endoftext|>text<|im_end|> trailing"),
     ("special_partial", "<|im_start <|im_end| <|imstart|> |> <| almost<|im_start|"),
     ("spm_special", "<s>Hello world</s> again <unk> here"),
+    ("nfc_decomposed", "Cafe\u0301 a\u0308 o\u0302 A\u030a n\u0303 \u1112\u1161\u11ab\u1100\u1173\u11af "
+                       "\u0915\u093c \u212b \u2126 e\u0301\u0301 \u0073\u0323\u0307"),
+    ("compatibility", "\ufb01nance \ufb02ow \u2460\u2461 \uff21\uff22\uff23 \u00bd \u2075 \u3392 "
+                      "\u337f \uff76\uff9e \u01c4 \u2163 \u00b5"),
 ]
+
+# Languages whose country names (Debian's iso-codes translations of ISO 3166-1) are real
+# multilingual test text: Latin with diacritics, Cyrillic, Greek, Hebrew, Arabic, Devanagari,
+# Thai, CJK and Hangul. Each is also given in NFD, the decomposed form NFC has to undo.
+ISO_CODES_LANGUAGES = ["vi", "ko", "ja", "zh_CN", "ar", "hi", "ru", "el", "he", "th", "de", "pl",
+                       "tr", "cs"]
+ISO_CODES_NFD = {"vi", "ko", "el", "de", "hi"}
+ISO_3166_JSON = "/usr/share/iso-codes/json/iso_3166-1.json"
 
 # Number of held-out Jargon File paragraphs used as real-text cases, and one long chunk.
 NUM_PARAGRAPHS = 8
@@ -67,6 +79,25 @@ def real_texts():
     start = len(long_text) // 3
     picked.append(("jargon_long", long_text[start:start + LONG_TEXT_CHARS]))
     return picked
+
+
+def multilingual_texts():
+    """Country names in each of ISO_CODES_LANGUAGES (Debian package iso-codes)."""
+    import gettext
+    import unicodedata
+    if not os.path.exists(ISO_3166_JSON):
+        sys.exit(f"tokenizer_reference.py: {ISO_3166_JSON} not found; install the Debian package "
+                 "iso-codes (apt-get install iso-codes)")
+    with open(ISO_3166_JSON, encoding="utf-8") as f:
+        names = [c["name"] for c in json.load(f)["3166-1"]]
+    out = []
+    for lang in ISO_CODES_LANGUAGES:
+        t = gettext.translation("iso_3166-1", localedir="/usr/share/locale", languages=[lang])
+        text = ", ".join(t.gettext(n) for n in names)
+        out.append((f"iso_3166_{lang}", text))
+        if lang in ISO_CODES_NFD:
+            out.append((f"iso_3166_{lang}_nfd", unicodedata.normalize("NFD", text)))
+    return out
 
 
 def split_specials(text, specials):
@@ -105,12 +136,14 @@ def hf_entry(out, name, texts):
     import tokenizers
     rel = os.path.join("tokenizers", name)
     tok = Tokenizer.from_file(os.path.join(out, rel, "tokenizer.json"))
-    return {
+    entry = {
         "name": name, "reference": f"tokenizers {tokenizers.__version__}",
         "tokenizer_json": os.path.join(rel, "tokenizer.json"),
-        "gguf_spec": os.path.join(rel, "gguf_tokenizer.json"),
         "encodings": hf_encodings(tok, texts),
     }
+    if os.path.exists(os.path.join(out, rel, "gguf_tokenizer.json")):
+        entry["gguf_spec"] = os.path.join(rel, "gguf_tokenizer.json")
+    return entry
 
 
 def spm_entry(out, texts):
@@ -256,10 +289,11 @@ def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     out, model_path = sys.argv[1], sys.argv[2]
-    texts = real_texts() + EDGE_CASES
+    texts = real_texts() + EDGE_CASES + multilingual_texts()
     entries = [hf_entry(out, "bpe", texts), hf_entry(out, "qwen2", texts), spm_entry(out, texts)]
     for entry in entries:
         entry["llama_cpp_check"] = llama_cpp_check_spec(out, entry, texts)
+    entries += [hf_entry(out, "qwen2_nfc", texts), hf_entry(out, "qwen2_nfkc", texts)]
     if os.path.exists(model_path):
         entries.append(smollm2_entry(model_path, texts))
     else:

@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/formats/gguf_file.h"
 #include "common/tokenizer/tokenizer.h"
 #include "tests/common/formats/gguf_test_writer.h"
@@ -202,11 +204,31 @@ TEST(SpecFromTokenizerJsonTest, UnsupportedStructuresAreNamed) {
       [](json& j) { j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
       "add_prefix_space=true");
   ExpectJsonError(
-      "nfc",
+      "lowercase",
       [](json& j) {
-        j["normalizer"] = {{"type", "NFC"}};
+        j["normalizer"] = {{"type", "Lowercase"}};
       },
-      "normalizer NFC");
+      "normalizer Lowercase is not supported");
+  ExpectJsonError(
+      "nfc_then_replace",
+      [](json& j) {
+        j["normalizer"] = {{"type", "Sequence"},
+                           {"normalizers", {{{"type", "NFC"}}, {{"type", "Replace"}}}}};
+      },
+      "normalizer Replace is not supported");
+  ExpectJsonError(
+      "nfc_and_nfkd",
+      [](json& j) {
+        j["normalizer"] = {{"type", "Sequence"},
+                           {"normalizers", {{{"type", "NFC"}}, {{"type", "NFKD"}}}}};
+      },
+      "normalizer Sequence of NFC and NFKD");
+  ExpectJsonError(
+      "sequence_without_list",
+      [](json& j) {
+        j["normalizer"] = {{"type", "Sequence"}};
+      },
+      "without a \"normalizers\" list");
   ExpectJsonError(
       "decoder",
       [](json& j) {
@@ -237,6 +259,37 @@ TEST(SpecFromTokenizerJsonTest, UnsupportedStructuresAreNamed) {
                                  {{"SpecialToken", {{"id", "<|im_end|>"}, {"type_id", 0}}}}}}};
       },
       "adding tokens after the text");
+}
+
+TEST(SpecFromTokenizerJsonTest, UnicodeNormalizersAreRead) {
+  const std::pair<json, Normalization> cases[] = {
+      {nullptr, Normalization::kNone},
+      {{{"type", "NFC"}}, Normalization::kNfc},
+      {{{"type", "NFD"}}, Normalization::kNfd},
+      {{{"type", "NFKC"}}, Normalization::kNfkc},
+      {{{"type", "NFKD"}}, Normalization::kNfkd},
+      {{{"type", "Sequence"}, {"normalizers", json::array()}}, Normalization::kNone},
+      {{{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}}, Normalization::kNfkc},
+  };
+  int i = 0;
+  for (const auto& [normalizer, form] : cases) {
+    absl::StatusOr<TokenizerSpec> spec = EditedJsonSpec(
+        absl::StrCat("normalizer_", i++), [&](json& j) { j["normalizer"] = normalizer; });
+    ASSERT_TRUE(spec.ok()) << normalizer.dump() << ": " << spec.status();
+    EXPECT_EQ(spec->normalization, form) << normalizer.dump();
+  }
+}
+
+TEST(NormalizeTest, FourFormsOfOneText) {
+  // "é" decomposed, the "ﬁ" ligature and a Hangul syllable, checked against Python's
+  // unicodedata.normalize.
+  const std::string text = "e\u0301 \uFB01 \uD55C";
+  EXPECT_EQ(*Normalize(Normalization::kNfc, text), "\u00E9 \uFB01 \uD55C");
+  EXPECT_EQ(*Normalize(Normalization::kNfd, text), "e\u0301 \uFB01 \u1112\u1161\u11AB");
+  EXPECT_EQ(*Normalize(Normalization::kNfkc, text), "\u00E9 fi \uD55C");
+  EXPECT_EQ(*Normalize(Normalization::kNfkd, text), "e\u0301 fi \u1112\u1161\u11AB");
+  EXPECT_EQ(*Normalize(Normalization::kNone, text), text);
+  EXPECT_EQ(*Normalize(Normalization::kNfc, ""), "");
 }
 
 TEST(SpecFromTokenizerJsonTest, MergeOfUnknownTokenFailsInCreate) {
