@@ -45,7 +45,9 @@ struct RopeParams {
 // How activations meet quantized (Q4_0, Q4_1, Q8_0) weights in MatMul. kF32 multiplies f32
 // activations by the dequantized weights: the exact oracle. kInt8 quantizes each activation row
 // to 8 bits in blocks of 32 and uses integer dot products inside blocks, as llama.cpp does: faster,
-// and it reproduces llama.cpp's numbers. Float weights (F32, F16, BF16) always use f32.
+// and it reproduces llama.cpp's numbers. Float weights (F32, F16, BF16), Q5_0, Q5_1 and the
+// K-quants (Q4_K, Q5_K, Q6_K) always use f32 activations in both (llama.cpp multiplies K-quants
+// with Q8_K activations, so int8 nodes serving K-quant files differ from it there).
 enum class ActivationPrecision : uint8_t { kF32, kInt8 };
 
 class Backend {

@@ -33,15 +33,15 @@ const GgmlType kGgmlTypes[] = {
     {1, "F16", DType::kF16},
     {2, "Q4_0", DType::kQ4_0},
     {3, "Q4_1", DType::kQ4_1},
-    {6, "Q5_0", {}},
-    {7, "Q5_1", {}},
+    {6, "Q5_0", DType::kQ5_0},
+    {7, "Q5_1", DType::kQ5_1},
     {8, "Q8_0", DType::kQ8_0},
     {9, "Q8_1", {}},
     {10, "Q2_K", {}},
     {11, "Q3_K", {}},
-    {12, "Q4_K", {}},
-    {13, "Q5_K", {}},
-    {14, "Q6_K", {}},
+    {12, "Q4_K", DType::kQ4_K},
+    {13, "Q5_K", DType::kQ5_K},
+    {14, "Q6_K", DType::kQ6_K},
     {15, "Q8_K", {}},
     {24, "I8", {}},
     {25, "I16", {}},
@@ -91,7 +91,9 @@ absl::Status GgufParser::ReadTensorInfo(uint64_t index, std::vector<uint64_t>& r
   if (!ggml.dtype) {
     return Error(type_at, "ggml type",
                  absl::StrCat("tensor '", name, "' has unsupported ggml type ", type_id, " (",
-                              ggml.name, "); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"));
+                              ggml.name,
+                              "); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                              "Q4_K, Q5_K, Q6_K"));
   }
   const int64_t block = BlockSize(*ggml.dtype);
   if (ne[0] % block != 0) {

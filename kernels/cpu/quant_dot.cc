@@ -70,6 +70,22 @@ void DotQuantBlock(DType t, const uint8_t* rows, int64_t row_bytes, const float*
         }
       }
       break;
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K: {
+      // One block of each row at a time through DequantizeBlock (at most 256 floats).
+      const int64_t block = BlockSize(t), block_bytes = BlockBytes(t);
+      alignas(32) float w[256];
+      for (int64_t b = 0; k < n; k += block, ++b) {
+        for (int r = 0; r < kRows; ++r) {
+          DequantizeBlock(t, rows + r * row_bytes + b * block_bytes, w);
+          for (int64_t j = 0; j < block; j += 8) feed(r, _mm256_load_ps(w + j), k + j);
+        }
+      }
+      break;
+    }
     case DType::kF16:
     case DType::kBF16:
     case DType::kF32:

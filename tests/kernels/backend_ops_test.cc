@@ -71,10 +71,17 @@ TEST_P(MatMulTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, MatMulTest,
     ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
-                                         DType::kQ4_0, DType::kQ4_1),
+                                         DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1),
                        ::testing::Values<int64_t>(1, 3, 5, 70),  // fused and tiled paths
                        ::testing::Values<int64_t>(1, 67, 130),   // partial tiles
                        ::testing::Values<int64_t>(64, 96)));
+
+// K-quant rows are whole super-blocks of 256.
+INSTANTIATE_TEST_SUITE_P(
+    KQuants, MatMulTest,
+    ::testing::Combine(::testing::Values(DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
+                       ::testing::Values<int64_t>(1, 3, 5, 70), ::testing::Values<int64_t>(1, 67),
+                       ::testing::Values<int64_t>(256, 512)));
 
 // Float weights take any width: odd and short rows exercise the SIMD dot products' tails.
 INSTANTIATE_TEST_SUITE_P(
@@ -150,6 +157,18 @@ TEST(BackendOps, Int8LeavesFloatWeightsExact) {
   MakeCpuBackend(1, ActivationPrecision::kInt8)->MatMul(x.data(), 3, w.view, nullptr, a.data());
   MakeCpuBackend(1, ActivationPrecision::kF32)->MatMul(x.data(), 3, w.view, nullptr, b.data());
   EXPECT_EQ(a, b);
+}
+
+// Q5_0, Q5_1 and the K-quants have no 8-bit path: int8 backends multiply them in f32.
+TEST(BackendOps, Int8MultipliesFiveBitAndKQuantWeightsInF32) {
+  for (DType t : {DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    const QuantizedMatrix w = MakeMatrix(t, 9, 256, 33);
+    const auto x = RandomVector(5 * 256, 34);
+    std::vector<float> a(5 * 9), b(5 * 9);
+    MakeCpuBackend(2, ActivationPrecision::kInt8)->MatMul(x.data(), 5, w.view, nullptr, a.data());
+    MakeCpuBackend(1, ActivationPrecision::kF32)->MatMul(x.data(), 5, w.view, nullptr, b.data());
+    EXPECT_EQ(a, b) << DTypeName(t);
+  }
 }
 
 TEST(BackendOps, RmsNorm) {

@@ -38,7 +38,7 @@ class MatMulInvarianceTest
 
 TEST_P(MatMulInvarianceTest, RowsDoNotDependOnTheBatchOrThreads) {
   const auto [dtype, precision] = GetParam();
-  const int64_t n = 37, rows = 150, cols = 96;
+  const int64_t n = 37, rows = 150, cols = BlockSize(dtype) > 32 ? 256 : 96;
   const auto values = RandomVector(rows * cols, 21, 0.5f);
   std::vector<uint8_t> bytes;
   for (int64_t r = 0; r < rows; ++r) {
@@ -71,7 +71,8 @@ TEST_P(MatMulInvarianceTest, RowsDoNotDependOnTheBatchOrThreads) {
 INSTANTIATE_TEST_SUITE_P(
     TypesAndPrecisions, MatMulInvarianceTest,
     ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
-                                         DType::kQ4_0, DType::kQ4_1),
+                                         DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                         DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
                        ::testing::Values(ActivationPrecision::kF32, ActivationPrecision::kInt8)),
     [](const auto& info) {
       return std::string(DTypeName(std::get<0>(info.param))) +

@@ -107,7 +107,8 @@ class DotDequantizedTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(DotDequantizedTest, EqualsDotF32OfTheDequantizedRow) {
   const DType t = GetParam();
-  const int64_t n = 96;  // three quantized blocks; float rows also get a tail
+  // Three blocks of 32 (two K-quant super-blocks); float rows also get a tail.
+  const int64_t n = BlockSize(t) > 32 ? 512 : 96;
   for (int64_t cols : {n, t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ? n + 5 : n}) {
     const int64_t rows = 7;
     const auto values = RandomVector(rows * cols, 5, 0.7f);
@@ -139,7 +140,8 @@ TEST_P(DotDequantizedTest, EqualsDotF32OfTheDequantizedRow) {
 
 INSTANTIATE_TEST_SUITE_P(Types, DotDequantizedTest,
                          ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
-                                           DType::kQ4_0, DType::kQ4_1),
+                                           DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 TEST(FixedOrder, WeightedRowsAccumulatesEachOutputInRowOrder) {

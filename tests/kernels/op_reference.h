@@ -2,6 +2,7 @@
 // rather than speed; every backend is compared against these and against each other.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -27,10 +28,128 @@ inline void PutHalf(std::vector<uint8_t>& out, float v) {
   out.push_back(h >> 8);
 }
 
-// Quantizes a row of n values (n % 32 == 0 for block types) into the ggml block layout.
+// round((x - lo) / scale) clipped to [0, levels]; 0 where the scale is 0.
+inline int Level(float x, float lo, float scale, int levels) {
+  if (scale == 0.0f) return 0;
+  return static_cast<int>(std::clamp(std::nearbyint((x - lo) / scale), 0.0f,
+                                     static_cast<float>(levels)));
+}
+
+// Q4_K (bits 4) or Q5_K (bits 5) super-block of 256 values: min/max per sub-block of 32, 6-bit
+// scales and mins relative to f16 super-block scales, packed as ggml packs them.
+inline void PutK4K5(std::vector<uint8_t>& out, const float* x, int bits) {
+  const int levels = (1 << bits) - 1;
+  float scale[8], minus[8], dmax = 0, mmax = 0;
+  for (int g = 0; g < 8; ++g) {
+    float lo = 0, hi = x[g * 32];
+    for (int l = 0; l < 32; ++l) {
+      lo = std::min(lo, x[g * 32 + l]);
+      hi = std::max(hi, x[g * 32 + l]);
+    }
+    scale[g] = (hi - lo) / levels;
+    minus[g] = -lo;
+    dmax = std::max(dmax, scale[g]);
+    mmax = std::max(mmax, minus[g]);
+  }
+  const float d = F16ToF32(F32ToF16(dmax / 63)), dmin = F16ToF32(F32ToF16(mmax / 63));
+  int sc[8], m[8], q[256];
+  for (int g = 0; g < 8; ++g) {
+    sc[g] = Level(scale[g], 0, d, 63);
+    m[g] = Level(minus[g], 0, dmin, 63);
+    const float ds = d * static_cast<float>(sc[g]), dm = dmin * static_cast<float>(m[g]);
+    for (int l = 0; l < 32; ++l) q[g * 32 + l] = Level(x[g * 32 + l], -dm, ds, levels);
+  }
+  PutHalf(out, d);
+  PutHalf(out, dmin);
+  for (int j = 0; j < 4; ++j) out.push_back(static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6)));
+  for (int j = 0; j < 4; ++j) out.push_back(static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6)));
+  for (int j = 0; j < 4; ++j) {
+    out.push_back(static_cast<uint8_t>((sc[j + 4] & 0xf) | ((m[j + 4] & 0xf) << 4)));
+  }
+  if (bits == 5) {
+    for (int l = 0; l < 32; ++l) {
+      uint8_t h = 0;
+      for (int g = 0; g < 8; ++g) h |= static_cast<uint8_t>(((q[g * 32 + l] >> 4) & 1) << g);
+      out.push_back(h);
+    }
+  }
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      out.push_back(static_cast<uint8_t>((q[2 * c * 32 + l] & 0xf) |
+                                         ((q[(2 * c + 1) * 32 + l] & 0xf) << 4)));
+    }
+  }
+}
+
+// Q6_K super-block: 16 sub-blocks of 16 with int8 scales, 6-bit values split into low nibbles
+// (ql) and high pairs (qh), as ggml lays them out.
+inline void PutQ6K(std::vector<uint8_t>& out, const float* x) {
+  float amax[16], top = 0;
+  for (int g = 0; g < 16; ++g) {
+    amax[g] = 0;
+    for (int l = 0; l < 16; ++l) amax[g] = std::max(amax[g], std::fabs(x[g * 16 + l]));
+    top = std::max(top, amax[g]);
+  }
+  const float d = F16ToF32(F32ToF16(top / (32 * 127)));
+  int sc[16], q[256];
+  for (int g = 0; g < 16; ++g) {
+    sc[g] = Level(amax[g] / 32, 0, d, 127);
+    const float step = d * static_cast<float>(sc[g]);
+    for (int l = 0; l < 16; ++l) q[g * 16 + l] = Level(x[g * 16 + l], -32 * step, step, 63);
+  }
+  uint8_t ql[128], qh[64];
+  for (int half = 0; half < 2; ++half) {
+    const int* v = q + half * 128;
+    for (int l = 0; l < 32; ++l) {
+      ql[half * 64 + l] = static_cast<uint8_t>((v[l] & 0xf) | ((v[l + 64] & 0xf) << 4));
+      ql[half * 64 + 32 + l] = static_cast<uint8_t>((v[l + 32] & 0xf) | ((v[l + 96] & 0xf) << 4));
+      qh[half * 32 + l] = static_cast<uint8_t>((v[l] >> 4) | ((v[l + 32] >> 4) << 2) |
+                                               ((v[l + 64] >> 4) << 4) | ((v[l + 96] >> 4) << 6));
+    }
+  }
+  out.insert(out.end(), ql, ql + 128);
+  out.insert(out.end(), qh, qh + 64);
+  for (int g = 0; g < 16; ++g) out.push_back(static_cast<uint8_t>(static_cast<int8_t>(sc[g])));
+  PutHalf(out, d);
+}
+
+// Q5_0 (d * (q - 16)) or Q5_1 (d * q + m) block of 32.
+inline void PutQ5(std::vector<uint8_t>& out, const float* x, bool offset) {
+  float lo = x[0], hi = x[0], amax = 0;
+  for (int j = 0; j < 32; ++j) {
+    lo = std::min(lo, x[j]);
+    hi = std::max(hi, x[j]);
+    amax = std::max(amax, std::fabs(x[j]));
+  }
+  const float d = F16ToF32(F32ToF16(offset ? (hi - lo) / 31 : amax / 15));
+  const float m = F16ToF32(F32ToF16(lo));
+  int q[32];
+  uint32_t qh = 0;
+  for (int j = 0; j < 32; ++j) {
+    q[j] = offset ? Level(x[j], m, d, 31) : Level(x[j], -16 * d, d, 31);
+    qh |= static_cast<uint32_t>((q[j] >> 4) & 1) << j;
+  }
+  PutHalf(out, d);
+  if (offset) PutHalf(out, m);
+  for (int b = 0; b < 4; ++b) out.push_back(static_cast<uint8_t>(qh >> (8 * b)));
+  for (int j = 0; j < 16; ++j) out.push_back(static_cast<uint8_t>((q[j] & 0xf) | ((q[j + 16] & 0xf) << 4)));
+}
+
+// Quantizes a row of n values (n a multiple of BlockSize(t)) into the ggml block layout.
 inline std::vector<uint8_t> QuantizeRow(DType t, const float* x, int64_t n) {
   std::vector<uint8_t> out;
   switch (t) {
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+      for (int64_t b = 0; b < n; b += 256) PutK4K5(out, x + b, t == DType::kQ4_K ? 4 : 5);
+      break;
+    case DType::kQ6_K:
+      for (int64_t b = 0; b < n; b += 256) PutQ6K(out, x + b);
+      break;
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+      for (int64_t b = 0; b < n; b += 32) PutQ5(out, x + b, t == DType::kQ5_1);
+      break;
     case DType::kF32:
       out.resize(n * 4);
       std::memcpy(out.data(), x, n * 4);

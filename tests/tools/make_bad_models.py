@@ -4,7 +4,7 @@
 Each is tiny_llama.gguf (or tiny_llama_hf/) with exactly one defect:
   bad_missing_tensor.gguf  blk.1.ffn_up.weight left out
   bad_unknown_arch.gguf    general.architecture = "mamba"
-  bad_tensor_type.gguf     blk.0.attn_q.weight stored as Q5_0, a type riskkv does not read
+  bad_tensor_type.gguf     blk.0.attn_q.weight stored as Q8_1, a type riskkv does not read
   bad_shape.gguf           blk.0.attn_k.weight with one row too few
   bad_config_hf/           config.json without num_hidden_layers
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, GGUFWriter, GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 
@@ -44,6 +44,11 @@ def copy_with(src: Path, dst: Path, arch=None, drop=(), retype=None, reshape=Non
             qtype = t.tensor_type
         if qtype == GGMLQuantizationType.F32:
             writer.add_tensor(t.name, values)
+        elif qtype == GGMLQuantizationType.Q8_1:
+            # No quantizer in gguf-py, and the reader refuses the type before any value: zeros.
+            block, size = GGML_QUANT_SIZES[qtype]
+            data = np.zeros((shape[0], shape[1] // block * size), dtype=np.uint8)
+            writer.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=qtype)
         else:
             data = quantize(values, qtype)
             writer.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=qtype)
@@ -58,7 +63,7 @@ def main():
     src = out / "tiny_llama.gguf"
     copy_with(src, out / "bad_missing_tensor.gguf", drop={"blk.1.ffn_up.weight"})
     copy_with(src, out / "bad_unknown_arch.gguf", arch="mamba")
-    copy_with(src, out / "bad_tensor_type.gguf", retype={"blk.0.attn_q.weight": GGMLQuantizationType.Q5_0})
+    copy_with(src, out / "bad_tensor_type.gguf", retype={"blk.0.attn_q.weight": GGMLQuantizationType.Q8_1})
     k_rows = next(t for t in GGUFReader(src).tensors if t.name == "blk.0.attn_k.weight").shape[-1]
     copy_with(src, out / "bad_shape.gguf", reshape={"blk.0.attn_k.weight": int(k_rows) - 1})
     hf = out / "bad_config_hf"

@@ -71,6 +71,7 @@ for dir in tiny_llama_hf tiny_llama_hf_bf16 tiny_llama_hf_f16 tiny_qwen2_hf; do
 done
 ref --model "$OUT/tiny_qwen2.gguf" --name tiny_qwen2 --random-tokens 40 --same-as "$OUT/tiny_qwen2_hf"
 ref --model "$OUT/tiny_spm.gguf" --name tiny_spm --random-tokens 40
+ref --model "$OUT/tiny_llama_kquant.gguf" --name tiny_llama_kquant --random-tokens 40
 ref --model "$MODEL" --name smollm2 --passage-tokens 48 --tol 1e-4 --nll-tol 5e-4
 
 if [[ -f $TOOLS/tokenizer_reference.py ]]; then

@@ -39,6 +39,29 @@ class TinyShape:
 
 
 SHAPE = TinyShape()
+# Rows of 256 values, the K-quant super-block, for the tiny model in the K-quant and 5-bit types.
+WIDE_SHAPE = TinyShape(hidden=256, head_dim=64, ffn=512, n_layers=2)
+
+# tiny_llama_kquant.gguf: the mix of types a Q4_K_M / Q5_K_M download holds (llama.cpp keeps
+# attn_v, ffn_down and the output in Q6_K, falls back to Q5_0 / Q5_1 where rows do not fit 256).
+KQUANT_TYPES = {
+    "token_embd.weight": gguf.GGMLQuantizationType.Q4_K,
+    "output.weight": gguf.GGMLQuantizationType.Q6_K,
+    "blk.0.attn_q.weight": gguf.GGMLQuantizationType.Q4_K,
+    "blk.0.attn_k.weight": gguf.GGMLQuantizationType.Q4_K,
+    "blk.0.attn_v.weight": gguf.GGMLQuantizationType.Q6_K,
+    "blk.0.attn_output.weight": gguf.GGMLQuantizationType.Q4_K,
+    "blk.0.ffn_gate.weight": gguf.GGMLQuantizationType.Q4_K,
+    "blk.0.ffn_up.weight": gguf.GGMLQuantizationType.Q4_K,
+    "blk.0.ffn_down.weight": gguf.GGMLQuantizationType.Q6_K,
+    "blk.1.attn_q.weight": gguf.GGMLQuantizationType.Q5_K,
+    "blk.1.attn_k.weight": gguf.GGMLQuantizationType.Q5_K,
+    "blk.1.attn_v.weight": gguf.GGMLQuantizationType.Q5_1,
+    "blk.1.attn_output.weight": gguf.GGMLQuantizationType.Q5_K,
+    "blk.1.ffn_gate.weight": gguf.GGMLQuantizationType.Q5_0,
+    "blk.1.ffn_up.weight": gguf.GGMLQuantizationType.Q5_K,
+    "blk.1.ffn_down.weight": gguf.GGMLQuantizationType.Q6_K,
+}
 
 # GGUF file types of the quantized variants: 2-D weights (token_embd and every linear) take the
 # type, 1-D tensors (norms, biases) stay F32, as llama.cpp's converter and quantizer do.
@@ -59,8 +82,8 @@ def log(msg: str) -> None:
 # Weights
 
 
-def random_weights(seed: int, *, qkv_bias: bool, tied: bool,
-                   n_layers: int = SHAPE.n_layers) -> dict[str, np.ndarray]:
+def random_weights(seed: int, *, qkv_bias: bool, tied: bool, n_layers: int = SHAPE.n_layers,
+                   shape: TinyShape = SHAPE) -> dict[str, np.ndarray]:
     """HF-named float32 weights, [out, in] like nn.Linear.
 
     Scales keep the residual stream O(1) and the logits spread (std ~1.5) rather than flat:
@@ -71,7 +94,7 @@ def random_weights(seed: int, *, qkv_bias: bool, tied: bool,
     uses them as its lm head.
     """
     rng = np.random.default_rng(seed)
-    s = SHAPE
+    s = shape
     q_rows, kv_rows = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
 
     def linear(rows: int, cols: int, gain: float = 1.2) -> np.ndarray:
@@ -236,12 +259,124 @@ def add_tokenizer_meta(writer: gguf.GGUFWriter, meta: dict) -> None:
             raise SystemExit(f"tokenizer key {key}: unsupported value type {type(value).__name__}")
 
 
+# ---------------------------------------------------------------------------------------------
+# K-quant and 5-bit blocks. gguf-py dequantizes these types but quantizes none of them, so they
+# are written here (plainly: min/max per sub-block, no search) and read back with gguf-py's own
+# dequantizer, which the reference forward pass also uses.
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _scaled_levels(x, lo, scale, levels):
+    """round((x - lo) / scale) clipped to [0, levels], 0 where the scale is 0."""
+    safe = np.where(scale == 0, 1, scale)
+    return np.clip(np.rint((x - lo) / safe), 0, levels).astype(np.uint8) * (scale != 0)
+
+
+def _quantize_k4k5(x: np.ndarray, bits: int) -> list[np.ndarray]:
+    """Q4_K / Q5_K: [n, 256] -> (d, dmin, scales[12], [qh[32],] qs[128]) byte parts."""
+    n = x.shape[0]
+    sub = x.reshape(n, 8, 32)
+    levels = (1 << bits) - 1
+    lo = np.minimum(sub.min(axis=-1), 0)
+    hi = sub.max(axis=-1)
+    sub_scale, sub_min = (hi - lo) / levels, -lo
+    d = _f16(sub_scale.max(axis=-1) / 63)
+    dmin = _f16(sub_min.max(axis=-1) / 63)
+    sc = _scaled_levels(sub_scale, 0, d[:, None], 63)
+    m = _scaled_levels(sub_min, 0, dmin[:, None], 63)
+    ds = (d[:, None] * sc.astype(np.float32))[..., None]
+    dm = (dmin[:, None] * m.astype(np.float32))[..., None]
+    q = _scaled_levels(sub, -dm, ds, levels)  # [n, 8, 32]
+    scales = np.zeros((n, 12), dtype=np.uint8)
+    scales[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    scales[:, 4:8] = m[:, 0:4] | ((m[:, 4:8] >> 4) << 6)
+    scales[:, 8:12] = (sc[:, 4:8] & 0xF) | ((m[:, 4:8] & 0xF) << 4)
+    low = q & 0xF
+    qs = (low[:, 0::2] | (low[:, 1::2] << 4)).reshape(n, 128)
+    parts = [d.astype(np.float16).view(np.uint8).reshape(n, 2),
+             dmin.astype(np.float16).view(np.uint8).reshape(n, 2), scales]
+    if bits == 5:
+        qh = np.zeros((n, 32), dtype=np.uint8)
+        for g in range(8):
+            qh |= ((q[:, g] >> 4) & 1) << g
+        parts.append(qh)
+    return parts + [qs]
+
+
+def _quantize_q6_k(x: np.ndarray) -> list[np.ndarray]:
+    """Q6_K: [n, 256] -> (ql[128], qh[64], scales[16] int8, d) byte parts."""
+    n = x.shape[0]
+    sub = x.reshape(n, 16, 16)
+    amax = np.abs(sub).max(axis=-1)
+    d = _f16(amax.max(axis=-1) / (32 * 127))
+    safe_d = np.where(d == 0, 1, d)
+    sc = np.clip(np.rint(amax / 32 / safe_d[:, None]), 0, 127).astype(np.int8)
+    step = (d[:, None] * sc.astype(np.float32))[..., None]
+    q = (_scaled_levels(sub, -32 * step, step, 63)).reshape(n, 256)  # q - 32 in [-32, 31]
+    ql = np.zeros((n, 128), dtype=np.uint8)
+    qh = np.zeros((n, 64), dtype=np.uint8)
+    for half in range(2):
+        v = q[:, half * 128:(half + 1) * 128]
+        ql[:, half * 64:half * 64 + 32] = (v[:, 0:32] & 0xF) | ((v[:, 64:96] & 0xF) << 4)
+        ql[:, half * 64 + 32:half * 64 + 64] = (v[:, 32:64] & 0xF) | ((v[:, 96:128] & 0xF) << 4)
+        qh[:, half * 32:(half + 1) * 32] = ((v[:, 0:32] >> 4) | ((v[:, 32:64] >> 4) << 2) |
+                                            ((v[:, 64:96] >> 4) << 4) | ((v[:, 96:128] >> 4) << 6))
+    return [ql, qh, sc.view(np.uint8), d.astype(np.float16).view(np.uint8).reshape(n, 2)]
+
+
+def _quantize_q5(x: np.ndarray, offset: bool) -> list[np.ndarray]:
+    """Q5_0 (d * (q - 16)) / Q5_1 (d * q + m): [n, 32] -> byte parts."""
+    n = x.shape[0]
+    if offset:
+        lo, hi = x.min(axis=-1), x.max(axis=-1)
+        d, m = _f16((hi - lo) / 31), _f16(lo)
+        q = _scaled_levels(x, m[:, None], d[:, None], 31)
+    else:
+        amax = np.abs(x).max(axis=-1)
+        d = _f16(amax / 15)
+        q = _scaled_levels(x, -16 * d[:, None], d[:, None], 31)
+    qh = np.zeros(n, dtype=np.uint32)
+    for j in range(32):
+        qh |= ((q[:, j].astype(np.uint32) >> 4) & 1) << j
+    qs = (q[:, :16] & 0xF) | ((q[:, 16:] & 0xF) << 4)
+    parts = [d.astype(np.float16).view(np.uint8).reshape(n, 2)]
+    if offset:
+        parts.append(m.astype(np.float16).view(np.uint8).reshape(n, 2))
+    return parts + [qh.view(np.uint8).reshape(n, 4), qs]
+
+
+def quantize_blocks(w: np.ndarray, qtype) -> np.ndarray:
+    """[rows, cols] float32 -> raw GGUF bytes [rows, row_bytes] of qtype, checked by reading it
+    back with gguf-py's dequantizer."""
+    Q = gguf.GGMLQuantizationType
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = w.shape
+    x = w.reshape(-1, block).astype(np.float32)
+    parts = {Q.Q4_K: lambda: _quantize_k4k5(x, 4), Q.Q5_K: lambda: _quantize_k4k5(x, 5),
+             Q.Q6_K: lambda: _quantize_q6_k(x), Q.Q5_0: lambda: _quantize_q5(x, False),
+             Q.Q5_1: lambda: _quantize_q5(x, True)}[qtype]()
+    data = np.concatenate(parts, axis=-1)
+    assert data.shape == (x.shape[0], size), (qtype, data.shape)
+    data = data.reshape(rows, cols // block * size)
+    back = gguf.quants.dequantize(data, qtype).reshape(rows, cols)
+    err = np.abs(back - w).max() / np.abs(w).max()
+    if not err < 0.2:
+        raise SystemExit(f"{qtype.name} blocks read back with error {err:.3f} of the largest weight")
+    return data
+
+
 def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: str | None,
-               name: str) -> None:
-    """Writes `weights` (HF names/layout) as a GGUF of `arch`; variant None = all F32."""
-    s = SHAPE
+               name: str, shape: TinyShape = SHAPE, types: dict | None = None) -> None:
+    """Writes `weights` (HF names/layout) as a GGUF of `arch`; variant None = all F32. `types`
+    gives a type per GGUF tensor name (quantized by quantize_blocks) instead of a variant."""
+    s = shape
     qtype, ftype = GGUF_VARIANTS[variant] if variant else (gguf.GGMLQuantizationType.F32,
                                                            gguf.LlamaFileType.ALL_F32)
+    if types:
+        ftype = gguf.LlamaFileType.MOSTLY_Q4_K_M
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_block_count(sum(1 for k in weights if k.endswith("input_layernorm.weight")))
@@ -257,7 +392,7 @@ def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: st
     writer.add_rope_dimension_count(s.head_dim)
     writer.add_vocab_size(s.vocab)
     writer.add_file_type(ftype)
-    if variant:
+    if variant or types:
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_tokenizer_meta(writer, tok_meta)
 
@@ -266,7 +401,10 @@ def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: st
             w = permute_for_interleaved_rope(w, s.n_heads)
         elif arch == "llama" and hf_name.endswith("k_proj.weight"):
             w = permute_for_interleaved_rope(w, s.n_kv_heads)
-        if w.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        if types and gguf_name(hf_name) in types:
+            t = types[gguf_name(hf_name)]
+            writer.add_tensor(gguf_name(hf_name), quantize_blocks(w, t), raw_dtype=t)
+        elif w.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
             data = gguf.quants.quantize(w, qtype)
             # F16 comes back as float16 (typed); the rest as raw bytes that need the type given.
             writer.add_tensor(gguf_name(hf_name), data,
@@ -315,6 +453,14 @@ def main() -> None:
     log("tiny_spm (llama arch, SentencePiece tokenizer)")
     spm = random_weights(seed=3, qkv_bias=False, tied=False)
     write_gguf(out / "tiny_spm.gguf", "llama", spm, spm_meta, None, "tiny_spm")
+
+    log("tiny_llama_kquant (256-wide rows in Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1)")
+    wide = random_weights(seed=5, qkv_bias=False, tied=False, n_layers=WIDE_SHAPE.n_layers,
+                          shape=WIDE_SHAPE)
+    write_gguf(out / "tiny_llama_kquant_f32.gguf", "llama", wide, bpe_meta, None,
+               "tiny_llama_kquant_f32", shape=WIDE_SHAPE)
+    write_gguf(out / "tiny_llama_kquant.gguf", "llama", wide, bpe_meta, None, "tiny_llama_kquant",
+               shape=WIDE_SHAPE, types=KQUANT_TYPES)
 
     log("tiny_llama_deep (8 layers: several candidate groups for calibration)")
     deep = random_weights(seed=4, qkv_bias=False, tied=False, n_layers=8)

@@ -75,6 +75,11 @@ GgufTestWriter RichWriter() {
   w.AddTensor("q8_0", testing::kGgmlQ8_0, {64, 2}, Pattern(2 * 2 * 34, 4));
   w.AddTensor("q4_0", testing::kGgmlQ4_0, {32, 3}, Pattern(3 * 18, 5));
   w.AddTensor("q4_1", testing::kGgmlQ4_1, {32, 1, 1, 2}, Pattern(2 * 20, 6));
+  w.AddTensor("q5_0", testing::kGgmlQ5_0, {64}, Pattern(2 * 22, 7));
+  w.AddTensor("q5_1", testing::kGgmlQ5_1, {32, 2}, Pattern(2 * 24, 8));
+  w.AddTensor("q4_k", testing::kGgmlQ4_K, {256, 2}, Pattern(2 * 144, 9));
+  w.AddTensor("q5_k", testing::kGgmlQ5_K, {512}, Pattern(2 * 176, 10));
+  w.AddTensor("q6_k", testing::kGgmlQ6_K, {256, 1, 3}, Pattern(3 * 210, 11));
   return w;
 }
 
@@ -159,6 +164,9 @@ TEST(GgufFileTest, ReadsTensorsOfEverySupportedType) {
       {"f32", DType::kF32, {3, 4}, 48, 1},      {"f16", DType::kF16, {8}, 16, 2},
       {"bf16", DType::kBF16, {2, 2, 2}, 16, 3}, {"q8_0", DType::kQ8_0, {2, 64}, 136, 4},
       {"q4_0", DType::kQ4_0, {3, 32}, 54, 5},   {"q4_1", DType::kQ4_1, {2, 1, 1, 32}, 40, 6},
+      {"q5_0", DType::kQ5_0, {64}, 44, 7},      {"q5_1", DType::kQ5_1, {2, 32}, 48, 8},
+      {"q4_k", DType::kQ4_K, {2, 256}, 288, 9}, {"q5_k", DType::kQ5_K, {512}, 352, 10},
+      {"q6_k", DType::kQ6_K, {3, 1, 256}, 630, 11},
   };
   ASSERT_EQ(g.tensors().size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -218,8 +226,11 @@ TEST(GgufFileTest, RejectsBadMagicAndVersions) {
 
 TEST(GgufFileTest, RejectsUnsupportedTensorTypeNamingTensorAndId) {
   GgufTestWriter w;
-  w.AddTensor("blk.0.ffn_down.weight", testing::kGgmlQ4_K, {256}, Pattern(144, 1));
-  ExpectInvalid(w, {"blk.0.ffn_down.weight", "ggml type 12", "Q4_K"});
+  w.AddTensor("blk.0.ffn_down.weight", testing::kGgmlQ2_K, {256}, Pattern(84, 1));
+  ExpectInvalid(w, {"blk.0.ffn_down.weight", "ggml type 10", "Q2_K", "supported:", "Q6_K"});
+  GgufTestWriter w1;
+  w1.AddTensor("narrow", testing::kGgmlQ4_K, {128}, Pattern(72, 1));
+  ExpectInvalid(w1, {"narrow", "innermost dimension 128", "Q4_K block size 256"});
   GgufTestWriter w2;
   w2.AddTensor("weird", 99, {32}, Pattern(32, 1));
   ExpectInvalid(w2, {"weird", "ggml type 99"});

@@ -1,6 +1,7 @@
 // The engine against golden logits, per-layer K/V, normalised attention inputs and NLL from an
 // independent NumPy implementation (tests/tools/reference_forward.py), for every tiny model
-// (llama and qwen2, GGUF in every tensor type, safetensors in F32/F16/BF16) and SmolLM2.
+// (llama and qwen2, GGUF in every tensor type including the K-quants, safetensors in
+// F32/F16/BF16) and SmolLM2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -184,7 +185,8 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenTest,
                                            "tiny_llama_hf_bf16", "tiny_llama_hf_f16",
                                            "tiny_llama_f16", "tiny_llama_bf16", "tiny_llama_q8_0",
                                            "tiny_llama_q4_0", "tiny_llama_q4_1", "tiny_qwen2",
-                                           "tiny_qwen2_hf", "tiny_spm", "smollm2"),
+                                           "tiny_qwen2_hf", "tiny_spm", "tiny_llama_kquant",
+                                           "smollm2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

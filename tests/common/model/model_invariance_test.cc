@@ -117,7 +117,8 @@ std::string CaseName(const ::testing::TestParamInfo<ModelInvarianceTest::ParamTy
 INSTANTIATE_TEST_SUITE_P(
     Tiny, ModelInvarianceTest,
     ::testing::Combine(::testing::Values("tiny_llama_q4_1.gguf", "tiny_llama_q8_0.gguf",
-                                         "tiny_qwen2.gguf", "tiny_llama_bf16.gguf"),
+                                         "tiny_qwen2.gguf", "tiny_llama_bf16.gguf",
+                                         "tiny_llama_kquant.gguf"),
                        ::testing::Values(ActivationPrecision::kInt8, ActivationPrecision::kF32),
                        ::testing::Values(DType::kF16, DType::kF32)),
     CaseName);
