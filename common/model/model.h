@@ -57,8 +57,9 @@ class ModelFiles;
 
 class Model {
  public:
-  // Loads a GGUF file or a Hugging Face directory (config.json, model.safetensors,
-  // tokenizer.json). Every tensor's presence, type and shape is checked.
+  // Loads a GGUF file or a Hugging Face directory (config.json, model.safetensors or the shards
+  // of model.safetensors.index.json, tokenizer.json). Every tensor's presence, type and shape
+  // is checked.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
                                                      const ModelOptions& options = {});
   ~Model();

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "common/formats/gguf_file.h"
-#include "common/formats/safetensors_file.h"
+#include "common/formats/safetensors_shards.h"
 #include "common/model/model.h"
 
 namespace riskkv {
@@ -14,7 +14,7 @@ namespace riskkv {
 class ModelFiles {
  public:
   std::unique_ptr<GgufFile> gguf;
-  std::unique_ptr<SafetensorsFile> safetensors;
+  std::unique_ptr<SafetensorsShards> safetensors;
 };
 
 struct Model::Layer {

@@ -97,8 +97,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
     format = WeightFormat::kHuggingFace;
     const fs::path dir(path);
     ASSIGN_OR_RETURN(model->config_, ConfigFromHfJson((dir / "config.json").string()));
-    ASSIGN_OR_RETURN(model->files_->safetensors,
-                     SafetensorsFile::Open((dir / "model.safetensors").string()));
+    ASSIGN_OR_RETURN(model->files_->safetensors, SafetensorsShards::Open(dir.string()));
     ASSIGN_OR_RETURN(spec, Tokenizer::SpecFromTokenizerJson((dir / "tokenizer.json").string()));
     if (model->config_.name.empty() || model->config_.name == "llama" ||
         model->config_.name == "qwen2") {

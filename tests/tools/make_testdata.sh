@@ -66,7 +66,7 @@ ref --model "$OUT/tiny_llama.gguf" --name tiny_llama_text --passage-tokens 63 --
 for variant in f16 bf16 q8_0 q4_0 q4_1; do
   ref --model "$OUT/tiny_llama_$variant.gguf" --name "tiny_llama_$variant" --random-tokens 40
 done
-for dir in tiny_llama_hf tiny_llama_hf_bf16 tiny_llama_hf_f16 tiny_qwen2_hf; do
+for dir in tiny_llama_hf tiny_llama_hf_bf16 tiny_llama_hf_f16 tiny_llama_hf_sharded tiny_qwen2_hf; do
   ref --model "$OUT/$dir" --name "$dir" --random-tokens 40
 done
 ref --model "$OUT/tiny_qwen2.gguf" --name tiny_qwen2 --random-tokens 40 --same-as "$OUT/tiny_qwen2_hf"

@@ -221,6 +221,33 @@ def write_hf_dir(out: Path, arch: str, weights: dict, tied: bool, tok_dir: Path,
             shutil.copyfile(tok_dir / name, out / name)
 
 
+def write_hf_sharded_dir(out: Path, arch: str, weights: dict, tied: bool, tok_dir: Path,
+                         tok_meta: dict) -> None:
+    """An HF directory whose weights are split over three shards named by
+    model.safetensors.index.json, as checkpoints above ~1B are published: the embeddings and
+    layer 0 in F32, layer 1 in BF16, the rest in F16."""
+    write_hf_dir(out, arch, weights, tied, tok_dir, tok_meta, "float32")
+    (out / "model.safetensors").unlink()
+    n = 3
+    shards = [{}, {}, {}]
+    for name, w in weights.items():
+        if name == "model.embed_tokens.weight" or name.startswith("model.layers.0."):
+            shards[0][name] = w
+        elif name.startswith("model.layers.1."):
+            shards[1][name] = w
+        else:
+            shards[2][name] = w
+    weight_map, total = {}, 0
+    for i, (part, dtype) in enumerate(zip(shards, ("float32", "bfloat16", "float16"))):
+        file = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        write_safetensors(out / file, part, dtype)
+        for name, w in part.items():
+            weight_map[name] = file
+            total += w.size * (4 if dtype == "float32" else 2)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
 def load_tokenizer_meta(path: Path) -> dict:
     """Reads make_tiny_tokenizers.py's GGUF tokenizer description: {"tokenizer.ggml.KEY": value}.
 
@@ -440,6 +467,8 @@ def main() -> None:
     write_hf_dir(out / "tiny_llama_hf", "llama", llama, False, toks / "bpe", bpe_meta, "float32")
     write_hf_dir(out / "tiny_llama_hf_bf16", "llama", llama, False, toks / "bpe", bpe_meta, "bfloat16")
     write_hf_dir(out / "tiny_llama_hf_f16", "llama", llama, False, toks / "bpe", bpe_meta, "float16")
+    write_hf_sharded_dir(out / "tiny_llama_hf_sharded", "llama", llama, False, toks / "bpe",
+                         bpe_meta)
     write_gguf(out / "tiny_llama.gguf", "llama", llama, bpe_meta, None, "tiny_llama")
     for variant in GGUF_VARIANTS:
         write_gguf(out / f"tiny_llama_{variant}.gguf", "llama", llama, bpe_meta, variant,
