@@ -40,6 +40,11 @@ struct RopeParams {
   int64_t head_dim = 0;
   int64_t rot_dim = 0;  // leading dimensions rotated (== head_dim for Llama/Qwen2)
   RopeLayout layout = RopeLayout::kHalf;
+  // Scaled RoPE (Llama 3 frequency factors, linear, YaRN): pair i turns by position *
+  // base^(-2i / rot_dim) / freq_divisors[i] (all 1 when null), and cos and sin are multiplied by
+  // attn_factor (YaRN's magnitude scaling; the inverse divides by it).
+  const double* freq_divisors = nullptr;  // rot_dim / 2 values, owned by the model's config
+  double attn_factor = 1.0;
 };
 
 // How activations meet quantized (Q4_0, Q4_1, Q8_0) weights in MatMul. kF32 multiplies f32

@@ -33,8 +33,7 @@ absl::Status CheckShardName(const std::string& index, const std::string& tensor,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SafetensorsShards>> SafetensorsShards::Open(
-    const std::string& dir) {
+absl::StatusOr<std::unique_ptr<SafetensorsShards>> SafetensorsShards::Open(const std::string& dir) {
   auto out = std::unique_ptr<SafetensorsShards>(new SafetensorsShards());
   const fs::path index_path = fs::path(dir) / kIndexName;
   std::error_code ec;
@@ -68,7 +67,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsShards>> SafetensorsShards::Open(
     RETURN_IF_ERROR(CheckShardName(index, tensor, shard.get<std::string>()));
     by_shard[shard.get<std::string>()].push_back(tensor);
   }
-  if (by_shard.empty()) return absl::InvalidArgumentError(absl::StrCat(index, ": empty weight_map"));
+  if (by_shard.empty())
+    return absl::InvalidArgumentError(absl::StrCat(index, ": empty weight_map"));
   if (by_shard.size() > kMaxShards) {
     return absl::InvalidArgumentError(
         absl::StrCat(index, ": ", by_shard.size(), " shards (at most ", kMaxShards, ")"));
@@ -84,9 +84,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsShards>> SafetensorsShards::Open(
     for (const std::string& name : tensors) {
       const TensorView* t = file->FindTensor(name);
       if (t == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(index, ": tensor '", name,
-                                                       "' is mapped to ", shard,
-                                                       ", which does not hold it"));
+        return absl::InvalidArgumentError(absl::StrCat(index, ": tensor '", name, "' is mapped to ",
+                                                       shard, ", which does not hold it"));
       }
       out->tensors_.emplace(name, t);
     }

@@ -83,6 +83,16 @@ absl::StatusOr<std::vector<uint16_t>> ToF16(std::string_view name, DType dtype, 
   return out;
 }
 
+// The CUDA kernels rotate with unscaled frequencies only.
+absl::Status CheckGpuRope(const ModelConfig& c) {
+  if (c.rope_scaling.freq_divisors.empty() && c.rope_scaling.attn_factor == 1.0) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      c.name, ": RoPE scaling '", c.rope_scaling.type,
+      "' is implemented in the CPU engine only; serve this model on the CPU (--device cpu)"));
+}
+
 }  // namespace
 
 cuda::ModelDims GpuDims(const ModelConfig& c) {
@@ -220,6 +230,7 @@ absl::Status ForEachGpuWeight(const Model& model,
 }
 
 absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const Model& model, int device) {
+  RETURN_IF_ERROR(CheckGpuRope(model.config()));
   auto gpu = std::unique_ptr<GpuModel>(new GpuModel);
   gpu->config_ = model.config();
   ASSIGN_OR_RETURN(gpu->engine_, NewGpuEngine(GpuDims(gpu->config_), device));
@@ -236,6 +247,7 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const Model& model, i
 absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::CreateRandom(const ModelConfig& config,
                                                                  int device) {
   RETURN_IF_ERROR(config.Validate());
+  RETURN_IF_ERROR(CheckGpuRope(config));
   auto gpu = std::unique_ptr<GpuModel>(new GpuModel);
   gpu->config_ = config;
   ASSIGN_OR_RETURN(gpu->engine_, NewGpuEngine(GpuDims(config), device));

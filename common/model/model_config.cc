@@ -1,6 +1,7 @@
 // Reading and validating model hyper-parameters.
 #include "common/model/model_config.h"
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -20,6 +21,102 @@ const char* ArchitectureName(Architecture a) {
   }
   return "?";
 }
+
+namespace {
+
+// GGUF: "<arch>.rope.scaling.*" keys (linear, yarn) or Llama 3's factors as the F32 tensor
+// rope_freqs.weight, as llama.cpp's converter writes them.
+absl::Status ReadGgufRopeScaling(const GgufFile& gguf, const std::string& arch, ModelConfig* c) {
+  auto key = [&](const char* k) { return absl::StrCat(arch, ".rope.scaling.", k); };
+  RopeScalingSpec spec;
+  if (auto type = gguf.GetString(key("type")); type.ok()) spec.type = *type;
+  const TensorView* factors = gguf.FindTensor("rope_freqs.weight");
+  if (factors != nullptr) {
+    if (spec.type != "none") {
+      return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": RoPE scaling '", spec.type,
+                                                     "' and rope_freqs.weight both given"));
+    }
+    if (factors->dtype != DType::kF32 || factors->shape.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          gguf.path(), ": rope_freqs.weight must be a 1-D F32 tensor, not ",
+          DTypeName(factors->dtype), " of ", factors->shape.size(), " dimensions"));
+    }
+    std::vector<float> f(static_cast<size_t>(factors->shape[0]));
+    std::memcpy(f.data(), factors->data, f.size() * sizeof(float));
+    absl::StatusOr<RopeScaling> scaling =
+        RopeScalingFromFactors(std::vector<double>(f.begin(), f.end()), c->rope_dim);
+    if (!scaling.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": rope_freqs.weight: ",
+                                                     scaling.status().message()));
+    }
+    c->rope_scaling = *std::move(scaling);
+    return absl::OkStatus();
+  }
+  if (spec.type == "none") return absl::OkStatus();
+  if (gguf.Find(key("yarn_log_multiplier")) != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        gguf.path(), ": ", key("yarn_log_multiplier"), " (YaRN with a log multiplier) is not "
+        "supported"));
+  }
+  spec.factor = gguf.GetFloat(key("factor")).value_or(1.0);
+  spec.original_context = gguf.GetInt(key("original_context_length")).value_or(c->context_length);
+  spec.beta_fast = gguf.GetFloat(key("yarn_beta_fast")).value_or(32.0);
+  spec.beta_slow = gguf.GetFloat(key("yarn_beta_slow")).value_or(1.0);
+  spec.attention_factor = gguf.GetFloat(key("attn_factor")).value_or(0.0);
+  absl::StatusOr<RopeScaling> scaling = ComputeRopeScaling(spec, c->rope_base, c->rope_dim);
+  if (!scaling.ok()) {
+    return absl::Status(scaling.status().code(),
+                        absl::StrCat(gguf.path(), ": ", scaling.status().message()));
+  }
+  c->rope_scaling = *std::move(scaling);
+  return absl::OkStatus();
+}
+
+// config.json's "rope_scaling": {"rope_type" (or "type"): "linear" | "llama3" | "yarn",
+// "factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
+// "beta_fast", "beta_slow", "attention_factor"}.
+absl::Status ReadHfRopeScaling(const nlohmann::json& r, int64_t context_length, ModelConfig* c) {
+  if (!r.is_object()) return absl::InvalidArgumentError("\"rope_scaling\" must be an object");
+  RopeScalingSpec spec;
+  for (const char* k : {"rope_type", "type"}) {
+    if (r.contains(k) && r[k].is_string()) {
+      spec.type = r[k].get<std::string>();
+      break;
+    }
+  }
+  if (spec.type == "default") spec.type = "none";
+  auto number = [&](const char* k, double* out) -> absl::Status {
+    if (!r.contains(k) || r[k].is_null()) return absl::OkStatus();
+    if (!r[k].is_number()) {
+      return absl::InvalidArgumentError(absl::StrCat("rope_scaling.", k, " must be a number"));
+    }
+    *out = r[k].get<double>();
+    return absl::OkStatus();
+  };
+  double original = static_cast<double>(context_length);
+  RETURN_IF_ERROR(number("factor", &spec.factor));
+  RETURN_IF_ERROR(number("original_max_position_embeddings", &original));
+  RETURN_IF_ERROR(number("low_freq_factor", &spec.low_freq_factor));
+  RETURN_IF_ERROR(number("high_freq_factor", &spec.high_freq_factor));
+  RETURN_IF_ERROR(number("beta_fast", &spec.beta_fast));
+  RETURN_IF_ERROR(number("beta_slow", &spec.beta_slow));
+  RETURN_IF_ERROR(number("attention_factor", &spec.attention_factor));
+  if (r.contains("mscale") || r.contains("mscale_all_dim") ||
+      (r.contains("truncate") && r["truncate"] != true)) {
+    return absl::UnimplementedError(
+        "rope_scaling with mscale, mscale_all_dim or truncate=false is not supported");
+  }
+  if (!(original >= 1 && original <= static_cast<double>(int64_t{1} << 30))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope_scaling.original_max_position_embeddings ", original,
+                     " is out of range"));
+  }
+  spec.original_context = static_cast<int64_t>(original);
+  ASSIGN_OR_RETURN(c->rope_scaling, ComputeRopeScaling(spec, c->rope_base, c->rope_dim));
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ModelConfig::Validate() const {
   auto bad = [&](const std::string& what) {
@@ -48,6 +145,11 @@ absl::Status ModelConfig::Validate() const {
   if (rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2 != 0) {
     return bad(
         absl::StrCat("RoPE dimension ", rope_dim, " must be even and <= head dim ", head_dim));
+  }
+  if (!rope_scaling.freq_divisors.empty() &&
+      static_cast<int64_t>(rope_scaling.freq_divisors.size()) != rope_dim / 2) {
+    return bad(absl::StrCat(rope_scaling.freq_divisors.size(), " RoPE frequency divisors for ",
+                            rope_dim / 2, " rotated pairs"));
   }
   return absl::OkStatus();
 }
@@ -87,17 +189,7 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf) {
   c.rope_base = gguf.GetFloat(absl::StrCat(arch, ".rope.freq_base")).value_or(10000.0);
   c.head_dim = u("attention.key_length").value_or(c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.rope_dim = u("rope.dimension_count").value_or(c.head_dim);
-  // Scaled RoPE (linear, YaRN, Llama 3 frequency factors) changes every rotation; it is refused
-  // rather than silently ignored.
-  if (auto scaling = gguf.GetString(absl::StrCat(arch, ".rope.scaling.type"));
-      scaling.ok() && *scaling != "none") {
-    return absl::UnimplementedError(
-        absl::StrCat(gguf.path(), ": RoPE scaling '", *scaling, "' is not supported"));
-  }
-  if (gguf.FindTensor("rope_freqs.weight") != nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        gguf.path(), ": RoPE frequency factors (rope_freqs.weight) are not supported"));
-  }
+  RETURN_IF_ERROR(ReadGgufRopeScaling(gguf, arch, &c));
   if (auto v = u("vocab_size"); v.ok()) {
     c.vocab = *v;
   } else if (auto tokens = gguf.Find("tokenizer.ggml.tokens"); tokens != nullptr) {
@@ -168,7 +260,8 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
     c.tied_embeddings = j["tie_word_embeddings"].get<bool>();
   }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    return absl::UnimplementedError(absl::StrCat(path, ": rope_scaling is not supported"));
+    absl::Status s = ReadHfRopeScaling(j["rope_scaling"], c.context_length, &c);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
   }
   return c;
 }

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/rope_scaling.h"
 #include "kernels/backend.h"
 
 namespace riskkv {
@@ -32,12 +33,18 @@ struct ModelConfig {
   double rope_base = 10000.0;
   int64_t rope_dim = 0;  // rotated leading dimensions of each head
   RopeLayout rope_layout = RopeLayout::kHalf;
+  RopeScaling rope_scaling;  // unscaled unless the checkpoint declares it
   bool tied_embeddings = false;  // lm head reuses the token embedding
   bool qkv_bias = false;         // Qwen2 carries biases on q/k/v projections
 
   // Consistency checks (positive sizes, heads divide, rope_dim even and <= head_dim, ...).
   absl::Status Validate() const;
-  RopeParams rope() const { return {rope_base, head_dim, rope_dim, rope_layout}; }
+  // Points into rope_scaling: valid while this config is.
+  RopeParams rope() const {
+    return {rope_base, head_dim, rope_dim, rope_layout,
+            rope_scaling.freq_divisors.empty() ? nullptr : rope_scaling.freq_divisors.data(),
+            rope_scaling.attn_factor};
+  }
   // Elements of K (or V) per token per layer.
   int64_t kv_width() const { return n_kv_heads * head_dim; }
 };

@@ -22,6 +22,15 @@ std::string DoubleText(double v) {
 }
 
 std::string CanonicalConfig(const ModelConfig& c) {
+  // Scaled RoPE adds its lines; an unscaled model's text (and fingerprint) is as before.
+  std::string scaling;
+  if (!c.rope_scaling.freq_divisors.empty() || c.rope_scaling.attn_factor != 1.0) {
+    absl::StrAppend(&scaling, "rope_scaling=", c.rope_scaling.type, "\n",
+                    "rope_attn_factor=", DoubleText(c.rope_scaling.attn_factor), "\n");
+    for (double d : c.rope_scaling.freq_divisors) {
+      absl::StrAppend(&scaling, "rope_freq_divisor=", DoubleText(d), "\n");
+    }
+  }
   return absl::StrCat(
       "riskkv-model-fingerprint v1\n", "arch=", ArchitectureName(c.arch), "\n",
       "n_layers=", c.n_layers, "\n", "hidden=", c.hidden, "\n", "n_heads=", c.n_heads, "\n",
@@ -30,7 +39,8 @@ std::string CanonicalConfig(const ModelConfig& c) {
       "rms_eps=", DoubleText(c.rms_eps), "\n", "rope_base=", DoubleText(c.rope_base), "\n",
       "rope_dim=", c.rope_dim, "\n",
       "rope_layout=", c.rope_layout == RopeLayout::kHalf ? "half" : "interleaved", "\n",
-      "tied_embeddings=", c.tied_embeddings ? 1 : 0, "\n", "qkv_bias=", c.qkv_bias ? 1 : 0, "\n");
+      "tied_embeddings=", c.tied_embeddings ? 1 : 0, "\n", "qkv_bias=", c.qkv_bias ? 1 : 0, "\n",
+      scaling);
 }
 
 struct MdCtxFree {

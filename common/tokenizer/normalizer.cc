@@ -19,11 +19,16 @@ std::optional<Normalization> NormalizationFromName(std::string_view name) {
 
 const char* NormalizationName(Normalization form) {
   switch (form) {
-    case Normalization::kNone: return "none";
-    case Normalization::kNfc: return "NFC";
-    case Normalization::kNfd: return "NFD";
-    case Normalization::kNfkc: return "NFKC";
-    case Normalization::kNfkd: return "NFKD";
+    case Normalization::kNone:
+      return "none";
+    case Normalization::kNfc:
+      return "NFC";
+    case Normalization::kNfd:
+      return "NFD";
+    case Normalization::kNfkc:
+      return "NFKC";
+    case Normalization::kNfkd:
+      return "NFKD";
   }
   return "unknown";
 }
@@ -31,18 +36,26 @@ const char* NormalizationName(Normalization form) {
 absl::StatusOr<std::string> Normalize(Normalization form, std::string_view text) {
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case Normalization::kNone: return std::string(text);
-    case Normalization::kNfc: options |= UTF8PROC_COMPOSE; break;
-    case Normalization::kNfd: options |= UTF8PROC_DECOMPOSE; break;
-    case Normalization::kNfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case Normalization::kNfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    case Normalization::kNone:
+      return std::string(text);
+    case Normalization::kNfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case Normalization::kNfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case Normalization::kNfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case Normalization::kNfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
   }
   if (text.empty()) return std::string();
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   static_cast<utf8proc_ssize_t>(text.size()), &out,
-                   static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          static_cast<utf8proc_ssize_t>(text.size()), &out,
+                                          static_cast<utf8proc_option_t>(options));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(out, &std::free);
   if (n < 0) {
     std::string message(NormalizationName(form));

@@ -78,14 +78,16 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < half; ++i) {
       inv_freq[i] =
           std::pow(p.base, -2.0 * static_cast<double>(i) / static_cast<double>(p.rot_dim));
+      if (p.freq_divisors != nullptr) inv_freq[i] /= p.freq_divisors[i];
     }
+    const double magnitude = inverse ? 1.0 / p.attn_factor : p.attn_factor;
     pool_.ParallelFor(n, 16, [&](int64_t begin, int64_t end) {
       std::vector<float> cs(half), sn(half);
       for (int64_t t = begin; t < end; ++t) {
         for (int64_t i = 0; i < half; ++i) {
           const double angle = static_cast<double>(positions[t]) * inv_freq[i];
-          cs[i] = static_cast<float>(std::cos(angle));
-          sn[i] = static_cast<float>(inverse ? -std::sin(angle) : std::sin(angle));
+          cs[i] = static_cast<float>(magnitude * std::cos(angle));
+          sn[i] = static_cast<float>(magnitude * (inverse ? -std::sin(angle) : std::sin(angle)));
         }
         for (int64_t h = 0; h < heads; ++h) {
           float* v = x + (t * heads + h) * p.head_dim;

@@ -72,6 +72,14 @@ done
 ref --model "$OUT/tiny_qwen2.gguf" --name tiny_qwen2 --random-tokens 40 --same-as "$OUT/tiny_qwen2_hf"
 ref --model "$OUT/tiny_spm.gguf" --name tiny_spm --random-tokens 40
 ref --model "$OUT/tiny_llama_kquant.gguf" --name tiny_llama_kquant --random-tokens 40
+# Scaled RoPE: each GGUF form is also checked against its HF form (--same-as).
+for dir in tiny_llama_hf_llama3 tiny_llama_hf_linear tiny_qwen2_hf_yarn; do
+  ref --model "$OUT/$dir" --name "$dir" --random-tokens 40
+done
+ref --model "$OUT/tiny_llama_llama3.gguf" --name tiny_llama_llama3 --random-tokens 40 \
+  --same-as "$OUT/tiny_llama_hf_llama3" --same-tol 1e-6
+ref --model "$OUT/tiny_qwen2_yarn.gguf" --name tiny_qwen2_yarn --random-tokens 40 \
+  --same-as "$OUT/tiny_qwen2_hf_yarn"
 ref --model "$MODEL" --name smollm2 --passage-tokens 48 --tol 1e-4 --nll-tol 5e-4
 
 if [[ -f $TOOLS/tokenizer_reference.py ]]; then

@@ -11,6 +11,7 @@ Usage: make_tiny_models.py OUT   (needs OUT/tokenizers/{bpe,qwen2,spm}/ from mak
 """
 
 import argparse
+import math
 import json
 import shutil
 import sys
@@ -185,7 +186,8 @@ def write_safetensors(path: Path, weights: dict[str, np.ndarray], dtype: str) ->
     path.chmod(0o644)  # the writer creates files 0600
 
 
-def hf_config(arch: str, tied: bool, tok_meta: dict, dtype: str) -> dict:
+def hf_config(arch: str, tied: bool, tok_meta: dict, dtype: str,
+              rope_scaling: dict | None = None) -> dict:
     s = SHAPE
     cfg = {
         "architectures": ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
@@ -207,13 +209,15 @@ def hf_config(arch: str, tied: bool, tok_meta: dict, dtype: str) -> dict:
     for key in ("bos_token_id", "eos_token_id"):
         if f"tokenizer.ggml.{key}" in tok_meta:
             cfg[key] = tok_meta[f"tokenizer.ggml.{key}"]
+    if rope_scaling:
+        cfg["rope_scaling"] = rope_scaling
     return cfg
 
 
 def write_hf_dir(out: Path, arch: str, weights: dict, tied: bool, tok_dir: Path, tok_meta: dict,
-                 dtype: str) -> None:
+                 dtype: str, rope_scaling: dict | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    cfg = hf_config(arch, tied, tok_meta, dtype)
+    cfg = hf_config(arch, tied, tok_meta, dtype, rope_scaling)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     write_safetensors(out / "model.safetensors", weights, dtype)
     for name in ("tokenizer.json", "tokenizer_config.json"):  # the config is optional
@@ -395,10 +399,40 @@ def quantize_blocks(w: np.ndarray, qtype) -> np.ndarray:
     return data
 
 
+# Scaled RoPE in the tiny models: short original contexts so that the 40 golden positions and
+# the head's 8 frequency pairs cover every branch of each formula.
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+YARN_SCALING = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+LINEAR_SCALING = {"rope_type": "linear", "factor": 2.0}
+
+
+def llama3_rope_freqs(scaling: dict, shape: TinyShape = SHAPE) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's convert_hf_to_gguf writes it for Llama 3: per pair, the
+    divisor of the base frequency (1, factor, or the smooth blend between)."""
+    d = shape.head_dim
+    freqs = 1.0 / (shape.rope_base ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: str | None,
-               name: str, shape: TinyShape = SHAPE, types: dict | None = None) -> None:
+               name: str, shape: TinyShape = SHAPE, types: dict | None = None,
+               rope_freqs: np.ndarray | None = None, yarn: dict | None = None) -> None:
     """Writes `weights` (HF names/layout) as a GGUF of `arch`; variant None = all F32. `types`
-    gives a type per GGUF tensor name (quantized by quantize_blocks) instead of a variant."""
+    gives a type per GGUF tensor name (quantized by quantize_blocks) instead of a variant.
+    rope_freqs adds Llama 3's factor tensor, yarn the rope.scaling.* keys of a YaRN scaling."""
     s = shape
     qtype, ftype = GGUF_VARIANTS[variant] if variant else (gguf.GGMLQuantizationType.F32,
                                                            gguf.LlamaFileType.ALL_F32)
@@ -421,6 +455,12 @@ def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: st
     writer.add_file_type(ftype)
     if variant or types:
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if yarn:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(yarn["factor"])
+        writer.add_rope_scaling_orig_ctx_len(yarn["original_max_position_embeddings"])
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs)
     add_tokenizer_meta(writer, tok_meta)
 
     for hf_name, w in weights.items():
@@ -474,10 +514,22 @@ def main() -> None:
         write_gguf(out / f"tiny_llama_{variant}.gguf", "llama", llama, bpe_meta, variant,
                    f"tiny_llama_{variant}")
 
-    log("tiny_qwen2 (QKV bias, tied embeddings, NeoX RoPE)")
+    log("tiny_llama RoPE scaling (Llama 3 factors in HF and GGUF, linear in HF)")
+    write_hf_dir(out / "tiny_llama_hf_llama3", "llama", llama, False, toks / "bpe", bpe_meta,
+                 "float32", LLAMA3_SCALING)
+    write_gguf(out / "tiny_llama_llama3.gguf", "llama", llama, bpe_meta, None, "tiny_llama_llama3",
+               rope_freqs=llama3_rope_freqs(LLAMA3_SCALING))
+    write_hf_dir(out / "tiny_llama_hf_linear", "llama", llama, False, toks / "bpe", bpe_meta,
+                 "float32", LINEAR_SCALING)
+
+    log("tiny_qwen2 (QKV bias, tied embeddings, NeoX RoPE; YaRN in HF and GGUF)")
     qwen = random_weights(seed=2, qkv_bias=True, tied=True)
     write_hf_dir(out / "tiny_qwen2_hf", "qwen2", qwen, True, toks / "qwen2", qwen_meta, "float32")
     write_gguf(out / "tiny_qwen2.gguf", "qwen2", qwen, qwen_meta, None, "tiny_qwen2")
+    write_hf_dir(out / "tiny_qwen2_hf_yarn", "qwen2", qwen, True, toks / "qwen2", qwen_meta,
+                 "float32", YARN_SCALING)
+    write_gguf(out / "tiny_qwen2_yarn.gguf", "qwen2", qwen, qwen_meta, None, "tiny_qwen2_yarn",
+               yarn=YARN_SCALING)
 
     log("tiny_spm (llama arch, SentencePiece tokenizer)")
     spm = random_weights(seed=3, qkv_bias=False, tied=False)

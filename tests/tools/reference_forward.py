@@ -60,6 +60,8 @@ class Model:
     rms_eps: float
     rope_base: float
     rope_interleaved: bool    # True: pairs (2i, 2i+1); False: pairs (i, i + d/2)
+    rope_inv_freq: np.ndarray | None = None   # scaled RoPE: each pair's frequency, [d/2]
+    rope_mscale: float = 1.0                  # YaRN's factor on cos and sin
     loaders: dict = field(default_factory=dict)   # name -> () -> float32/float64 ndarray
     cache: dict = field(default_factory=dict)
 
@@ -70,6 +72,46 @@ class Model:
         if name not in self.cache:
             self.cache[name] = np.asarray(self.loaders[name](), dtype=np.float64)
         return self.cache[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Scaled RoPE, after transformers' modeling_rope_utils (_compute_linear_scaling_parameters,
+# _compute_llama3_parameters, _compute_yarn_parameters): the frequencies themselves.
+
+
+def scaled_inv_freq(kind: str, p: dict, base: float, d: int, max_pos: int):
+    """(inv_freq [d/2], mscale) of a rope_scaling entry."""
+    inv_freq = 1.0 / (base ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    factor = float(p.get("factor", 1.0))
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        lo, hi = float(p["low_freq_factor"]), float(p["high_freq_factor"])
+        old = float(p["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old / lo, old / hi
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        old = float(p.get("original_max_position_embeddings") or max_pos)
+        beta_fast, beta_slow = float(p.get("beta_fast") or 32), float(p.get("beta_slow") or 1)
+
+        def correction_dim(rotations):
+            return (d * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low = max(math.floor(correction_dim(beta_fast)), 0)
+        high = min(math.ceil(correction_dim(beta_slow)), d - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp
+        interp = inv_freq / factor
+        mscale = p.get("attention_factor") or (1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0)
+        return interp * (1 - extrapolation) + inv_freq * extrapolation, float(mscale)
+    raise SystemExit(f"unsupported rope scaling {kind!r}")
 
 
 def load_gguf(path: Path) -> Model:
@@ -107,7 +149,16 @@ def load_gguf(path: Path) -> Model:
               rms_eps=float(meta(f"{arch}.attention.layer_norm_rms_epsilon")),
               rope_base=float(meta(f"{arch}.rope.freq_base", 10000.0)),
               rope_interleaved=(arch == "llama"))
-    m.loaders = {name: loader(t) for name, t in tensors.items()}
+    m.loaders = {name: loader(t) for name, t in tensors.items() if name != "rope_freqs.weight"}
+    if "rope_freqs.weight" in tensors:  # Llama 3: a divisor of each pair's frequency
+        factors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float64)
+        m.rope_inv_freq = m.rope_base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim) / factors
+    kind = meta(f"{arch}.rope.scaling.type", "none")
+    if kind != "none":
+        m.rope_inv_freq, m.rope_mscale = scaled_inv_freq(kind, {
+            "factor": meta(f"{arch}.rope.scaling.factor", 1.0),
+            "original_max_position_embeddings": meta(f"{arch}.rope.scaling.original_context_length"),
+        }, m.rope_base, head_dim, int(meta(f"{arch}.context_length")))
     return m
 
 
@@ -170,6 +221,11 @@ def load_hf(path: Path) -> Model:
         m.loaders[new] = (lambda a: lambda: a)(arr)
     if cfg.get("tie_word_embeddings", False):
         m.loaders.pop("output.weight", None)
+    if cfg.get("rope_scaling"):
+        r = cfg["rope_scaling"]
+        m.rope_inv_freq, m.rope_mscale = scaled_inv_freq(
+            r.get("rope_type", r.get("type")), r, m.rope_base, m.head_dim,
+            cfg.get("max_position_embeddings", 2048))
     return m
 
 
@@ -185,12 +241,15 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope(x: np.ndarray, base: float, interleaved: bool) -> np.ndarray:
+def rope(x: np.ndarray, m: "Model") -> np.ndarray:
     """x: [n_tokens, n_heads, head_dim], token t at position t."""
     n_tokens, _, d = x.shape
-    inv_freq = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)        # [d/2]
+    interleaved = m.rope_interleaved
+    inv_freq = (m.rope_inv_freq if m.rope_inv_freq is not None
+                else m.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d))  # [d/2]
     angle = np.arange(n_tokens, dtype=np.float64)[:, None] * inv_freq     # [T, d/2]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    cos = m.rope_mscale * np.cos(angle)[:, None, :]
+    sin = m.rope_mscale * np.sin(angle)[:, None, :]
     if interleaved:
         a, b = x[..., 0::2], x[..., 1::2]
     else:
@@ -227,8 +286,8 @@ def forward(m: Model, tokens: list[int]) -> ForwardResult:
         p = f"blk.{layer}."
         h = rms_norm(x, m.w(p + "attn_norm.weight"), m.rms_eps)
         res.attn_in.append(h)
-        q = rope(linear(h, p + "attn_q").reshape(T, m.n_heads, d), m.rope_base, m.rope_interleaved)
-        k = rope(linear(h, p + "attn_k").reshape(T, m.n_kv_heads, d), m.rope_base, m.rope_interleaved)
+        q = rope(linear(h, p + "attn_q").reshape(T, m.n_heads, d), m)
+        k = rope(linear(h, p + "attn_k").reshape(T, m.n_kv_heads, d), m)
         v = linear(h, p + "attn_v").reshape(T, m.n_kv_heads, d)
         res.k.append(k)
         res.v.append(v)
@@ -374,7 +433,8 @@ def write_golden(out_dir: Path, m: Model, tokens: list[int], res: ForwardResult,
     (out_dir / "golden.json").write_text(json.dumps(golden, indent=1) + "\n")
 
 
-def check_same_model(a: Model, ra: ForwardResult, b: Model, rb: ForwardResult) -> None:
+def check_same_model(a: Model, ra: ForwardResult, b: Model, rb: ForwardResult,
+                     tol: float = 1e-10) -> None:
     """Asserts two files of the same weights (e.g. GGUF vs safetensors) compute the same thing.
 
     Keys are compared after mapping the interleaved layout onto the half-rotation one, which is
@@ -397,7 +457,7 @@ def check_same_model(a: Model, ra: ForwardResult, b: Model, rb: ForwardResult) -
     worst["attn_in"] = max(rel(x, y) for x, y in zip(ra.attn_in, rb.attn_in))
     log(f"same-model check {a.path.name} vs {b.path.name}: " +
         ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
-    bad = {k: v for k, v in worst.items() if not v <= 1e-10}
+    bad = {k: v for k, v in worst.items() if not v <= tol}
     if bad:
         raise SystemExit(f"{a.path} and {b.path} disagree (relative max diff {bad}): "
                          "the GGUF Q/K permutation or a tensor mapping is wrong")
@@ -418,6 +478,9 @@ def main() -> None:
     ap.add_argument("--tol", type=float, default=1e-4,
                     help="logits/kv/attn_in tolerance, relative to max(1, max|ref|)")
     ap.add_argument("--nll-tol", type=float, default=1e-4, help="absolute NLL tolerance")
+    ap.add_argument("--same-tol", type=float, default=1e-10,
+                    help="largest relative difference --same-as allows (GGUF stores Llama 3's "
+                         "RoPE factors in float32, about 3e-8 from the config's float64 ones)")
     ap.add_argument("--same-as", type=Path,
                     help="another file of the same weights; assert both give identical results")
     args = ap.parse_args()
@@ -446,7 +509,7 @@ def main() -> None:
     res = forward(m, tokens)
     if args.same_as:
         other = load_model(args.same_as)
-        check_same_model(m, res, other, forward(other, tokens))
+        check_same_model(m, res, other, forward(other, tokens), args.same_tol)
     write_golden(args.out / "golden" / args.name, m, tokens, res, args.tol, args.nll_tol, extra)
     nll = next_token_nll(res.logits, tokens)
     log(f"{args.name}: mean NLL {nll.mean():.4f}, max|logit| {np.abs(res.logits).max():.3f}")

@@ -89,8 +89,7 @@ TEST(SafetensorsShardsTest, WithoutAnIndexReadsModelSafetensors) {
   EXPECT_FALSE(SafetensorsShards::Open(dir.string()).ok());
 }
 
-void ExpectRefused(const std::string& name, const std::string& index,
-                   const std::string& fragment) {
+void ExpectRefused(const std::string& name, const std::string& index, const std::string& fragment) {
   auto shards = SafetensorsShards::Open(MakeDir(name, index).string());
   ASSERT_FALSE(shards.ok()) << name << " was accepted";
   EXPECT_THAT(shards.status().message(), HasSubstr(fragment)) << name;

@@ -206,35 +206,42 @@ std::unique_ptr<Model> Load(const std::filesystem::path& path) {
   return m.ok() ? std::move(*m) : nullptr;
 }
 
+// Scaled RoPE too: Llama 3's frequency factors and YaRN's magnitude factor are undone exactly.
 TEST(Features, AnchorKeysReturnToPreRope) {
-  auto model = Load(testing::TestdataDir() / "tiny_llama.gguf");
-  ASSERT_NE(model, nullptr);
-  const ModelConfig& c = model->config();
-  auto cache = model->NewKvCache(16);
-  ASSERT_TRUE(cache.ok());
-  const int64_t w = c.kv_width(), n = 12, begin = 3;
-  std::mt19937 rng(9);
-  std::normal_distribution<float> normal;
-  std::vector<float> pre(n * w), rotated, values(n * w);
-  for (auto& v : pre) v = normal(rng);
-  for (auto& v : values) v = normal(rng);
-  rotated = pre;
-  std::vector<int32_t> pos(n);
-  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(begin + i);
-  model->backend().Rope(rotated.data(), n, c.n_kv_heads, pos.data(), c.rope(), false);
-  ASSERT_TRUE((*cache)->WriteKeys(0, begin, n, rotated.data()).ok());
-  ASSERT_TRUE((*cache)->WriteValues(0, begin, n, values.data()).ok());
-  ASSERT_TRUE((*cache)->SetTokens(begin + n).ok());
-  const LayerGroup g{{1}, {0}};
-  std::vector<float> features(n * FeatureWidth(g, w));
-  ASSERT_TRUE(BuildFeatures(**cache, g, c, model->backend(), begin, n, features.data()).ok());
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < w; ++j) {
-      EXPECT_NEAR(features[i * 2 * w + j], pre[i * w + j], 1e-5);
-      EXPECT_EQ(features[i * 2 * w + w + j], values[i * w + j]);
+  for (const char* name : {"tiny_llama.gguf", "tiny_llama_llama3.gguf", "tiny_qwen2_yarn.gguf"}) {
+    SCOPED_TRACE(name);
+    auto model = Load(testing::TestdataDir() / name);
+    ASSERT_NE(model, nullptr);
+    if (std::string(name) != "tiny_llama.gguf") {
+      ASSERT_FALSE(model->config().rope_scaling.freq_divisors.empty());
     }
+    const ModelConfig& c = model->config();
+    auto cache = model->NewKvCache(16);
+    ASSERT_TRUE(cache.ok());
+    const int64_t w = c.kv_width(), n = 12, begin = 3;
+    std::mt19937 rng(9);
+    std::normal_distribution<float> normal;
+    std::vector<float> pre(n * w), rotated, values(n * w);
+    for (auto& v : pre) v = normal(rng);
+    for (auto& v : values) v = normal(rng);
+    rotated = pre;
+    std::vector<int32_t> pos(n);
+    for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(begin + i);
+    model->backend().Rope(rotated.data(), n, c.n_kv_heads, pos.data(), c.rope(), false);
+    ASSERT_TRUE((*cache)->WriteKeys(0, begin, n, rotated.data()).ok());
+    ASSERT_TRUE((*cache)->WriteValues(0, begin, n, values.data()).ok());
+    ASSERT_TRUE((*cache)->SetTokens(begin + n).ok());
+    const LayerGroup g{{1}, {0}};
+    std::vector<float> features(n * FeatureWidth(g, w));
+    ASSERT_TRUE(BuildFeatures(**cache, g, c, model->backend(), begin, n, features.data()).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < w; ++j) {
+        EXPECT_NEAR(features[i * 2 * w + j], pre[i * w + j], 1e-5);
+        EXPECT_EQ(features[i * 2 * w + w + j], values[i * w + j]);
+      }
+    }
+    EXPECT_FALSE(BuildFeatures(**cache, g, c, model->backend(), 10, 6, features.data()).ok());
   }
-  EXPECT_FALSE(BuildFeatures(**cache, g, c, model->backend(), 10, 6, features.data()).ok());
 }
 
 // The folded map applied to x equals projecting the predicted attention input.

@@ -1,0 +1,117 @@
+// RoPE scaling parameters: the divisors and factors each formula gives at its edges, and every
+// out-of-domain parameter refused by name. The rotations themselves are checked against the
+// NumPy reference by model_golden_test (tiny_*_llama3, _linear, _yarn).
+#include "common/model/rope_scaling.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "common/model/gpu_model.h"
+#include "common/model/model_config.h"
+
+namespace riskkv {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(RopeScalingTest, NoneIsUnscaled) {
+  auto s = ComputeRopeScaling({}, 10000.0, 64);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->freq_divisors.empty());
+  EXPECT_EQ(s->attn_factor, 1.0);
+}
+
+TEST(RopeScalingTest, LinearDividesEveryFrequency) {
+  auto s = ComputeRopeScaling({.type = "linear", .factor = 2.5}, 10000.0, 16);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->freq_divisors, std::vector<double>(8, 2.5));
+  EXPECT_EQ(s->attn_factor, 1.0);
+}
+
+TEST(RopeScalingTest, Llama3KeepsHighFrequenciesAndScalesLowOnes) {
+  // Llama 3.1's own parameters over a 128-wide head with base 500000.
+  auto s = ComputeRopeScaling({.type = "llama3",
+                               .factor = 8,
+                               .original_context = 8192,
+                               .low_freq_factor = 1,
+                               .high_freq_factor = 4},
+                              500000.0, 128);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->freq_divisors.size(), 64u);
+  EXPECT_EQ(s->freq_divisors.front(), 1.0);  // wavelength 2 pi < 8192 / 4
+  EXPECT_EQ(s->freq_divisors.back(), 8.0);   // wavelength far beyond 8192
+  bool blended = false;
+  for (size_t i = 1; i < s->freq_divisors.size(); ++i) {
+    EXPECT_GE(s->freq_divisors[i], s->freq_divisors[i - 1]);  // monotone in wavelength
+    blended |= s->freq_divisors[i] > 1.0 && s->freq_divisors[i] < 8.0;
+  }
+  EXPECT_TRUE(blended);
+}
+
+TEST(RopeScalingTest, YarnRampsAndScalesMagnitude) {
+  auto s =
+      ComputeRopeScaling({.type = "yarn", .factor = 4, .original_context = 32768}, 1000000.0, 64);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->freq_divisors.front(), 1.0);
+  EXPECT_EQ(s->freq_divisors.back(), 4.0);
+  EXPECT_DOUBLE_EQ(s->attn_factor, 0.1 * std::log(4.0) + 1.0);
+  auto given = ComputeRopeScaling(
+      {.type = "yarn", .factor = 4, .original_context = 32768, .attention_factor = 1.25}, 1000000.0,
+      64);
+  ASSERT_TRUE(given.ok());
+  EXPECT_EQ(given->attn_factor, 1.25);
+}
+
+void ExpectRefused(const RopeScalingSpec& spec, const std::string& fragment) {
+  auto s = ComputeRopeScaling(spec, 10000.0, 64);
+  ASSERT_FALSE(s.ok()) << spec.type << " accepted";
+  EXPECT_THAT(s.status().message(), HasSubstr(fragment));
+}
+
+TEST(RopeScalingTest, ParametersOutsideTheirDomainAreRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  ExpectRefused({.type = "dynamic", .factor = 2}, "'dynamic' is not supported");
+  ExpectRefused({.type = "longrope", .factor = 2}, "'longrope' is not supported");
+  ExpectRefused({.type = "linear", .factor = 0.5}, "factor 0.5 must be a finite number >= 1");
+  ExpectRefused({.type = "linear", .factor = nan}, "must be a finite number");
+  ExpectRefused({.type = "llama3", .factor = 8, .original_context = 0},
+                "original context length 0");
+  ExpectRefused({.type = "llama3",
+                 .factor = 8,
+                 .original_context = 8192,
+                 .low_freq_factor = 4,
+                 .high_freq_factor = 1},
+                "must satisfy 0 < low < high");
+  ExpectRefused({.type = "yarn", .factor = 4, .original_context = 4096, .beta_fast = -1},
+                "beta_fast and beta_slow must be > 0");
+  EXPECT_FALSE(RopeScalingFromFactors({1, 2}, 8).ok());
+  EXPECT_THAT(RopeScalingFromFactors({1, 2, 0, 4}, 8).status().message(),
+              HasSubstr("factor 2 is 0"));
+  EXPECT_TRUE(RopeScalingFromFactors({1, 2, 3, 4}, 8).ok());
+}
+
+TEST(RopeScalingTest, TheGpuEngineRefusesScaledRope) {
+  ModelConfig c;
+  c.name = "scaled";
+  c.n_layers = 1;
+  c.hidden = 64;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.ffn = 128;
+  c.vocab = 32;
+  c.context_length = 64;
+  c.rope_dim = 16;
+  c.rope_scaling = *ComputeRopeScaling({.type = "linear", .factor = 2}, 10000.0, 16);
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  auto gpu = GpuModel::CreateRandom(c, 0);
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(gpu.status().message(), HasSubstr("RoPE scaling 'linear' is implemented in the CPU"));
+}
+
+}  // namespace
+}  // namespace riskkv
