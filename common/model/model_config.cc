@@ -259,6 +259,11 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean()) {
     c.tied_embeddings = j["tie_word_embeddings"].get<bool>();
   }
+  // Qwen2 configs declare a sliding window; all ship it switched off, which is what is served.
+  if (j.contains("use_sliding_window") && j["use_sliding_window"] == true) {
+    return absl::UnimplementedError(absl::StrCat(
+        path, ": sliding-window attention (use_sliding_window: true) is not supported"));
+  }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     absl::Status s = ReadHfRopeScaling(j["rope_scaling"], c.context_length, &c);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));

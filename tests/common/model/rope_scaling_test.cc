@@ -6,7 +6,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
 #include <limits>
 
 #include "common/model/gpu_model.h"
@@ -91,6 +97,53 @@ TEST(RopeScalingTest, ParametersOutsideTheirDomainAreRefused) {
   EXPECT_THAT(RopeScalingFromFactors({1, 2, 0, 4}, 8).status().message(),
               HasSubstr("factor 2 is 0"));
   EXPECT_TRUE(RopeScalingFromFactors({1, 2, 3, 4}, 8).ok());
+}
+
+// config.json with `extra` merged into a small valid Llama config, read back.
+absl::StatusOr<ModelConfig> HfConfig(const std::string& name, const std::string& extra) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() /
+      ("riskkv_rope_" + std::to_string(::getpid()) + "_" + name + ".json");
+  std::ofstream(path) << R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+      "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 32, "max_position_embeddings": 4096, "rope_theta": 500000.0)"
+                      << extra << "}";
+  absl::StatusOr<ModelConfig> c = ConfigFromHfJson(path.string());
+  std::filesystem::remove(path);
+  return c;
+}
+
+TEST(RopeScalingTest, HfConfigsDeclareItOrAreRefusedByName) {
+  auto llama3 = HfConfig("llama3", R"(, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 512})");
+  ASSERT_TRUE(llama3.ok()) << llama3.status();
+  EXPECT_EQ(llama3->rope_scaling.type, "llama3");
+  EXPECT_EQ(llama3->rope_scaling.freq_divisors.size(), 8u);
+  EXPECT_EQ(llama3->rope().freq_divisors, llama3->rope_scaling.freq_divisors.data());
+  auto yarn = HfConfig("yarn", R"(, "rope_scaling": {"type": "yarn", "factor": 4.0})");
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  EXPECT_DOUBLE_EQ(yarn->rope().attn_factor, 0.1 * std::log(4.0) + 1.0);
+  auto plain = HfConfig("default", R"(, "rope_scaling": {"rope_type": "default"})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->rope().freq_divisors, nullptr);
+
+  const std::pair<const char*, const char*> refused[] = {
+      {R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})", "'dynamic' is not supported"},
+      {R"(, "rope_scaling": {"rope_type": "longrope", "factor": 2.0})", "'longrope'"},
+      {R"(, "rope_scaling": [1, 2])", "\"rope_scaling\" must be an object"},
+      {R"(, "rope_scaling": {"rope_type": "linear", "factor": "2"})", "rope_scaling.factor"},
+      {R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 0.7})", "mscale"},
+      {R"(, "use_sliding_window": true, "sliding_window": 4096)", "sliding-window attention"},
+  };
+  int i = 0;
+  for (const auto& [extra, fragment] : refused) {
+    auto c = HfConfig(std::to_string(i++), extra);
+    ASSERT_FALSE(c.ok()) << extra;
+    EXPECT_THAT(c.status().message(), HasSubstr(fragment)) << extra;
+    EXPECT_THAT(c.status().message(), HasSubstr(".json: ")) << extra;
+  }
+  EXPECT_TRUE(HfConfig("window_off", R"(, "use_sliding_window": false, "sliding_window": 4096)")
+                  .ok());
 }
 
 TEST(RopeScalingTest, TheGpuEngineRefusesScaledRope) {
