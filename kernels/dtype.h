@@ -35,7 +35,6 @@ int64_t BlockBytes(DType t);
 inline int64_t RowBytes(DType t, int64_t n) { return n / BlockSize(t) * BlockBytes(t); }
 inline bool IsQuantized(DType t) { return BlockSize(t) > 1; }
 
-
 // Scalar conversions (IEEE half with round-to-nearest-even, bfloat16 with RNE).
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);

@@ -89,11 +89,11 @@ absl::Status GgufParser::ReadTensorInfo(uint64_t index, std::vector<uint64_t>& r
   ASSIGN_OR_RETURN(uint32_t type_id, Read<uint32_t>("ggml type"));
   const GgmlType ggml = LookupGgmlType(type_id);
   if (!ggml.dtype) {
-    return Error(type_at, "ggml type",
-                 absl::StrCat("tensor '", name, "' has unsupported ggml type ", type_id, " (",
-                              ggml.name,
-                              "); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
-                              "Q4_K, Q5_K, Q6_K"));
+    return Error(
+        type_at, "ggml type",
+        absl::StrCat("tensor '", name, "' has unsupported ggml type ", type_id, " (", ggml.name,
+                     "); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                     "Q4_K, Q5_K, Q6_K"));
   }
   const int64_t block = BlockSize(*ggml.dtype);
   if (ne[0] % block != 0) {

@@ -37,26 +37,26 @@ absl::Status ReadGgufRopeScaling(const GgufFile& gguf, const std::string& arch, 
                                                      "' and rope_freqs.weight both given"));
     }
     if (factors->dtype != DType::kF32 || factors->shape.size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          gguf.path(), ": rope_freqs.weight must be a 1-D F32 tensor, not ",
-          DTypeName(factors->dtype), " of ", factors->shape.size(), " dimensions"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(gguf.path(), ": rope_freqs.weight must be a 1-D F32 tensor, not ",
+                       DTypeName(factors->dtype), " of ", factors->shape.size(), " dimensions"));
     }
     std::vector<float> f(static_cast<size_t>(factors->shape[0]));
     std::memcpy(f.data(), factors->data, f.size() * sizeof(float));
     absl::StatusOr<RopeScaling> scaling =
         RopeScalingFromFactors(std::vector<double>(f.begin(), f.end()), c->rope_dim);
     if (!scaling.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": rope_freqs.weight: ",
-                                                     scaling.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(gguf.path(), ": rope_freqs.weight: ", scaling.status().message()));
     }
     c->rope_scaling = *std::move(scaling);
     return absl::OkStatus();
   }
   if (spec.type == "none") return absl::OkStatus();
   if (gguf.Find(key("yarn_log_multiplier")) != nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        gguf.path(), ": ", key("yarn_log_multiplier"), " (YaRN with a log multiplier) is not "
-        "supported"));
+    return absl::UnimplementedError(absl::StrCat(gguf.path(), ": ", key("yarn_log_multiplier"),
+                                                 " (YaRN with a log multiplier) is not "
+                                                 "supported"));
   }
   spec.factor = gguf.GetFloat(key("factor")).value_or(1.0);
   spec.original_context = gguf.GetInt(key("original_context_length")).value_or(c->context_length);
@@ -107,9 +107,8 @@ absl::Status ReadHfRopeScaling(const nlohmann::json& r, int64_t context_length, 
         "rope_scaling with mscale, mscale_all_dim or truncate=false is not supported");
   }
   if (!(original >= 1 && original <= static_cast<double>(int64_t{1} << 30))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rope_scaling.original_max_position_embeddings ", original,
-                     " is out of range"));
+    return absl::InvalidArgumentError(absl::StrCat("rope_scaling.original_max_position_embeddings ",
+                                                   original, " is out of range"));
   }
   spec.original_context = static_cast<int64_t>(original);
   ASSIGN_OR_RETURN(c->rope_scaling, ComputeRopeScaling(spec, c->rope_base, c->rope_dim));

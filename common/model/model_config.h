@@ -33,7 +33,7 @@ struct ModelConfig {
   double rope_base = 10000.0;
   int64_t rope_dim = 0;  // rotated leading dimensions of each head
   RopeLayout rope_layout = RopeLayout::kHalf;
-  RopeScaling rope_scaling;  // unscaled unless the checkpoint declares it
+  RopeScaling rope_scaling;      // unscaled unless the checkpoint declares it
   bool tied_embeddings = false;  // lm head reuses the token embedding
   bool qkv_bias = false;         // Qwen2 carries biases on q/k/v projections
 
@@ -41,7 +41,10 @@ struct ModelConfig {
   absl::Status Validate() const;
   // Points into rope_scaling: valid while this config is.
   RopeParams rope() const {
-    return {rope_base, head_dim, rope_dim, rope_layout,
+    return {rope_base,
+            head_dim,
+            rope_dim,
+            rope_layout,
             rope_scaling.freq_divisors.empty() ? nullptr : rope_scaling.freq_divisors.data(),
             rope_scaling.attn_factor};
   }

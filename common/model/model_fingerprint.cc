@@ -31,16 +31,16 @@ std::string CanonicalConfig(const ModelConfig& c) {
       absl::StrAppend(&scaling, "rope_freq_divisor=", DoubleText(d), "\n");
     }
   }
-  return absl::StrCat(
-      "riskkv-model-fingerprint v1\n", "arch=", ArchitectureName(c.arch), "\n",
-      "n_layers=", c.n_layers, "\n", "hidden=", c.hidden, "\n", "n_heads=", c.n_heads, "\n",
-      "n_kv_heads=", c.n_kv_heads, "\n", "head_dim=", c.head_dim, "\n", "ffn=", c.ffn, "\n",
-      "vocab=", c.vocab, "\n", "context_length=", c.context_length, "\n",
-      "rms_eps=", DoubleText(c.rms_eps), "\n", "rope_base=", DoubleText(c.rope_base), "\n",
-      "rope_dim=", c.rope_dim, "\n",
-      "rope_layout=", c.rope_layout == RopeLayout::kHalf ? "half" : "interleaved", "\n",
-      "tied_embeddings=", c.tied_embeddings ? 1 : 0, "\n", "qkv_bias=", c.qkv_bias ? 1 : 0, "\n",
-      scaling);
+  return absl::StrCat("riskkv-model-fingerprint v1\n", "arch=", ArchitectureName(c.arch), "\n",
+                      "n_layers=", c.n_layers, "\n", "hidden=", c.hidden, "\n",
+                      "n_heads=", c.n_heads, "\n", "n_kv_heads=", c.n_kv_heads, "\n",
+                      "head_dim=", c.head_dim, "\n", "ffn=", c.ffn, "\n", "vocab=", c.vocab, "\n",
+                      "context_length=", c.context_length, "\n", "rms_eps=", DoubleText(c.rms_eps),
+                      "\n", "rope_base=", DoubleText(c.rope_base), "\n", "rope_dim=", c.rope_dim,
+                      "\n",
+                      "rope_layout=", c.rope_layout == RopeLayout::kHalf ? "half" : "interleaved",
+                      "\n", "tied_embeddings=", c.tied_embeddings ? 1 : 0, "\n",
+                      "qkv_bias=", c.qkv_bias ? 1 : 0, "\n", scaling);
 }
 
 struct MdCtxFree {

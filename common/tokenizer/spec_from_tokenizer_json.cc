@@ -135,8 +135,8 @@ absl::StatusOr<Normalization> ReadNormalizer(const json& normalizer) {
       ASSIGN_OR_RETURN(Normalization one, ReadNormalizer(part));
       if (one == Normalization::kNone) continue;
       if (form != Normalization::kNone && form != one) {
-        return Unsupported(absl::StrCat("normalizer Sequence of ", NormalizationName(form),
-                                        " and ", NormalizationName(one)));
+        return Unsupported(absl::StrCat("normalizer Sequence of ", NormalizationName(form), " and ",
+                                        NormalizationName(one)));
       }
       form = one;
     }

@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <utility>
 #include <limits>
+#include <utility>
 
 #include "tests/kernels/op_reference.h"
 
@@ -127,8 +127,10 @@ TEST(DType, QuantizationErrorWithinHalfStep) {
 TEST(DType, FiveBitAndKQuantRowsRoundTrip) {
   const int64_t n = 1024;
   const auto x = testing::RandomVector(n, 9, 0.07f);
-  const std::pair<DType, double> cases[] = {{DType::kQ4_K, 0.115}, {DType::kQ5_K, 0.057},
-                                            {DType::kQ6_K, 0.033}, {DType::kQ5_0, 0.066},
+  const std::pair<DType, double> cases[] = {{DType::kQ4_K, 0.115},
+                                            {DType::kQ5_K, 0.057},
+                                            {DType::kQ6_K, 0.033},
+                                            {DType::kQ5_0, 0.066},
                                             {DType::kQ5_1, 0.056}};
   for (const auto& [t, bound] : cases) {
     const auto q = testing::QuantizeRow(t, x.data(), n);

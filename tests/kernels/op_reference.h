@@ -31,8 +31,8 @@ inline void PutHalf(std::vector<uint8_t>& out, float v) {
 // round((x - lo) / scale) clipped to [0, levels]; 0 where the scale is 0.
 inline int Level(float x, float lo, float scale, int levels) {
   if (scale == 0.0f) return 0;
-  return static_cast<int>(std::clamp(std::nearbyint((x - lo) / scale), 0.0f,
-                                     static_cast<float>(levels)));
+  return static_cast<int>(
+      std::clamp(std::nearbyint((x - lo) / scale), 0.0f, static_cast<float>(levels)));
 }
 
 // Q4_K (bits 4) or Q5_K (bits 5) super-block of 256 values: min/max per sub-block of 32, 6-bit
@@ -75,8 +75,8 @@ inline void PutK4K5(std::vector<uint8_t>& out, const float* x, int bits) {
   }
   for (int c = 0; c < 4; ++c) {
     for (int l = 0; l < 32; ++l) {
-      out.push_back(static_cast<uint8_t>((q[2 * c * 32 + l] & 0xf) |
-                                         ((q[(2 * c + 1) * 32 + l] & 0xf) << 4)));
+      out.push_back(
+          static_cast<uint8_t>((q[2 * c * 32 + l] & 0xf) | ((q[(2 * c + 1) * 32 + l] & 0xf) << 4)));
     }
   }
 }
@@ -132,7 +132,8 @@ inline void PutQ5(std::vector<uint8_t>& out, const float* x, bool offset) {
   PutHalf(out, d);
   if (offset) PutHalf(out, m);
   for (int b = 0; b < 4; ++b) out.push_back(static_cast<uint8_t>(qh >> (8 * b)));
-  for (int j = 0; j < 16; ++j) out.push_back(static_cast<uint8_t>((q[j] & 0xf) | ((q[j + 16] & 0xf) << 4)));
+  for (int j = 0; j < 16; ++j)
+    out.push_back(static_cast<uint8_t>((q[j] & 0xf) | ((q[j + 16] & 0xf) << 4)));
 }
 
 // Quantizes a row of n values (n a multiple of BlockSize(t)) into the ggml block layout.

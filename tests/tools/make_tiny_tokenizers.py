@@ -10,6 +10,8 @@ Writes, deterministically:
       HF byte-level BPE with the Qwen2 Split regex, then ByteLevel(use_regex=False).
   OUT/tokenizers/spm/{spm.model,gguf_tokenizer.json}
       SentencePiece BPE with byte fallback (the GGUF "llama" tokenizer family).
+  OUT/tokenizers/llama3/{tokenizer.json,tokenizer_config.json,gguf_tokenizer.json}
+      HF byte-level BPE with Llama 3's Split regex and ignore_merges, as Llama 3.x ships.
   OUT/tokenizers/{qwen2_nfc,qwen2_nfkc}/{tokenizer.json,tokenizer_config.json}
       The qwen2 tokenizer with an NFC normalizer (as real Qwen2 and Qwen2.5 ship) or NFKC.
 The gguf_tokenizer.json files hold exactly the tokenizer.ggml.* metadata values that the tiny
@@ -31,6 +33,11 @@ TRAIN_FRACTION = 0.8
 # The regex of Qwen2's tokenizer.json Split pre-tokenizer (also llama.cpp's "qwen2" pre type).
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# Llama 3's tokenizer.json Split regex (llama.cpp's "llama-bpe" pre type): digits in runs of up
+# to three.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 JARGON_CANDIDATES = [
     "/usr/share/jargon-text/jargon.txt",
@@ -156,6 +163,20 @@ def make_qwen2(out, paras):
     write_hf(os.path.join(out, "tokenizers", "qwen2"), train_hf(paras, pre, post), "qwen2")
 
 
+def make_llama3(out, paras):
+    from tokenizers import Regex, Tokenizer, pre_tokenizers, processors
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok = train_hf(paras, pre, processors.ByteLevel(trim_offsets=False))
+    # Llama 3 emits a pre-token that is itself in the vocabulary whole (model.ignore_merges).
+    spec = json.loads(tok.to_str())
+    spec["model"]["ignore_merges"] = True
+    tok = Tokenizer.from_str(json.dumps(spec))
+    write_hf(os.path.join(out, "tokenizers", "llama3"), tok, "llama-bpe")
+
+
 def make_normalized(out):
     """The qwen2 tokenizer behind a Unicode normalizer; tokenizer.json only (GGUF has none)."""
     from tokenizers import Tokenizer, normalizers
@@ -219,9 +240,10 @@ def main():
     paras = paragraphs(train_lines)
     make_bpe(out, paras)
     make_qwen2(out, paras)
+    make_llama3(out, paras)
     make_normalized(out)
     make_spm(out, train_lines)
-    print(f"make_tiny_tokenizers: wrote {out}/tokenizers/{{bpe,qwen2,qwen2_nfc,qwen2_nfkc,spm}}")
+    print(f"make_tiny_tokenizers: wrote {out}/tokenizers/{{bpe,qwen2,llama3,qwen2_nfc,qwen2_nfkc,spm}}")
 
 
 if __name__ == "__main__":

@@ -290,7 +290,8 @@ def main():
         sys.exit(__doc__)
     out, model_path = sys.argv[1], sys.argv[2]
     texts = real_texts() + EDGE_CASES + multilingual_texts()
-    entries = [hf_entry(out, "bpe", texts), hf_entry(out, "qwen2", texts), spm_entry(out, texts)]
+    entries = [hf_entry(out, "bpe", texts), hf_entry(out, "qwen2", texts),
+               hf_entry(out, "llama3", texts), spm_entry(out, texts)]
     for entry in entries:
         entry["llama_cpp_check"] = llama_cpp_check_spec(out, entry, texts)
     entries += [hf_entry(out, "qwen2_nfc", texts), hf_entry(out, "qwen2_nfkc", texts)]

@@ -161,11 +161,11 @@ TEST(GgufFileTest, ReadsTensorsOfEverySupportedType) {
     uint8_t seed;
   };
   const std::vector<Want> want = {
-      {"f32", DType::kF32, {3, 4}, 48, 1},      {"f16", DType::kF16, {8}, 16, 2},
-      {"bf16", DType::kBF16, {2, 2, 2}, 16, 3}, {"q8_0", DType::kQ8_0, {2, 64}, 136, 4},
-      {"q4_0", DType::kQ4_0, {3, 32}, 54, 5},   {"q4_1", DType::kQ4_1, {2, 1, 1, 32}, 40, 6},
-      {"q5_0", DType::kQ5_0, {64}, 44, 7},      {"q5_1", DType::kQ5_1, {2, 32}, 48, 8},
-      {"q4_k", DType::kQ4_K, {2, 256}, 288, 9}, {"q5_k", DType::kQ5_K, {512}, 352, 10},
+      {"f32", DType::kF32, {3, 4}, 48, 1},          {"f16", DType::kF16, {8}, 16, 2},
+      {"bf16", DType::kBF16, {2, 2, 2}, 16, 3},     {"q8_0", DType::kQ8_0, {2, 64}, 136, 4},
+      {"q4_0", DType::kQ4_0, {3, 32}, 54, 5},       {"q4_1", DType::kQ4_1, {2, 1, 1, 32}, 40, 6},
+      {"q5_0", DType::kQ5_0, {64}, 44, 7},          {"q5_1", DType::kQ5_1, {2, 32}, 48, 8},
+      {"q4_k", DType::kQ4_K, {2, 256}, 288, 9},     {"q5_k", DType::kQ5_K, {512}, 352, 10},
       {"q6_k", DType::kQ6_K, {3, 1, 256}, 630, 11},
   };
   ASSERT_EQ(g.tensors().size(), want.size());

@@ -183,14 +183,12 @@ TEST_P(GoldenTest, Int8ActivationsStayClose) {
 INSTANTIATE_TEST_SUITE_P(Models, GoldenTest,
                          ::testing::Values("tiny_llama", "tiny_llama_text", "tiny_llama_hf",
                                            "tiny_llama_hf_bf16", "tiny_llama_hf_f16",
-                                           "tiny_llama_hf_sharded",
-                                           "tiny_llama_f16", "tiny_llama_bf16", "tiny_llama_q8_0",
-                                           "tiny_llama_q4_0", "tiny_llama_q4_1", "tiny_qwen2",
-                                           "tiny_qwen2_hf", "tiny_spm", "tiny_llama_kquant",
-                                           "tiny_llama_hf_llama3", "tiny_llama_llama3",
-                                           "tiny_llama_hf_linear", "tiny_qwen2_hf_yarn",
-                                           "tiny_qwen2_yarn",
-                                           "smollm2"),
+                                           "tiny_llama_hf_sharded", "tiny_llama_f16",
+                                           "tiny_llama_bf16", "tiny_llama_q8_0", "tiny_llama_q4_0",
+                                           "tiny_llama_q4_1", "tiny_qwen2", "tiny_qwen2_hf",
+                                           "tiny_spm", "tiny_llama_kquant", "tiny_llama_hf_llama3",
+                                           "tiny_llama_llama3", "tiny_llama_hf_linear",
+                                           "tiny_qwen2_hf_yarn", "tiny_qwen2_yarn", "smollm2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -5,15 +5,14 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <utility>
-#include <limits>
 
 #include "common/model/gpu_model.h"
 #include "common/model/model_config.h"
@@ -142,8 +141,8 @@ TEST(RopeScalingTest, HfConfigsDeclareItOrAreRefusedByName) {
     EXPECT_THAT(c.status().message(), HasSubstr(fragment)) << extra;
     EXPECT_THAT(c.status().message(), HasSubstr(".json: ")) << extra;
   }
-  EXPECT_TRUE(HfConfig("window_off", R"(, "use_sliding_window": false, "sliding_window": 4096)")
-                  .ok());
+  EXPECT_TRUE(
+      HfConfig("window_off", R"(, "use_sliding_window": false, "sliding_window": 4096)").ok());
 }
 
 TEST(RopeScalingTest, TheGpuEngineRefusesScaledRope) {

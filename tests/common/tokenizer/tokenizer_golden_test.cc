@@ -226,18 +226,18 @@ TEST_P(TokenizerGoldenTest, LongTextRoundTrips) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllSources, TokenizerGoldenTest,
-    ::testing::Values(Case{"bpe", Source::kGgufValues}, Case{"bpe", Source::kGgufFile},
-                      Case{"bpe", Source::kTokenizerJson},
-                      Case{"bpe", Source::kTinyModelGguf, "tiny_llama.gguf"},
-                      Case{"qwen2", Source::kGgufValues}, Case{"qwen2", Source::kGgufFile},
-                      Case{"qwen2", Source::kTokenizerJson},
-                      Case{"qwen2", Source::kTinyModelGguf, "tiny_qwen2.gguf"},
-                      Case{"qwen2", Source::kTinyModelHfJson, "tiny_qwen2_hf/tokenizer.json"},
-                      Case{"qwen2_nfc", Source::kTokenizerJson},
-                      Case{"qwen2_nfkc", Source::kTokenizerJson},
-                      Case{"spm", Source::kGgufValues}, Case{"spm", Source::kGgufFile},
-                      Case{"spm", Source::kTinyModelGguf, "tiny_spm.gguf"},
-                      Case{"smollm2", Source::kModelGguf}),
+    ::testing::Values(
+        Case{"bpe", Source::kGgufValues}, Case{"bpe", Source::kGgufFile},
+        Case{"bpe", Source::kTokenizerJson}, Case{"bpe", Source::kTinyModelGguf, "tiny_llama.gguf"},
+        Case{"qwen2", Source::kGgufValues}, Case{"qwen2", Source::kGgufFile},
+        Case{"qwen2", Source::kTokenizerJson},
+        Case{"qwen2", Source::kTinyModelGguf, "tiny_qwen2.gguf"},
+        Case{"qwen2", Source::kTinyModelHfJson, "tiny_qwen2_hf/tokenizer.json"},
+        Case{"llama3", Source::kGgufValues}, Case{"llama3", Source::kGgufFile},
+        Case{"llama3", Source::kTokenizerJson}, Case{"qwen2_nfc", Source::kTokenizerJson},
+        Case{"qwen2_nfkc", Source::kTokenizerJson}, Case{"spm", Source::kGgufValues},
+        Case{"spm", Source::kGgufFile}, Case{"spm", Source::kTinyModelGguf, "tiny_spm.gguf"},
+        Case{"smollm2", Source::kModelGguf}),
     [](const ::testing::TestParamInfo<Case>& info) { return CaseName(info.param); });
 
 }  // namespace

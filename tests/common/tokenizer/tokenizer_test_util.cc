@@ -42,6 +42,8 @@ absl::StatusOr<TokenizerSpec> SpecFromGgufJson(const nlohmann::json& j) {
   if (j.contains("scores")) spec.scores = j["scores"].get<std::vector<float>>();
   if (j.contains("merges")) spec.merges = j["merges"].get<std::vector<std::string>>();
   if (j.contains("pre")) spec.pre = j["pre"];
+  // llama.cpp ties Llama 3's ignore_merges to the pre-tokenizer type; the values carry no key.
+  spec.ignore_merges = spec.pre == "llama-bpe" || spec.pre == "llama3" || spec.pre == "llama-v3";
   spec.bos_id = j.value("bos_token_id", -1);
   spec.eos_id = j.value("eos_token_id", -1);
   spec.unk_id = j.value("unknown_token_id", -1);
