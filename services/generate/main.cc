@@ -9,6 +9,7 @@
 #include "absl/flags/usage.h"
 #include "common/model/model.h"
 #include "common/model/sampler.h"
+#include "common/tokenizer/chat_format.h"
 #include "kernels/accelerator.h"
 #include "services/cli_args.h"
 #include "services/cli_help.h"
@@ -18,7 +19,8 @@ ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
 ABSL_FLAG(std::string, prompt, "", "prompt text");
 ABSL_FLAG(int, n, 64, "maximum number of tokens to generate");
 ABSL_FLAG(bool, chat, false,
-          "wrap the prompt in the model's <|im_start|> chat turns (SmolLM2, Qwen2)");
+          "wrap the prompt in the model's chat turns: ChatML (SmolLM2, Qwen2.5) or Llama 3's "
+          "headers, whichever control tokens the tokenizer has");
 ABSL_FLAG(float, temperature, 0.0f, "sampling temperature; 0 decodes greedily");
 ABSL_FLAG(int, top_k, 0, "sample from the k most likely tokens (0: all)");
 ABSL_FLAG(float, top_p, 1.0f, "nucleus sampling mass in (0, 1]");
@@ -103,10 +105,12 @@ int main(int argc, char** argv) {
       (*model)->backend().name(), (*model)->backend().threads());
 
   std::string prompt = absl::GetFlag(FLAGS_prompt);
-  if (absl::GetFlag(FLAGS_chat)) {
-    prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
-  }
   const riskkv::Tokenizer& tok = (*model)->tokenizer();
+  if (absl::GetFlag(FLAGS_chat)) {
+    absl::StatusOr<riskkv::ChatFormat> format = riskkv::DetectChatFormat(tok);
+    if (!format.ok()) return Fail(format.status());
+    prompt = riskkv::ChatPrompt(*format, prompt);
+  }
   auto ids = tok.Encode(prompt, /*add_special=*/true, /*parse_special=*/absl::GetFlag(FLAGS_chat));
   if (!ids.ok()) return Fail(ids.status());
   if (ids->empty()) return Fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
