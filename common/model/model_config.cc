@@ -1,6 +1,7 @@
 // Reading and validating model hyper-parameters.
 #include "common/model/model_config.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,8 @@ const char* ArchitectureName(Architecture a) {
       return "llama";
     case Architecture::kQwen2:
       return "qwen2";
+    case Architecture::kPhi3:
+      return "phi3";
   }
   return "?";
 }
@@ -115,6 +118,12 @@ absl::Status ReadHfRopeScaling(const nlohmann::json& r, int64_t context_length, 
   return absl::OkStatus();
 }
 
+// Sliding-window attention is not implemented: a model that declares a window is served only as
+// far as the window reaches, where its attention is still full (context_length capped).
+void CapContextAtWindow(int64_t window, ModelConfig* c) {
+  if (window > 0 && window < c->context_length) c->context_length = window;
+}
+
 }  // namespace
 
 absl::Status ModelConfig::Validate() const {
@@ -163,9 +172,12 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf) {
   } else if (arch == "qwen2") {
     c.arch = Architecture::kQwen2;
     c.rope_layout = RopeLayout::kHalf;
+  } else if (arch == "phi3") {
+    c.arch = Architecture::kPhi3;
+    c.rope_layout = RopeLayout::kHalf;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": unsupported architecture '",
-                                                   arch, "' (supported: llama, qwen2)"));
+                                                   arch, "' (supported: llama, qwen2, phi3)"));
   }
   c.name = gguf.GetString("general.name").value_or(arch);
   auto u = [&](const char* key) -> absl::StatusOr<int64_t> {
@@ -189,6 +201,9 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf) {
   c.head_dim = u("attention.key_length").value_or(c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.rope_dim = u("rope.dimension_count").value_or(c.head_dim);
   RETURN_IF_ERROR(ReadGgufRopeScaling(gguf, arch, &c));
+  if (auto window = gguf.GetUint(absl::StrCat(arch, ".attention.sliding_window")); window.ok()) {
+    CapContextAtWindow(static_cast<int64_t>(std::min<uint64_t>(*window, 1u << 30)), &c);
+  }
   if (auto v = u("vocab_size"); v.ok()) {
     c.vocab = *v;
   } else if (auto tokens = gguf.Find("tokenizer.ggml.tokens"); tokens != nullptr) {
@@ -236,9 +251,11 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
   } else if (model_type == "qwen2") {
     c.arch = Architecture::kQwen2;
     c.qkv_bias = true;
+  } else if (model_type == "phi3") {
+    c.arch = Architecture::kPhi3;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(path, ": unsupported model_type '", model_type,
-                                                   "' (supported: llama, qwen2)"));
+                                                   "' (supported: llama, qwen2, phi3)"));
   }
   c.rope_layout = RopeLayout::kHalf;  // HF weights are not permuted
   ASSIGN_OR_RETURN(c.name, string("_name_or_path"));
@@ -262,6 +279,16 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
   if (j.contains("use_sliding_window") && j["use_sliding_window"] == true) {
     return absl::UnimplementedError(absl::StrCat(
         path, ": sliding-window attention (use_sliding_window: true) is not supported"));
+  }
+  // Phi-3 attends over a sliding window with no switch; within it attention is full.
+  if (c.arch == Architecture::kPhi3 && j.contains("sliding_window") &&
+      !j["sliding_window"].is_null()) {
+    ASSIGN_OR_RETURN(const int64_t window, integer("sliding_window", false, 0));
+    CapContextAtWindow(window, &c);
+  }
+  if (c.arch == Architecture::kPhi3 && j.contains("partial_rotary_factor") &&
+      j["partial_rotary_factor"] != 1.0) {
+    return absl::UnimplementedError(absl::StrCat(path, ": partial_rotary_factor other than 1"));
   }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     absl::Status s = ReadHfRopeScaling(j["rope_scaling"], c.context_length, &c);

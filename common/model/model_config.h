@@ -15,7 +15,7 @@ namespace riskkv {
 
 class GgufFile;
 
-enum class Architecture : uint8_t { kLlama, kQwen2 };
+enum class Architecture : uint8_t { kLlama, kQwen2, kPhi3 };
 const char* ArchitectureName(Architecture a);
 
 struct ModelConfig {

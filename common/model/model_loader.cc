@@ -65,6 +65,11 @@ class TensorSource {
   std::string path_;
 };
 
+// Rows [first, first + count) of a matrix, pointing into its data.
+WeightMatrix RowRange(const WeightMatrix& w, int64_t first, int64_t count) {
+  return WeightMatrix{w.dtype, w.row(first), count, w.cols};
+}
+
 bool LooksLikeGguf(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
@@ -100,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
     ASSIGN_OR_RETURN(model->files_->safetensors, SafetensorsShards::Open(dir.string()));
     ASSIGN_OR_RETURN(spec, Tokenizer::SpecFromTokenizerJson((dir / "tokenizer.json").string()));
     if (model->config_.name.empty() || model->config_.name == "llama" ||
-        model->config_.name == "qwen2") {
+        model->config_.name == "qwen2" || model->config_.name == "phi3") {
       model->config_.name = dir.filename().string();
     }
   } else if (LooksLikeGguf(path)) {
@@ -138,12 +143,27 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
     Layer layer;
     ASSIGN_OR_RETURN(layer.attn_norm, src.Vector(name(ln.attn_norm), c.hidden));
     ASSIGN_OR_RETURN(layer.ffn_norm, src.Vector(name(ln.ffn_norm), c.hidden));
-    ASSIGN_OR_RETURN(layer.wq, src.Matrix(name(ln.wq), q_width, c.hidden));
-    ASSIGN_OR_RETURN(layer.wk, src.Matrix(name(ln.wk), c.kv_width(), c.hidden));
-    ASSIGN_OR_RETURN(layer.wv, src.Matrix(name(ln.wv), c.kv_width(), c.hidden));
+    if (!ln.wqkv.empty()) {
+      ASSIGN_OR_RETURN(const WeightMatrix qkv,
+                       src.Matrix(name(ln.wqkv), q_width + 2 * c.kv_width(), c.hidden));
+      layer.wq = RowRange(qkv, 0, q_width);
+      layer.wk = RowRange(qkv, q_width, c.kv_width());
+      layer.wv = RowRange(qkv, q_width + c.kv_width(), c.kv_width());
+    } else {
+      ASSIGN_OR_RETURN(layer.wq, src.Matrix(name(ln.wq), q_width, c.hidden));
+      ASSIGN_OR_RETURN(layer.wk, src.Matrix(name(ln.wk), c.kv_width(), c.hidden));
+      ASSIGN_OR_RETURN(layer.wv, src.Matrix(name(ln.wv), c.kv_width(), c.hidden));
+    }
     ASSIGN_OR_RETURN(layer.wo, src.Matrix(name(ln.wo), c.hidden, q_width));
-    ASSIGN_OR_RETURN(layer.w_gate, src.Matrix(name(ln.w_gate), c.ffn, c.hidden));
-    ASSIGN_OR_RETURN(layer.w_up, src.Matrix(name(ln.w_up), c.ffn, c.hidden));
+    if (!ln.w_gate_up.empty()) {
+      ASSIGN_OR_RETURN(const WeightMatrix gate_up,
+                       src.Matrix(name(ln.w_gate_up), 2 * c.ffn, c.hidden));
+      layer.w_gate = RowRange(gate_up, 0, c.ffn);
+      layer.w_up = RowRange(gate_up, c.ffn, c.ffn);
+    } else {
+      ASSIGN_OR_RETURN(layer.w_gate, src.Matrix(name(ln.w_gate), c.ffn, c.hidden));
+      ASSIGN_OR_RETURN(layer.w_up, src.Matrix(name(ln.w_up), c.ffn, c.hidden));
+    }
     ASSIGN_OR_RETURN(layer.w_down, src.Matrix(name(ln.w_down), c.hidden, c.ffn));
     if (c.qkv_bias) {
       ASSIGN_OR_RETURN(layer.bq, src.Vector(name(ln.bq), q_width));

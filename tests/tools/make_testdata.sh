@@ -78,6 +78,8 @@ for dir in tiny_llama_hf_llama3 tiny_llama_hf_linear tiny_qwen2_hf_yarn; do
 done
 ref --model "$OUT/tiny_llama_llama3.gguf" --name tiny_llama_llama3 --random-tokens 40 \
   --same-as "$OUT/tiny_llama_hf_llama3" --same-tol 1e-6
+ref --model "$OUT/tiny_phi3_hf" --name tiny_phi3_hf --random-tokens 40
+ref --model "$OUT/tiny_phi3.gguf" --name tiny_phi3 --random-tokens 40 --same-as "$OUT/tiny_phi3_hf"
 ref --model "$OUT/tiny_qwen2_yarn.gguf" --name tiny_qwen2_yarn --random-tokens 40 \
   --same-as "$OUT/tiny_qwen2_hf_yarn"
 ref --model "$MODEL" --name smollm2 --passage-tokens 48 --tol 1e-4 --nll-tol 5e-4

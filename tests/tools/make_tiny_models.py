@@ -141,6 +141,9 @@ _LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # Phi-3's fused projections (GGUF keeps the fused gate/up under ffn_up).
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 _GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -186,11 +189,31 @@ def write_safetensors(path: Path, weights: dict[str, np.ndarray], dtype: str) ->
     path.chmod(0o644)  # the writer creates files 0600
 
 
+PHI3_SLIDING_WINDOW = 200  # below the tiny context (256): the engine serves 200 positions
+
+
+def fuse_phi3(weights: dict) -> dict:
+    """Llama-layout weights in Phi-3's form: q, k, v stacked into qkv_proj, gate and up (gate
+    first) into gate_up_proj."""
+    out = {}
+    for name, w in weights.items():
+        p = name.rsplit(".", 2)[0] + "."  # model.layers.N.self_attn. / .mlp.
+        if name.endswith("self_attn.q_proj.weight"):
+            out[p + "qkv_proj.weight"] = np.concatenate(
+                [w, weights[p + "k_proj.weight"], weights[p + "v_proj.weight"]])
+        elif name.endswith("mlp.gate_proj.weight"):
+            out[p + "gate_up_proj.weight"] = np.concatenate([w, weights[p + "up_proj.weight"]])
+        elif not name.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight")):
+            out[name] = w
+    return out
+
+
 def hf_config(arch: str, tied: bool, tok_meta: dict, dtype: str,
               rope_scaling: dict | None = None) -> dict:
     s = SHAPE
     cfg = {
-        "architectures": ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                           "phi3": "Phi3ForCausalLM"}[arch]],
         "model_type": arch,
         "hidden_size": s.hidden,
         "intermediate_size": s.ffn,
@@ -211,6 +234,8 @@ def hf_config(arch: str, tied: bool, tok_meta: dict, dtype: str,
             cfg[key] = tok_meta[f"tokenizer.ggml.{key}"]
     if rope_scaling:
         cfg["rope_scaling"] = rope_scaling
+    if arch == "phi3":
+        cfg["sliding_window"] = PHI3_SLIDING_WINDOW
     return cfg
 
 
@@ -461,6 +486,8 @@ def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: st
         writer.add_rope_scaling_orig_ctx_len(yarn["original_max_position_embeddings"])
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)
+    if arch == "phi3":
+        writer.add_sliding_window(PHI3_SLIDING_WINDOW)
     add_tokenizer_meta(writer, tok_meta)
 
     for hf_name, w in weights.items():
@@ -542,6 +569,11 @@ def main() -> None:
                "tiny_llama_kquant_f32", shape=WIDE_SHAPE)
     write_gguf(out / "tiny_llama_kquant.gguf", "llama", wide, bpe_meta, None, "tiny_llama_kquant",
                shape=WIDE_SHAPE, types=KQUANT_TYPES)
+
+    log("tiny_phi3 (fused QKV and gate/up, a sliding window, in HF and GGUF)")
+    phi3 = fuse_phi3(random_weights(seed=6, qkv_bias=False, tied=False))
+    write_hf_dir(out / "tiny_phi3_hf", "phi3", phi3, False, toks / "bpe", bpe_meta, "float32")
+    write_gguf(out / "tiny_phi3.gguf", "phi3", phi3, bpe_meta, None, "tiny_phi3")
 
     log("tiny_llama_deep (8 layers: several candidate groups for calibration)")
     deep = random_weights(seed=4, qkv_bias=False, tied=False, n_layers=8)

@@ -114,6 +114,23 @@ def scaled_inv_freq(kind: str, p: dict, base: float, d: int, max_pos: int):
     raise SystemExit(f"unsupported rope scaling {kind!r}")
 
 
+def split_fused(m: Model) -> None:
+    """Phi-3's fused attn_qkv (q, k, v rows) and ffn_gate_up (gate rows, then up) as the separate
+    matrices the forward pass reads."""
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    for i in range(m.n_layers):
+        p = f"blk.{i}."
+        if p + "attn_qkv.weight" in m.loaders:
+            fused = m.loaders.pop(p + "attn_qkv.weight")
+            for name, lo, hi in (("attn_q", 0, q), ("attn_k", q, q + kv), ("attn_v", q + kv, q + 2 * kv)):
+                m.loaders[p + name + ".weight"] = (lambda f, a, b: lambda: f()[a:b])(fused, lo, hi)
+        if p + "ffn_gate_up.weight" in m.loaders:
+            fused = m.loaders.pop(p + "ffn_gate_up.weight")
+            half = lambda f, first: lambda: np.split(f(), 2)[0 if first else 1]  # noqa: E731
+            m.loaders[p + "ffn_gate.weight"] = half(fused, True)
+            m.loaders[p + "ffn_up.weight"] = half(fused, False)
+
+
 def load_gguf(path: Path) -> Model:
     import gguf  # imported here so HF-only runs do not need it
 
@@ -124,7 +141,7 @@ def load_gguf(path: Path) -> Model:
         return default if f is None else f.contents()
 
     arch = meta("general.architecture")
-    if arch not in ("llama", "qwen2"):
+    if arch not in ("llama", "qwen2", "phi3"):
         raise SystemExit(f"{path}: unsupported architecture {arch!r}")
     n_heads = int(meta(f"{arch}.attention.head_count"))
     hidden = int(meta(f"{arch}.embedding_length"))
@@ -150,6 +167,10 @@ def load_gguf(path: Path) -> Model:
               rope_base=float(meta(f"{arch}.rope.freq_base", 10000.0)),
               rope_interleaved=(arch == "llama"))
     m.loaders = {name: loader(t) for name, t in tensors.items() if name != "rope_freqs.weight"}
+    if arch == "phi3":  # fused gate/up under ffn_up
+        for i in range(m.n_layers):
+            m.loaders[f"blk.{i}.ffn_gate_up.weight"] = m.loaders.pop(f"blk.{i}.ffn_up.weight")
+        split_fused(m)
     if "rope_freqs.weight" in tensors:  # Llama 3: a divisor of each pair's frequency
         factors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float64)
         m.rope_inv_freq = m.rope_base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim) / factors
@@ -175,6 +196,8 @@ _HF_LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_gate_up.weight",
 }
 _HF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight",
               "model.norm.weight": "output_norm.weight",
@@ -197,7 +220,7 @@ def load_hf(path: Path) -> Model:
 
     cfg = json.loads((path / "config.json").read_text())
     arch = cfg["model_type"]
-    if arch not in ("llama", "qwen2"):
+    if arch not in ("llama", "qwen2", "phi3"):
         raise SystemExit(f"{path}: unsupported model_type {arch!r}")
     n_heads = cfg["num_attention_heads"]
     m = Model(path=path, arch=arch,
@@ -221,6 +244,7 @@ def load_hf(path: Path) -> Model:
         m.loaders[new] = (lambda a: lambda: a)(arr)
     if cfg.get("tie_word_embeddings", False):
         m.loaders.pop("output.weight", None)
+    split_fused(m)
     if cfg.get("rope_scaling"):
         r = cfg["rope_scaling"]
         m.rope_inv_freq, m.rope_mscale = scaled_inv_freq(

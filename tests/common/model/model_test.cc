@@ -167,6 +167,29 @@ TEST(Model, StartingAtALayerFromItsResidualStreamMatchesTheFullPass) {
   EXPECT_EQ((*partial)->n_tokens(), static_cast<int64_t>(history.size()));
 }
 
+// Phi-3: fused matrices split into views of the file's data, and the declared sliding window
+// (200, below the tiny context of 256) caps the positions served, in both file forms.
+TEST(Model, Phi3SplitsFusedMatricesAndServesWithinItsWindow) {
+  for (const char* name : {"tiny_phi3_hf", "tiny_phi3.gguf"}) {
+    SCOPED_TRACE(name);
+    auto m = LoadOrDie(Tiny(name));
+    ASSERT_NE(m, nullptr);
+    const ModelConfig& c = m->config();
+    EXPECT_EQ(c.arch, Architecture::kPhi3);
+    EXPECT_EQ(c.rope_layout, RopeLayout::kHalf);
+    EXPECT_EQ(c.context_length, 200);
+    const Model::KvProjection proj = m->kv_projection(0);
+    EXPECT_EQ(proj.k.rows, c.kv_width());
+    EXPECT_EQ(proj.v.rows, c.kv_width());
+    // V follows K in the fused matrix.
+    EXPECT_EQ(proj.v.row(0), proj.k.row(c.kv_width()));
+    auto cache = m->NewKvCache(c.context_length + 8);
+    ASSERT_TRUE(cache.ok());
+    auto too_long = m->Prefill(std::vector<int32_t>(c.context_length + 1, 3), **cache);
+    EXPECT_EQ(too_long.status().code(), absl::StatusCode::kOutOfRange);
+  }
+}
+
 TEST(Model, RejectsBadTokensAndOverlongPrompts) {
   auto m = LoadOrDie(Tiny("tiny_llama.gguf"));
   ASSERT_NE(m, nullptr);
