@@ -7,6 +7,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -291,6 +293,93 @@ absl::Status ReadTokenizerConfig(const std::filesystem::path& path, TokenizerSpe
   return absl::OkStatus();
 }
 
+// A pair's rank in model.merges; "left right" strings and [left, right] lists.
+absl::StatusOr<std::pair<std::string, std::string>> MergePair(const json& m) {
+  if (m.is_string()) {
+    const std::string text = m.get<std::string>();
+    const size_t space = text.find(' ');
+    if (space == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("malformed merge ", m.dump()));
+    }
+    return std::make_pair(text.substr(0, space), text.substr(space + 1));
+  }
+  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+    return std::make_pair(m[0].get<std::string>(), m[1].get<std::string>());
+  }
+  return absl::InvalidArgumentError(absl::StrCat("malformed merge ", m.dump()));
+}
+
+// The SentencePiece models Hugging Face converts (TinyLlama, Phi-3, Llama 2): a BPE with
+// byte_fallback behind the normalizers Prepend("▁") and Replace(" ", "▁"), no pre-tokenizer.
+// Read as a SentencePiece spec: <0xXX> pieces are byte tokens, and each piece's score is minus
+// the rank of the first merge that makes it, so merging by score follows the merge order.
+absl::StatusOr<TokenizerSpec> ParseByteFallbackBpe(const json& root, const json& model) {
+  constexpr char kMark[] = "\xe2\x96\x81";  // U+2581, SentencePiece's space
+  const json& norm = root.contains("normalizer") ? root["normalizer"] : json();
+  const bool legacy =
+      TypeOf(norm) == "Sequence" && norm.contains("normalizers") &&
+      norm["normalizers"].is_array() && norm["normalizers"].size() == 2 &&
+      TypeOf(norm["normalizers"][0]) == "Prepend" &&
+      norm["normalizers"][0].value("prepend", std::string()) == kMark &&
+      TypeOf(norm["normalizers"][1]) == "Replace" &&
+      norm["normalizers"][1].value("pattern", json()).value("String", std::string()) == " " &&
+      norm["normalizers"][1].value("content", std::string()) == kMark;
+  if (!legacy) {
+    return Unsupported(absl::StrCat("byte-fallback BPE behind normalizer ", TypeOf(norm),
+                                    " (only Sequence[Prepend(\"\u2581\"), Replace(\" \", "
+                                    "\"\u2581\")], as Hugging Face converts SentencePiece)"));
+  }
+  if (root.contains("pre_tokenizer") && !root["pre_tokenizer"].is_null()) {
+    return Unsupported(
+        absl::StrCat("byte-fallback BPE with pre-tokenizer ", Describe(root["pre_tokenizer"])));
+  }
+  if (model.contains("dropout") && !model["dropout"].is_null()) return Unsupported("BPE dropout");
+  TokenizerSpec spec;
+  spec.kind = TokenizerSpec::Kind::kSentencePiece;
+  spec.add_space_prefix = true;
+  RETURN_IF_ERROR(ReadVocabulary(root, model, &spec));
+  spec.scores.assign(spec.tokens.size(), 0.0f);
+  std::vector<bool> made(spec.tokens.size(), false);
+  std::unordered_map<std::string_view, int32_t> ids;
+  ids.reserve(spec.tokens.size());
+  for (size_t id = 0; id < spec.tokens.size(); ++id) ids.emplace(spec.tokens[id], id);
+  auto find = [&ids](const std::string& text) {
+    auto it = ids.find(text);
+    return it == ids.end() ? -1 : it->second;
+  };
+  if (model.contains("merges")) {
+    if (!model["merges"].is_array()) {
+      return absl::InvalidArgumentError("model.merges is not a list");
+    }
+    int64_t rank = 0;
+    for (const json& m : model["merges"]) {
+      ASSIGN_OR_RETURN(auto pair, MergePair(m));
+      const int32_t id = find(pair.first + pair.second);
+      if (id < 0 || find(pair.first) < 0 || find(pair.second) < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("merge ", m.dump(), " joins or makes a token not in the vocabulary"));
+      }
+      if (!made[id]) {
+        made[id] = true;
+        spec.scores[id] = -static_cast<float>(rank);
+      }
+      ++rank;
+    }
+  }
+  for (size_t id = 0; id < spec.tokens.size(); ++id) {
+    const std::string& t = spec.tokens[id];
+    if (spec.token_types[id] == tokenizer_internal::kTypeNormal && t.size() == 6 &&
+        t.starts_with("<0x") && t.ends_with(">")) {
+      spec.token_types[id] = tokenizer_internal::kTypeByte;
+    }
+  }
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    spec.unk_id = FindToken(spec, model["unk_token"].get<std::string>());
+    if (spec.unk_id >= 0) spec.token_types[spec.unk_id] = tokenizer_internal::kTypeUnknown;
+  }
+  return spec;
+}
+
 absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const json& root, const std::string& path) {
   if (!root.is_object() || !root.contains("model") || !root["model"].is_object()) {
     return absl::InvalidArgumentError("no \"model\" object");
@@ -301,23 +390,27 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const json& root, const std::st
     return Unsupported(absl::StrCat("model type '", model_type, "' (only BPE)"));
   }
   TokenizerSpec spec;
-  spec.kind = TokenizerSpec::Kind::kByteLevelBpe;
-  RETURN_IF_ERROR(CheckModelOptions(model, &spec));
-  if (root.contains("normalizer")) {
-    ASSIGN_OR_RETURN(spec.normalization, ReadNormalizer(root["normalizer"]));
-  }
-  if (!root.contains("pre_tokenizer") || root["pre_tokenizer"].is_null()) {
-    return Unsupported("a BPE model without a ByteLevel pre-tokenizer");
-  }
-  ASSIGN_OR_RETURN(spec.pre, DetectPreTokenizer(root["pre_tokenizer"]));
-  if (root.contains("decoder") && !root["decoder"].is_null() &&
-      TypeOf(root["decoder"]) != "ByteLevel") {
-    return Unsupported(absl::StrCat("decoder ", TypeOf(root["decoder"])));
-  }
-  RETURN_IF_ERROR(ReadVocabulary(root, model, &spec));
-  RETURN_IF_ERROR(ReadMerges(model, &spec));
-  if (model.contains("unk_token") && model["unk_token"].is_string()) {
-    spec.unk_id = FindToken(spec, model["unk_token"].get<std::string>());
+  if (BoolOr(model, "byte_fallback", false)) {
+    ASSIGN_OR_RETURN(spec, ParseByteFallbackBpe(root, model));
+  } else {
+    spec.kind = TokenizerSpec::Kind::kByteLevelBpe;
+    RETURN_IF_ERROR(CheckModelOptions(model, &spec));
+    if (root.contains("normalizer")) {
+      ASSIGN_OR_RETURN(spec.normalization, ReadNormalizer(root["normalizer"]));
+    }
+    if (!root.contains("pre_tokenizer") || root["pre_tokenizer"].is_null()) {
+      return Unsupported("a BPE model without a ByteLevel pre-tokenizer");
+    }
+    ASSIGN_OR_RETURN(spec.pre, DetectPreTokenizer(root["pre_tokenizer"]));
+    if (root.contains("decoder") && !root["decoder"].is_null() &&
+        TypeOf(root["decoder"]) != "ByteLevel") {
+      return Unsupported(absl::StrCat("decoder ", TypeOf(root["decoder"])));
+    }
+    RETURN_IF_ERROR(ReadVocabulary(root, model, &spec));
+    RETURN_IF_ERROR(ReadMerges(model, &spec));
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      spec.unk_id = FindToken(spec, model["unk_token"].get<std::string>());
+    }
   }
   if (root.contains("post_processor")) {
     RETURN_IF_ERROR(ReadPostProcessor(root["post_processor"], &spec));

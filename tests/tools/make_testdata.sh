@@ -71,6 +71,7 @@ for dir in tiny_llama_hf tiny_llama_hf_bf16 tiny_llama_hf_f16 tiny_llama_hf_shar
 done
 ref --model "$OUT/tiny_qwen2.gguf" --name tiny_qwen2 --random-tokens 40 --same-as "$OUT/tiny_qwen2_hf"
 ref --model "$OUT/tiny_spm.gguf" --name tiny_spm --random-tokens 40
+ref --model "$OUT/tiny_spm_hf" --name tiny_spm_hf --random-tokens 40 --same-as "$OUT/tiny_spm.gguf"
 ref --model "$OUT/tiny_llama_kquant.gguf" --name tiny_llama_kquant --random-tokens 40
 # Scaled RoPE: each GGUF form is also checked against its HF form (--same-as).
 for dir in tiny_llama_hf_llama3 tiny_llama_hf_linear tiny_qwen2_hf_yarn; do

@@ -561,6 +561,9 @@ def main() -> None:
     log("tiny_spm (llama arch, SentencePiece tokenizer)")
     spm = random_weights(seed=3, qkv_bias=False, tied=False)
     write_gguf(out / "tiny_spm.gguf", "llama", spm, spm_meta, None, "tiny_spm")
+    # The same model as a Hugging Face directory whose tokenizer.json is the converted
+    # SentencePiece model, as TinyLlama and Phi-3 are published.
+    write_hf_dir(out / "tiny_spm_hf", "llama", spm, False, toks / "spm_hf", spm_meta, "float32")
 
     log("tiny_llama_kquant (256-wide rows in Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1)")
     wide = random_weights(seed=5, qkv_bias=False, tied=False, n_layers=WIDE_SHAPE.n_layers,

@@ -12,6 +12,8 @@ Writes, deterministically:
       SentencePiece BPE with byte fallback (the GGUF "llama" tokenizer family).
   OUT/tokenizers/llama3/{tokenizer.json,tokenizer_config.json,gguf_tokenizer.json}
       HF byte-level BPE with Llama 3's Split regex and ignore_merges, as Llama 3.x ships.
+  OUT/tokenizers/spm_hf/{tokenizer.json,tokenizer_config.json}
+      The SentencePiece model converted as Hugging Face converts TinyLlama's and Phi-3's.
   OUT/tokenizers/{qwen2_nfc,qwen2_nfkc}/{tokenizer.json,tokenizer_config.json}
       The qwen2 tokenizer with an NFC normalizer (as real Qwen2 and Qwen2.5 ship) or NFKC.
 The gguf_tokenizer.json files hold exactly the tokenizer.ggml.* metadata values that the tiny
@@ -191,6 +193,35 @@ def make_normalized(out):
             write_json(os.path.join(dst, "tokenizer_config.json"), json.load(f))
 
 
+def write_spm_as_hf(sp, out_dir):
+    """The SentencePiece model as the tokenizer.json Hugging Face's LlamaConverter makes of
+    TinyLlama's and Phi-3's: a byte-fallback BPE whose merges are every split of a piece into two
+    pieces, ordered by the piece's score, behind Prepend("▁") and Replace(" ", "▁")."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+    n = sp.get_piece_size()
+    pieces = [sp.id_to_piece(i) for i in range(n)]
+    vocab = {p: i for i, p in enumerate(pieces)}
+    merges = []
+    for i, piece in enumerate(pieces):
+        local = [(piece[:k], piece[k:], sp.get_score(i)) for k in range(1, len(piece))
+                 if piece[:k] in vocab and piece[k:] in vocab]
+        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    merges = [(l, r) for l, r, _ in sorted(merges, key=lambda m: m[2], reverse=True)]
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                            for t in ("<unk>", "<s>", "</s>")])
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    write_json(os.path.join(out_dir, "tokenizer_config.json"), {
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
+        "model_max_length": 2048,
+    })
+
+
 def make_spm(out, lines):
     import sentencepiece as spm
     sentences = [l.strip() for l in lines if l.strip()]
@@ -225,6 +256,7 @@ def make_spm(out, lines):
             types.append(6)
         else:
             types.append(1)
+    write_spm_as_hf(sp, os.path.join(out, "tokenizers", "spm_hf"))
     write_json(os.path.join(spm_dir, "gguf_tokenizer.json"), {
         "model": "llama", "tokens": tokens, "scores": scores, "token_type": types,
         "bos_token_id": 1, "eos_token_id": 2, "unknown_token_id": 0, "add_bos_token": True,

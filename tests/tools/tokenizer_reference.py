@@ -294,7 +294,8 @@ def main():
                hf_entry(out, "llama3", texts), spm_entry(out, texts)]
     for entry in entries:
         entry["llama_cpp_check"] = llama_cpp_check_spec(out, entry, texts)
-    entries += [hf_entry(out, "qwen2_nfc", texts), hf_entry(out, "qwen2_nfkc", texts)]
+    entries += [hf_entry(out, "qwen2_nfc", texts), hf_entry(out, "qwen2_nfkc", texts),
+                hf_entry(out, "spm_hf", texts)]
     if os.path.exists(model_path):
         entries.append(smollm2_entry(model_path, texts))
     else:

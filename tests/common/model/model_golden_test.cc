@@ -189,7 +189,7 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenTest,
                                            "tiny_spm", "tiny_llama_kquant", "tiny_llama_hf_llama3",
                                            "tiny_llama_llama3", "tiny_llama_hf_linear",
                                            "tiny_qwen2_hf_yarn", "tiny_qwen2_yarn", "tiny_phi3_hf",
-                                           "tiny_phi3", "smollm2"),
+                                           "tiny_spm_hf", "tiny_phi3", "smollm2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -234,10 +234,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen2", Source::kTinyModelGguf, "tiny_qwen2.gguf"},
         Case{"qwen2", Source::kTinyModelHfJson, "tiny_qwen2_hf/tokenizer.json"},
         Case{"llama3", Source::kGgufValues}, Case{"llama3", Source::kGgufFile},
-        Case{"llama3", Source::kTokenizerJson}, Case{"qwen2_nfc", Source::kTokenizerJson},
-        Case{"qwen2_nfkc", Source::kTokenizerJson}, Case{"spm", Source::kGgufValues},
-        Case{"spm", Source::kGgufFile}, Case{"spm", Source::kTinyModelGguf, "tiny_spm.gguf"},
-        Case{"smollm2", Source::kModelGguf}),
+        Case{"llama3", Source::kTokenizerJson}, Case{"spm_hf", Source::kTokenizerJson},
+        Case{"spm_hf", Source::kTinyModelHfJson, "tiny_spm_hf/tokenizer.json"},
+        Case{"qwen2_nfc", Source::kTokenizerJson}, Case{"qwen2_nfkc", Source::kTokenizerJson},
+        Case{"spm", Source::kGgufValues}, Case{"spm", Source::kGgufFile},
+        Case{"spm", Source::kTinyModelGguf, "tiny_spm.gguf"}, Case{"smollm2", Source::kModelGguf}),
     [](const ::testing::TestParamInfo<Case>& info) { return CaseName(info.param); });
 
 }  // namespace

@@ -296,6 +296,41 @@ TEST(NormalizeTest, FourFormsOfOneText) {
   EXPECT_EQ(*Normalize(Normalization::kNfc, ""), "");
 }
 
+// The SentencePiece model as Hugging Face converts it (TinyLlama's and Phi-3's tokenizer.json)
+// reads back as the GGUF form's pieces and types, with scores in the merges' order.
+TEST(SpecFromTokenizerJsonTest, ByteFallbackBpeIsReadAsSentencePiece) {
+  absl::StatusOr<TokenizerSpec> expected = testing::SpecFromGgufJson(GgufValues("spm"));
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const fs::path path = TestdataDir() / "tokenizers" / "spm_hf" / "tokenizer.json";
+  absl::StatusOr<TokenizerSpec> spec = Tokenizer::SpecFromTokenizerJson(path.string());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->kind, TokenizerSpec::Kind::kSentencePiece);
+  EXPECT_EQ(spec->tokens, expected->tokens);
+  EXPECT_EQ(spec->token_types, expected->token_types);
+  EXPECT_TRUE(spec->add_space_prefix);
+  EXPECT_TRUE(spec->add_bos);
+  EXPECT_EQ(spec->bos_id, expected->bos_id);
+  EXPECT_EQ(spec->eos_id, expected->eos_id);
+  EXPECT_EQ(spec->unk_id, expected->unk_id);
+
+  json root = testing::ReadJsonFile(path);
+  const fs::path dir = testing::ProcessTempDir() / "spm_metaspace";
+  fs::create_directories(dir);
+  root["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}};
+  std::ofstream(dir / "tokenizer.json") << root.dump();
+  absl::StatusOr<TokenizerSpec> metaspace =
+      Tokenizer::SpecFromTokenizerJson((dir / "tokenizer.json").string());
+  ASSERT_FALSE(metaspace.ok());
+  EXPECT_THAT(metaspace.status().message(),
+              HasSubstr("byte-fallback BPE with pre-tokenizer Metaspace"));
+  root["pre_tokenizer"] = nullptr;
+  root["normalizer"] = {{"type", "NFKC"}};
+  std::ofstream(dir / "tokenizer.json", std::ios::trunc) << root.dump();
+  EXPECT_THAT(
+      Tokenizer::SpecFromTokenizerJson((dir / "tokenizer.json").string()).status().message(),
+      HasSubstr("byte-fallback BPE behind normalizer NFKC"));
+}
+
 TEST(SpecFromTokenizerJsonTest, MergeOfUnknownTokenFailsInCreate) {
   absl::StatusOr<TokenizerSpec> spec = EditedJsonSpec("unknown_merge", [](json& j) {
     j["model"]["merges"].push_back(json::array({"Ġ", "zzz"}));
