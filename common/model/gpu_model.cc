@@ -83,14 +83,13 @@ absl::StatusOr<std::vector<uint16_t>> ToF16(std::string_view name, DType dtype, 
   return out;
 }
 
-// The CUDA kernels rotate with unscaled frequencies only.
+// The CUDA engine takes a scaled RoPE's divisors by value, at most 128 pairs of them.
 absl::Status CheckGpuRope(const ModelConfig& c) {
-  if (c.rope_scaling.freq_divisors.empty() && c.rope_scaling.attn_factor == 1.0) {
-    return absl::OkStatus();
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      c.name, ": RoPE scaling '", c.rope_scaling.type,
-      "' is implemented in the CPU engine only; serve this model on the CPU (--device cpu)"));
+  constexpr size_t kMaxPairs = sizeof(cuda::ModelDims::rope_divisors) / sizeof(double);
+  if (c.rope_scaling.freq_divisors.size() <= kMaxPairs) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(c.name, ": scaled RoPE over ", c.rope_scaling.freq_divisors.size(),
+                   " pairs; the CUDA engine takes at most ", kMaxPairs));
 }
 
 }  // namespace
@@ -110,6 +109,15 @@ cuda::ModelDims GpuDims(const ModelConfig& c) {
   d.rms_eps = static_cast<float>(c.rms_eps);
   d.qkv_bias = c.qkv_bias ? 1 : 0;
   d.tied = c.tied_embeddings ? 1 : 0;
+  const std::vector<double>& divisors = c.rope_scaling.freq_divisors;
+  if (!divisors.empty() || c.rope_scaling.attn_factor != 1.0) {
+    d.rope_scaled = 1;
+    d.rope_attn_factor = c.rope_scaling.attn_factor;
+    constexpr size_t kMaxPairs = sizeof(d.rope_divisors) / sizeof(double);
+    for (size_t i = 0; i < kMaxPairs; ++i) {
+      d.rope_divisors[i] = i < divisors.size() ? divisors[i] : 1.0;
+    }
+  }
   return d;
 }
 

@@ -222,7 +222,8 @@ class EngineImpl final : public Engine {
     if (d.n_layers < 1 || d.hidden < 1 || d.n_heads < 1 || d.n_kv_heads < 1 ||
         d.n_heads % d.n_kv_heads != 0 || d.head_dim < 2 || d.ffn < 1 || d.vocab < 1 ||
         d.rope_dim < 2 || d.rope_dim > d.head_dim || d.rope_dim % 2 != 0 || d.vocab > kMaxInt ||
-        d.n_heads * d.head_dim * d.hidden > kMaxInt) {
+        d.n_heads * d.head_dim * d.hidden > kMaxInt ||
+        (d.rope_scaled && (d.rope_dim / 2 > kMaxRopePairs || !(d.rope_attn_factor > 0)))) {
       return Fail(__FILE__, __LINE__, "model dimensions are not a valid decoder");
     }
     q_width_ = d.n_heads * d.head_dim;
@@ -500,9 +501,7 @@ class EngineImpl final : public Engine {
   // Used by sessions.
   int device() const { return device_; }
   int64_t kv_width() const { return kv_width_; }
-  RopeConfig rope() const {
-    return {dims_.head_dim, dims_.rope_dim, dims_.rope_base, dims_.rope_interleaved};
-  }
+  RopeConfig rope() const { return RopeFromDims(dims_); }
   int ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits,
                    float* logits);
   int RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int64_t begin, int64_t count);

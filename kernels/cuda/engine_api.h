@@ -21,6 +21,11 @@ struct ModelDims {
   float rms_eps = 1e-5f;
   int qkv_bias = 0;  // Qwen2
   int tied = 0;      // lm head is the token embedding
+  // Scaled RoPE: pair i's frequency divided by rope_divisors[i] (i < rope_dim / 2 <= 128), cos
+  // and sin multiplied by rope_attn_factor.
+  int rope_scaled = 0;
+  double rope_attn_factor = 1.0;
+  double rope_divisors[128] = {};
 };
 
 // Weight slots of one layer (SetMatrix / SetVector with layer >= 0), and of the model (layer -1).

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/engine_api.h"
+
 #ifdef __CUDACC__
 #define RKV_HOST_DEVICE __host__ __device__
 #else
@@ -16,12 +18,33 @@
 
 namespace riskkv::cuda {
 
+// Rotated pairs a scaled RoPE may describe (head_dim up to 256).
+inline constexpr int kMaxRopePairs = 128;
+
 struct RopeConfig {
   int64_t head_dim = 0;
   int64_t rope_dim = 0;
   double base = 10000.0;
   int interleaved = 0;
+  // Scaled RoPE (RopeParams::freq_divisors and attn_factor): pair i's frequency divided by
+  // divisors[i], cos and sin multiplied by attn_factor (divided, for the inverse).
+  int scaled = 0;
+  double attn_factor = 1.0;
+  double divisors[kMaxRopePairs] = {};
 };
+
+// The rotation a model's dimensions describe.
+inline RopeConfig RopeFromDims(const ModelDims& d) {
+  RopeConfig r{d.head_dim, d.rope_dim, d.rope_base, d.rope_interleaved};
+  if (d.rope_scaled) {
+    r.scaled = 1;
+    r.attn_factor = d.rope_attn_factor;
+    for (int64_t i = 0; i < d.rope_dim / 2 && i < kMaxRopePairs; ++i) {
+      r.divisors[i] = d.rope_divisors[i];
+    }
+  }
+  return r;
+}
 
 // Most layers one group rebuilds, or anchors it reads, in one launch.
 inline constexpr int kMaxGroupLayers = 32;
@@ -41,11 +64,16 @@ RKV_HOST_DEVICE inline __half ToHalfSat(float x) {
 // rounded to f32); sin negated for the inverse rotation.
 RKV_HOST_DEVICE inline void RopeAngle(double position, int64_t i, const RopeConfig& r, int inverse,
                                       float* c, float* s) {
-  const double angle =
-      position * pow(r.base, -2.0 * static_cast<double>(i) / static_cast<double>(r.rope_dim));
-  *c = static_cast<float>(cos(angle));
-  const float sn = static_cast<float>(sin(angle));
-  *s = inverse ? -sn : sn;
+  double inv_freq = pow(r.base, -2.0 * static_cast<double>(i) / static_cast<double>(r.rope_dim));
+  double magnitude = 1.0;
+  if (r.scaled) {
+    inv_freq /= r.divisors[i];
+    magnitude = inverse ? 1.0 / r.attn_factor : r.attn_factor;
+  }
+  const double angle = position * inv_freq;
+  *c = static_cast<float>(magnitude * cos(angle));
+  const double sn = magnitude * sin(angle);
+  *s = static_cast<float>(inverse ? -sn : sn);
 }
 
 // For dimension d < rope_dim of a head: its pair index, its partner and whether it is the

@@ -5,12 +5,15 @@
 // without a GPU.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <tuple>
 
+#include "common/model/gpu_model.h"
 #include "common/model/kv_cache.h"
 #include "common/model/model.h"
 #include "common/model/model_config.h"
 #include "common/model/model_fingerprint.h"
+#include "common/model/rope_scaling.h"
 #include "common/recovery/features.h"
 #include "common/recovery/gpu_rebuild.h"
 #include "common/recovery/rebuild.h"
@@ -28,13 +31,14 @@ namespace {
 using testing::Nmse;
 using testing::RandomVector;
 
-// RoPE shapes: head_dim, rope_dim (< head_dim leaves a tail unrotated), layout.
-using RopeCase = std::tuple<int64_t, int64_t, RopeLayout>;
+// RoPE shapes: head_dim, rope_dim (< head_dim leaves a tail unrotated), layout, and a scaling
+// ("none", "llama3" or "yarn", the latter with its magnitude factor).
+using RopeCase = std::tuple<int64_t, int64_t, RopeLayout, std::string>;
 
 class KernelMath : public ::testing::TestWithParam<RopeCase> {
  protected:
   ModelConfig Config() const {
-    const auto [head_dim, rope_dim, layout] = GetParam();
+    const auto [head_dim, rope_dim, layout, scaling] = GetParam();
     ModelConfig c;
     c.n_layers = 6;
     c.n_kv_heads = 2;
@@ -42,12 +46,14 @@ class KernelMath : public ::testing::TestWithParam<RopeCase> {
     c.rope_dim = rope_dim;
     c.rope_base = 10000.0;
     c.rope_layout = layout;
+    if (scaling != "none") {
+      RopeScalingSpec spec{.type = scaling, .factor = 8, .original_context = 64};
+      c.rope_scaling = *ComputeRopeScaling(spec, c.rope_base, c.rope_dim);
+    }
     return c;
   }
-  cuda::RopeConfig GpuRope() const {
-    const ModelConfig c = Config();
-    return {c.head_dim, c.rope_dim, c.rope_base, c.rope_layout == RopeLayout::kInterleaved};
-  }
+  // What the engine rotates with: the model's dimensions as GpuModel passes them.
+  cuda::RopeConfig GpuRope() const { return cuda::RopeFromDims(GpuDims(Config())); }
   std::unique_ptr<Backend> cpu_ = MakeCpuBackend(1, ActivationPrecision::kF32);
 };
 
@@ -115,10 +121,13 @@ TEST_P(KernelMath, GatheredFeaturesMatchBuildFeatures) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, KernelMath,
-                         ::testing::Values(RopeCase{64, 64, RopeLayout::kInterleaved},
-                                           RopeCase{64, 64, RopeLayout::kHalf},
-                                           RopeCase{32, 16, RopeLayout::kHalf},
-                                           RopeCase{32, 16, RopeLayout::kInterleaved}));
+                         ::testing::Values(RopeCase{64, 64, RopeLayout::kInterleaved, "none"},
+                                           RopeCase{64, 64, RopeLayout::kHalf, "none"},
+                                           RopeCase{32, 16, RopeLayout::kHalf, "none"},
+                                           RopeCase{32, 16, RopeLayout::kInterleaved, "none"},
+                                           RopeCase{64, 64, RopeLayout::kInterleaved, "llama3"},
+                                           RopeCase{64, 64, RopeLayout::kHalf, "yarn"},
+                                           RopeCase{32, 16, RopeLayout::kHalf, "yarn"}));
 
 // Every group of a fitted bank rebuilt the way the engine does it (gather, one GEMM over the
 // stacked maps, scatter), on the host, against RebuildGroup on the CPU.

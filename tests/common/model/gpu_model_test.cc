@@ -224,7 +224,9 @@ TEST_P(GpuModelMatchesCpu, LogitsNllAndKv) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuModelMatchesCpu,
                          ::testing::Values("tiny_llama.gguf", "tiny_llama_q4_1.gguf",
-                                           "tiny_qwen2.gguf", "smollm2"),
+                                           "tiny_qwen2.gguf", "tiny_llama_llama3.gguf",
+                                           "tiny_qwen2_yarn.gguf", "tiny_llama_kquant.gguf",
+                                           "tiny_phi3.gguf", "smollm2"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& ch : name) {

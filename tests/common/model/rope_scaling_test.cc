@@ -145,7 +145,7 @@ TEST(RopeScalingTest, HfConfigsDeclareItOrAreRefusedByName) {
       HfConfig("window_off", R"(, "use_sliding_window": false, "sliding_window": 4096)").ok());
 }
 
-TEST(RopeScalingTest, TheGpuEngineRefusesScaledRope) {
+TEST(RopeScalingTest, TheGpuEngineGetsTheDivisorsAndFactor) {
   ModelConfig c;
   c.name = "scaled";
   c.n_layers = 1;
@@ -157,12 +157,15 @@ TEST(RopeScalingTest, TheGpuEngineRefusesScaledRope) {
   c.vocab = 32;
   c.context_length = 64;
   c.rope_dim = 16;
-  c.rope_scaling = *ComputeRopeScaling({.type = "linear", .factor = 2}, 10000.0, 16);
+  EXPECT_EQ(GpuDims(c).rope_scaled, 0);
+  c.rope_scaling =
+      *ComputeRopeScaling({.type = "yarn", .factor = 4, .original_context = 32}, 10000.0, 16);
   ASSERT_TRUE(c.Validate().ok()) << c.Validate();
-  auto gpu = GpuModel::CreateRandom(c, 0);
-  ASSERT_FALSE(gpu.ok());
-  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(gpu.status().message(), HasSubstr("RoPE scaling 'linear' is implemented in the CPU"));
+  const cuda::ModelDims d = GpuDims(c);
+  EXPECT_EQ(d.rope_scaled, 1);
+  EXPECT_EQ(d.rope_attn_factor, c.rope_scaling.attn_factor);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(d.rope_divisors[i], c.rope_scaling.freq_divisors[i]) << i;
+  EXPECT_EQ(d.rope_divisors[8], 1.0);
 }
 
 }  // namespace
