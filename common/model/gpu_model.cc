@@ -83,9 +83,10 @@ absl::StatusOr<std::vector<uint16_t>> ToF16(std::string_view name, DType dtype, 
   return out;
 }
 
-// The CUDA engine takes a scaled RoPE's divisors by value, at most 128 pairs of them.
+// The CUDA engine takes a scaled RoPE's divisors by value, at most this many pairs of them.
+constexpr size_t kMaxPairs = sizeof(cuda::ModelDims::rope_divisors) / sizeof(double);
+
 absl::Status CheckGpuRope(const ModelConfig& c) {
-  constexpr size_t kMaxPairs = sizeof(cuda::ModelDims::rope_divisors) / sizeof(double);
   if (c.rope_scaling.freq_divisors.size() <= kMaxPairs) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat(c.name, ": scaled RoPE over ", c.rope_scaling.freq_divisors.size(),
@@ -113,7 +114,6 @@ cuda::ModelDims GpuDims(const ModelConfig& c) {
   if (!divisors.empty() || c.rope_scaling.attn_factor != 1.0) {
     d.rope_scaled = 1;
     d.rope_attn_factor = c.rope_scaling.attn_factor;
-    constexpr size_t kMaxPairs = sizeof(d.rope_divisors) / sizeof(double);
     for (size_t i = 0; i < kMaxPairs; ++i) {
       d.rope_divisors[i] = i < divisors.size() ? divisors[i] : 1.0;
     }

@@ -44,10 +44,13 @@ absl::Status ReadGgufRopeScaling(const GgufFile& gguf, const std::string& arch, 
           absl::StrCat(gguf.path(), ": rope_freqs.weight must be a 1-D F32 tensor, not ",
                        DTypeName(factors->dtype), " of ", factors->shape.size(), " dimensions"));
     }
-    std::vector<float> f(static_cast<size_t>(factors->shape[0]));
-    std::memcpy(f.data(), factors->data, f.size() * sizeof(float));
-    absl::StatusOr<RopeScaling> scaling =
-        RopeScalingFromFactors(std::vector<double>(f.begin(), f.end()), c->rope_dim);
+    std::vector<double> f(static_cast<size_t>(factors->shape[0]));
+    for (size_t i = 0; i < f.size(); ++i) {
+      float v;
+      std::memcpy(&v, factors->data + i * sizeof(float), sizeof(v));
+      f[i] = v;
+    }
+    absl::StatusOr<RopeScaling> scaling = RopeScalingFromFactors(std::move(f), c->rope_dim);
     if (!scaling.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(gguf.path(), ": rope_freqs.weight: ", scaling.status().message()));
@@ -78,7 +81,8 @@ absl::Status ReadGgufRopeScaling(const GgufFile& gguf, const std::string& arch, 
 // config.json's "rope_scaling": {"rope_type" (or "type"): "linear" | "llama3" | "yarn",
 // "factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
 // "beta_fast", "beta_slow", "attention_factor"}.
-absl::Status ReadHfRopeScaling(const nlohmann::json& r, int64_t context_length, ModelConfig* c) {
+// The original context defaults to max_position_embeddings (c->context_length before any cap).
+absl::Status ReadHfRopeScaling(const nlohmann::json& r, ModelConfig* c) {
   if (!r.is_object()) return absl::InvalidArgumentError("\"rope_scaling\" must be an object");
   RopeScalingSpec spec;
   for (const char* k : {"rope_type", "type"}) {
@@ -96,7 +100,7 @@ absl::Status ReadHfRopeScaling(const nlohmann::json& r, int64_t context_length, 
     *out = r[k].get<double>();
     return absl::OkStatus();
   };
-  double original = static_cast<double>(context_length);
+  double original = static_cast<double>(c->context_length);
   RETURN_IF_ERROR(number("factor", &spec.factor));
   RETURN_IF_ERROR(number("original_max_position_embeddings", &original));
   RETURN_IF_ERROR(number("low_freq_factor", &spec.low_freq_factor));
@@ -275,6 +279,11 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean()) {
     c.tied_embeddings = j["tie_word_embeddings"].get<bool>();
   }
+  // Before the sliding window caps the context: YaRN's original context defaults to the full one.
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    absl::Status s = ReadHfRopeScaling(j["rope_scaling"], &c);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  }
   // Qwen2 configs declare a sliding window; all ship it switched off, which is what is served.
   if (j.contains("use_sliding_window") && j["use_sliding_window"] == true) {
     return absl::UnimplementedError(absl::StrCat(
@@ -289,10 +298,6 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
   if (c.arch == Architecture::kPhi3 && j.contains("partial_rotary_factor") &&
       j["partial_rotary_factor"] != 1.0) {
     return absl::UnimplementedError(absl::StrCat(path, ": partial_rotary_factor other than 1"));
-  }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    absl::Status s = ReadHfRopeScaling(j["rope_scaling"], c.context_length, &c);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
   }
   return c;
 }

@@ -99,11 +99,13 @@ TEST(RopeScalingTest, ParametersOutsideTheirDomainAreRefused) {
 }
 
 // config.json with `extra` merged into a small valid Llama config, read back.
-absl::StatusOr<ModelConfig> HfConfig(const std::string& name, const std::string& extra) {
+absl::StatusOr<ModelConfig> HfConfig(const std::string& name, const std::string& extra,
+                                     const std::string& model_type = "llama") {
   const std::filesystem::path path =
       std::filesystem::temp_directory_path() /
       ("riskkv_rope_" + std::to_string(::getpid()) + "_" + name + ".json");
-  std::ofstream(path) << R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+  std::ofstream(path) << R"({"model_type": ")" << model_type
+                      << R"(", "num_hidden_layers": 2, "hidden_size": 64,
       "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
       "vocab_size": 32, "max_position_embeddings": 4096, "rope_theta": 500000.0)"
                       << extra << "}";
@@ -143,6 +145,16 @@ TEST(RopeScalingTest, HfConfigsDeclareItOrAreRefusedByName) {
   }
   EXPECT_TRUE(
       HfConfig("window_off", R"(, "use_sliding_window": false, "sliding_window": 4096)").ok());
+  // Phi-3's window caps the context served, but YaRN's original context stays the full 4,096.
+  auto phi3 = HfConfig(
+      "phi3_yarn", R"(, "sliding_window": 200, "rope_scaling": {"type": "yarn", "factor": 4.0})",
+      "phi3");
+  ASSERT_TRUE(phi3.ok()) << phi3.status();
+  EXPECT_EQ(phi3->context_length, 200);
+  auto full =
+      ComputeRopeScaling({.type = "yarn", .factor = 4, .original_context = 4096}, 500000.0, 16);
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(phi3->rope_scaling.freq_divisors, full->freq_divisors);
 }
 
 TEST(RopeScalingTest, TheGpuEngineGetsTheDivisorsAndFactor) {
