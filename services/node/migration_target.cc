@@ -12,22 +12,23 @@
 
 namespace riskkv {
 
-std::string CutOffMessage(const TargetSide& side, ReceiveWatchdog& watchdog,
-                          const std::string& fired) {
-  if (fired == "deadline") {
+std::string CutOffMessage(const ReceiveBounds& bounds, const ReceiveWatchdog::Firing& fired) {
+  if (fired.bound == "deadline") {
     return absl::StrCat("the migration did not finish within the target's bound of ",
-                        side.deadline_seconds, " s; nothing was applied");
+                        bounds.deadline_seconds, " s; nothing was applied");
   }
-  if (fired == "no_handshake") {
-    return absl::StrCat("no handshake within ", side.handshake_seconds, " s; nothing was applied");
+  if (fired.bound == "no_handshake") {
+    return absl::StrCat("no handshake within ", bounds.handshake_seconds,
+                        " s; nothing was applied");
   }
-  if (fired == "slow") {
-    return absl::StrCat("the source sent ", watchdog.received_bytes(), " bytes in ",
-                        absl::SixDigits(watchdog.waited_seconds()),
+  if (fired.bound == "slow") {
+    return absl::StrCat("the source sent ", fired.received_bytes, " bytes in ",
+                        absl::SixDigits(fired.waited_seconds),
                         " s of waiting on it, below the target's minimum of ",
-                        side.min_receive_bytes_per_second, " bytes/s; nothing was applied");
+                        bounds.min_receive_bytes_per_second, " bytes/s; nothing was applied");
   }
-  return absl::StrCat("the source sent nothing for ", side.idle_seconds, " s; nothing was applied");
+  return absl::StrCat("the source sent nothing for ", bounds.idle_seconds,
+                      " s; nothing was applied");
 }
 
 grpc::Status ReceiveMigration(
@@ -42,15 +43,26 @@ grpc::Status ReceiveMigration(
     }
     return ToGrpc(s);
   };
-  // When the watchdog cancelled the call, its bound ("deadline", "no_handshake" or "idle") is why
-  // the stream ended, not the source. The source sees only a cancelled stream, so the reason is
-  // recorded where it asks for the migration's outcome.
+  // When the watchdog cancelled the call, its bound is why the stream ended, not the source. The
+  // source sees only a cancelled stream, so the reason is recorded where it asks for the
+  // migration's outcome: by the watchdog itself before it cancels, once the handshake named the
+  // migration (see below), and here too in case it fired before that.
   auto cut_off = [&](const std::string& migration_id) -> std::optional<grpc::Status> {
-    const std::string fired = watchdog.fired();
-    if (fired.empty()) return std::nullopt;
-    std::string why = CutOffMessage(side, watchdog, fired);
+    const std::optional<ReceiveWatchdog::Firing> fired = watchdog.fired();
+    if (!fired) return std::nullopt;
+    std::string why = CutOffMessage(side.bounds, *fired);
     if (!migration_id.empty() && side.outcomes != nullptr) side.outcomes->CutOff(migration_id, why);
-    return fail(fired, absl::DeadlineExceededError(why));
+    return fail(fired->bound, absl::DeadlineExceededError(why));
+  };
+  bool hooked = false;
+  auto record_cut_offs = [&](const std::string& migration_id) {
+    if (hooked || migration_id.empty() || side.outcomes == nullptr) return;
+    hooked = true;
+    // Copies only: the watchdog outlives this call, and the outcomes outlive the watchdog.
+    watchdog.OnFire([outcomes = side.outcomes, migration_id,
+                     bounds = side.bounds](const ReceiveWatchdog::Firing& f) {
+      outcomes->CutOff(migration_id, CutOffMessage(bounds, f));
+    });
   };
   v1::MigrationFrame f;
   if (!stream->Read(&f)) {
@@ -115,6 +127,7 @@ grpc::Status ReceiveMigration(
     watchdog.Busy(static_cast<int64_t>(f.ByteSizeLong()));
     auto reply = rx.OnFrame(f);
     watchdog.Touch();
+    if (reply.ok()) record_cut_offs(rx.migration_id());
     if (reply.ok() && !rx.committed()) {
       if (absl::Status charged = charge.GrowTo(rx.rows_reached()); !charged.ok()) {
         return fail("kv_budget", charged);

@@ -18,6 +18,12 @@
 
 namespace riskkv {
 
+// A receive's watchdog bounds, for the words of a cut-off.
+struct ReceiveBounds {
+  double deadline_seconds = 0, handshake_seconds = 0, idle_seconds = 0;
+  double min_receive_bytes_per_second = 0;
+};
+
 struct TargetSide {
   Engine* engine = nullptr;
   std::string model_fingerprint;
@@ -30,15 +36,12 @@ struct TargetSide {
   MigrationOutcomes* outcomes = nullptr;  // records each commit by migration id (may be null)
   ModePlanner* planner = nullptr;         // hears this node's rebuild and prefill speeds
   NodeMetrics* metrics = nullptr;         // may be null
-  // The watchdog's bounds, for the words of a cut-off.
-  double deadline_seconds = 0, handshake_seconds = 0, idle_seconds = 0;
-  double min_receive_bytes_per_second = 0;
+  ReceiveBounds bounds;
 };
 
-// Why the watchdog cut a receive off, in words, from what fired ("deadline", "no_handshake",
-// "idle" or "slow"); it is recorded under the migration's id, where its source asks.
-std::string CutOffMessage(const TargetSide& side, ReceiveWatchdog& watchdog,
-                          const std::string& fired);
+// Why the watchdog cut a receive off, in words; it is recorded under the migration's id, where
+// its source asks.
+std::string CutOffMessage(const ReceiveBounds& bounds, const ReceiveWatchdog::Firing& fired);
 
 // Runs one admitted Receive call to its end; `watchdog` hears of every frame and is disarmed
 // before the session is registered.

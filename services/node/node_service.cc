@@ -565,25 +565,26 @@ grpc::Status NodeService::Receive(
   const auto bound = std::chrono::system_clock::now() + Seconds(options_.default_timeout_seconds);
   grpc::Status st;
   {
-    ReceiveWatchdog watchdog(ctx, std::min(bound, ctx->deadline()),
+    ReceiveWatchdog watchdog([ctx] { ctx->TryCancel(); }, std::min(bound, ctx->deadline()),
                              Seconds(options_.receive_idle_seconds),
                              Seconds(options_.receive_handshake_seconds), ReceiveRate(options_));
-    st = ReceiveMigration({.engine = &engine_,
-                           .model_fingerprint = options_.model_fingerprint,
-                           .retention = retention(),
-                           .capacity = options_.capacity,
-                           .max_chunk_bytes = options_.max_chunk_bytes,
-                           .kv_dtype = options_.kv_dtype,
-                           .sessions = &sessions_,
-                           .budget = &budget_,
-                           .outcomes = &outcomes_,
-                           .planner = &planner_,
-                           .metrics = metrics_,
-                           .deadline_seconds = options_.default_timeout_seconds,
-                           .handshake_seconds = options_.receive_handshake_seconds,
-                           .idle_seconds = options_.receive_idle_seconds,
-                           .min_receive_bytes_per_second = options_.min_receive_bytes_per_second},
-                          stream, watchdog);
+    st = ReceiveMigration(
+        {.engine = &engine_,
+         .model_fingerprint = options_.model_fingerprint,
+         .retention = retention(),
+         .capacity = options_.capacity,
+         .max_chunk_bytes = options_.max_chunk_bytes,
+         .kv_dtype = options_.kv_dtype,
+         .sessions = &sessions_,
+         .budget = &budget_,
+         .outcomes = &outcomes_,
+         .planner = &planner_,
+         .metrics = metrics_,
+         .bounds = {.deadline_seconds = options_.default_timeout_seconds,
+                    .handshake_seconds = options_.receive_handshake_seconds,
+                    .idle_seconds = options_.receive_idle_seconds,
+                    .min_receive_bytes_per_second = options_.min_receive_bytes_per_second}},
+        stream, watchdog);
   }
   receiving_.fetch_sub(1);
   return st;

@@ -99,6 +99,7 @@ absl::StatusOr<std::shared_ptr<const Retention>> PolicyFollower::LoadCache() {
                         path + (bank_path.empty() ? "" : " with " + bank_path) + ": " +
                             std::string(retention.status().message()));
   }
+  absl::MutexLock apply_lock(&apply_mu_);
   absl::MutexLock lock(&mu_);
   version_ = (*retention)->policy.version;
   return retention;
@@ -179,7 +180,6 @@ void PolicyFollower::Run() {
         spdlog::info("riskkv-node: now using policy {} v{} (bank {})", options_.policy_id,
                      record.policy().version(),
                      record.policy().predictor_bank_sha256().substr(0, 12));
-        if (metrics_) metrics_->PolicyUpdate("applied");
       } else if (Transient(s)) {
         lost = s;  // fetched again after reconnecting
       } else {
@@ -313,13 +313,13 @@ absl::Status PolicyFollower::Accept(v1::Control::Stub& stub, const v1::Retention
   }
   ASSIGN_OR_RETURN(auto retention, MakeRetention(*std::move(checked), std::move(bank)));
   RETURN_IF_ERROR(WriteFileAtomically(PolicyPath(), policy.SerializeAsString()));
-  {
-    absl::MutexLock lock(&mu_);
-    if (policy.version() <= version_) return absl::OkStatus();
-    version_ = policy.version();
-  }
+  absl::MutexLock apply_lock(&apply_mu_);
+  if (policy.version() <= version()) return absl::OkStatus();
   apply_(retention);
   PruneBanks(policy.predictor_bank_sha256());
+  if (metrics_) metrics_->PolicyUpdate("applied");
+  absl::MutexLock lock(&mu_);
+  version_ = policy.version();
   return absl::OkStatus();
 }
 

@@ -56,12 +56,13 @@ class PolicyFollower {
   // The version an earlier run cached, or null when the cache holds none. An error names the
   // cached file that does not load (for another model, corrupt, its bank missing); the caller
   // goes on without it and the Watch fetches the latest version afresh.
-  absl::StatusOr<std::shared_ptr<const Retention>> LoadCache() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<const Retention>> LoadCache() ABSL_LOCKS_EXCLUDED(mu_, apply_mu_);
   // Starts watching in the background: every version newer than the one in use is checked,
   // cached and applied; a lost connection is retried with backoff, catching up on reconnection.
   void Start() ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the Watch and any bank download and waits for the thread.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  // The version in use: applied (its metric counted) or loaded from the cache.
   uint64_t version() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -71,7 +72,7 @@ class PolicyFollower {
   // applies it. Unavailable (or DeadlineExceeded) when the control plane went away mid-way: the
   // caller reconnects.
   absl::Status Accept(v1::Control::Stub& stub, const v1::RetentionPolicy& policy)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      ABSL_LOCKS_EXCLUDED(mu_, apply_mu_);
   absl::StatusOr<std::shared_ptr<const PredictorBank>> Bank(v1::Control::Stub& stub,
                                                             const std::string& sha256);
   void PruneBanks(const std::string& keep);
@@ -87,6 +88,9 @@ class PolicyFollower {
   PolicyFollowerOptions options_;
   Apply apply_;
   NodeMetrics* metrics_;
+  // Held from the check of a version to its publication in version_, so version() never names a
+  // version before it was applied.
+  absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* watch_ ABSL_GUARDED_BY(mu_) = nullptr;  // the Watch in progress

@@ -2,6 +2,7 @@
 #include "services/node/receive_watchdog.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -14,21 +15,22 @@ constexpr std::chrono::seconds kRateLook(1);
 
 }  // namespace
 
-ReceiveWatchdog::ReceiveWatchdog(grpc::ServerContext* ctx, TimePoint deadline, Duration idle,
+ReceiveWatchdog::ReceiveWatchdog(std::function<void()> cancel, TimePoint deadline, Duration idle,
                                  Duration handshake, Rate rate)
     : deadline_(deadline),
       idle_(idle),
       handshake_(std::min(idle, handshake)),
       rate_(rate),
-      last_(std::chrono::system_clock::now()) {
-  thread_ = std::thread([this, ctx] { Run(ctx); });
+      last_(std::chrono::system_clock::now()),
+      cancel_(std::move(cancel)) {
+  thread_ = std::thread([this] { Run(); });
 }
 
 ReceiveWatchdog::Duration ReceiveWatchdog::Waited(TimePoint now) const {
   return busy_ || !touched_ ? waited_ : waited_ + (now - last_);
 }
 
-void ReceiveWatchdog::Run(grpc::ServerContext* ctx) {
+void ReceiveWatchdog::Run() {
   absl::MutexLock lock(&mu_);
   const bool rated = rate_.min_bytes_per_second > 0;
   while (!done_) {
@@ -45,11 +47,16 @@ void ReceiveWatchdog::Run(grpc::ServerContext* ctx) {
                         std::chrono::duration<double>(Waited(now) - rate_.grace).count();
     const bool slow = rated && touched_ && static_cast<double>(received_) < owed;
     if (now >= deadline_ || now >= last_ + bound || slow) {
-      fired_ = now >= deadline_       ? "deadline"
-               : now >= last_ + bound ? (touched_ ? "idle" : "no_handshake")
-                                      : "slow";
       waited_ = Waited(now);
-      ctx->TryCancel();
+      fired_ = Firing{
+          .bound = now >= deadline_       ? "deadline"
+                   : now >= last_ + bound ? (touched_ ? "idle" : "no_handshake")
+                                          : "slow",
+          .received_bytes = received_,
+          .waited_seconds = std::chrono::duration<double>(waited_).count(),
+      };
+      if (hook_) hook_(*fired_);
+      cancel_();
       break;
     }
   }
@@ -84,24 +91,19 @@ void ReceiveWatchdog::Busy(int64_t arrived) {
   busy_ = true;
 }
 
-std::string ReceiveWatchdog::fired() {
+void ReceiveWatchdog::OnFire(Hook hook) {
+  absl::MutexLock lock(&mu_);
+  hook_ = std::move(hook);
+}
+
+std::optional<ReceiveWatchdog::Firing> ReceiveWatchdog::fired() {
   absl::MutexLock lock(&mu_);
   return fired_;
 }
 
-int64_t ReceiveWatchdog::received_bytes() {
-  absl::MutexLock lock(&mu_);
-  return received_;
-}
-
-double ReceiveWatchdog::waited_seconds() {
-  absl::MutexLock lock(&mu_);
-  return std::chrono::duration<double>(Waited(std::chrono::system_clock::now())).count();
-}
-
 bool ReceiveWatchdog::Disarm() {
   absl::MutexLock lock(&mu_);
-  if (!fired_.empty()) return false;
+  if (fired_) return false;
   done_ = true;
   cv_.Signal();
   return true;

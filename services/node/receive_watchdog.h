@@ -3,9 +3,10 @@
 // rate, so a stalled, vanished or trickling source cannot hold one of the node's receive slots.
 #pragma once
 
-#include <grpcpp/grpcpp.h>
-
 #include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -32,10 +33,19 @@ class ReceiveWatchdog {
   using TimePoint = std::chrono::system_clock::time_point;
   using Duration = std::chrono::system_clock::duration;
   using Rate = MinimumRate;
-  // Until the first Touch (the handshake arrived) the idle bound is `handshake` (or `idle`, if
+  // What made it fire and what it had seen by then.
+  struct Firing {
+    std::string bound;           // "deadline", "no_handshake", "idle" or "slow"
+    int64_t received_bytes = 0;  // from the handshake on
+    double waited_seconds = 0;   // waiting on the source, this node's own work left out
+  };
+  using Hook = std::function<void(const Firing&)>;
+
+  // `cancel` ends the call (ServerContext::TryCancel); it runs on the watchdog's thread. Until
+  // the first Touch (the handshake arrived) the idle bound is `handshake` (or `idle`, if
   // shorter).
-  ReceiveWatchdog(grpc::ServerContext* ctx, TimePoint deadline, Duration idle, Duration handshake,
-                  Rate rate = {});
+  ReceiveWatchdog(std::function<void()> cancel, TimePoint deadline, Duration idle,
+                  Duration handshake, Rate rate = {});
   ~ReceiveWatchdog();
 
   // Waiting for the source from now: the idle clock starts again.
@@ -43,16 +53,17 @@ class ReceiveWatchdog {
   // A frame of `arrived` bytes came in and this node works on it (checking, rebuilding,
   // prefilling): the idle and rate clocks stop until Touch().
   void Busy(int64_t arrived = 0) ABSL_LOCKS_EXCLUDED(mu_);
-  // Why it cancelled the call ("deadline", "no_handshake", "idle" or "slow"), or empty.
-  std::string fired() ABSL_LOCKS_EXCLUDED(mu_);
-  // When it fired for "slow": the bytes received and the seconds waited on the source.
-  int64_t received_bytes() ABSL_LOCKS_EXCLUDED(mu_);
-  double waited_seconds() ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `hook` when it fires, before it cancels the call, so whoever the source asks once its
+  // stream broke already knows why. It runs on the watchdog's thread under its lock: it must not
+  // call back into the watchdog. Replaces an earlier hook.
+  void OnFire(Hook hook) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why it cancelled the call, or nullopt while it has not.
+  std::optional<Firing> fired() ABSL_LOCKS_EXCLUDED(mu_);
   // Stops the watchdog; false when it fired first.
   bool Disarm() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Run(grpc::ServerContext* ctx) ABSL_LOCKS_EXCLUDED(mu_);
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The time waited on the source since the handshake, up to `now`.
   Duration Waited(TimePoint now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -68,7 +79,9 @@ class ReceiveWatchdog {
   bool touched_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
-  std::string fired_ ABSL_GUARDED_BY(mu_);
+  std::optional<Firing> fired_ ABSL_GUARDED_BY(mu_);
+  Hook hook_ ABSL_GUARDED_BY(mu_);
+  const std::function<void()> cancel_;
   std::thread thread_;
 };
 
