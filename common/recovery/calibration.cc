@@ -13,34 +13,37 @@
 #include "common/recovery/parallel_for.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/ridge.h"
+#include "common/recovery/wire_apply.h"
 
 namespace riskkv {
 namespace {
 
-// Runs a request's history with exact KV and adds its rows to every group's moments: the
-// group's features as x, its targets' attention inputs side by side as y.
+// Runs a request's history with exact KV and adds its rows to every group's moments, once per
+// anchor form: the group's features as x, computed from the anchors as a target holds them after
+// a migration in that form, and its targets' (exact) attention inputs side by side as y.
+// moments[f][g] is form f's group g.
 absl::Status AddHistory(Model& model, const Request& r, std::span<const LayerGroup> groups,
-                        std::vector<RidgeMoments>& moments) {
+                        std::span<const WireForm> forms,
+                        std::vector<std::vector<RidgeMoments>>& moments) {
   const ModelConfig& c = model.config();
   ASSIGN_OR_RETURN(auto cache, model.NewKvCache(r.history));
   std::vector<std::vector<float>> attn_in(c.n_layers);  // [history, hidden], targets only
+  std::vector<int32_t> anchors;
   for (const LayerGroup& g : groups) {
     for (int32_t l : g.targets) attn_in[l].resize(r.history * c.hidden);
+    anchors.insert(anchors.end(), g.anchors.begin(), g.anchors.end());
   }
+  std::sort(anchors.begin(), anchors.end());
+  anchors.erase(std::unique(anchors.begin(), anchors.end()), anchors.end());
   ForwardOptions options;
   options.attn_input_hook = [&](int64_t layer, int64_t pos0, int64_t n, const float* a) {
     if (!attn_in[layer].empty()) std::copy(a, a + n * c.hidden, &attn_in[layer][pos0 * c.hidden]);
   };
   RETURN_IF_ERROR(
       model.Forward(std::span<const int32_t>(r.tokens).first(r.history), *cache, options, nullptr));
-  // Features and targets of every group first (the backend runs the inverse RoPE), then the
-  // groups' moments on separate threads.
-  std::vector<std::vector<float>> x(groups.size()), y(groups.size());
+  std::vector<std::vector<float>> y(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& targets = groups[g].targets;
-    x[g].resize(r.history * FeatureWidth(groups[g], c.kv_width()));
-    RETURN_IF_ERROR(
-        BuildFeatures(*cache, groups[g], c, model.backend(), 0, r.history, x[g].data()));
     const int64_t d = static_cast<int64_t>(targets.size()) * c.hidden;
     y[g].resize(r.history * d);
     for (int64_t i = 0; i < r.history; ++i) {
@@ -50,14 +53,35 @@ absl::Status AddHistory(Model& model, const Request& r, std::span<const LayerGro
       }
     }
   }
-  std::vector<absl::Status> status(groups.size());
-  ParallelChunks(static_cast<int64_t>(groups.size()), model.backend().threads(),
-                 [&](int64_t begin, int64_t end) {
-                   for (int64_t g = begin; g < end; ++g) {
-                     status[g] = moments[g].Add(x[g].data(), y[g].data(), r.history);
-                   }
-                 });
-  for (const absl::Status& st : status) RETURN_IF_ERROR(st);
+  std::unique_ptr<KvCache> decoded;  // the anchors through a quantized form
+  for (size_t f = 0; f < forms.size(); ++f) {
+    const KvCache* anchor_kv = cache.get();
+    if (forms[f] != WireForm::kPlain) {
+      if (decoded == nullptr) {
+        ASSIGN_OR_RETURN(decoded, cache->Clone());
+      } else {
+        RETURN_IF_ERROR(decoded->CopyFrom(*cache));
+      }
+      RETURN_IF_ERROR(ApplyWireForm(forms[f], anchors, r.history, *decoded));
+      anchor_kv = decoded.get();
+    }
+    // Features of every group first (the backend runs the inverse RoPE), then the groups'
+    // moments on separate threads.
+    std::vector<std::vector<float>> x(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      x[g].resize(r.history * FeatureWidth(groups[g], c.kv_width()));
+      RETURN_IF_ERROR(
+          BuildFeatures(*anchor_kv, groups[g], c, model.backend(), 0, r.history, x[g].data()));
+    }
+    std::vector<absl::Status> status(groups.size());
+    ParallelChunks(static_cast<int64_t>(groups.size()), model.backend().threads(),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t g = begin; g < end; ++g) {
+                       status[g] = moments[f][g].Add(x[g].data(), y[g].data(), r.history);
+                     }
+                   });
+    for (const absl::Status& st : status) RETURN_IF_ERROR(st);
+  }
   return absl::OkStatus();
 }
 
@@ -107,48 +131,63 @@ absl::StatusOr<std::vector<GroupFit>> FitGroups(Model& model, std::span<const Re
                                                 std::span<const Request> validation,
                                                 std::span<const LayerGroup> groups,
                                                 const Progress& progress) {
+  const WireForm plain[] = {WireForm::kPlain};
+  ASSIGN_OR_RETURN(auto fits, FitGroupsForForms(model, train, validation, groups, plain, progress));
+  return std::move(fits[0]);
+}
+
+absl::StatusOr<std::vector<std::vector<GroupFit>>> FitGroupsForForms(
+    Model& model, std::span<const Request> train, std::span<const Request> validation,
+    std::span<const LayerGroup> groups, std::span<const WireForm> forms, const Progress& progress) {
   const ModelConfig& c = model.config();
   if (train.empty()) return absl::InvalidArgumentError("no training requests");
+  if (forms.empty()) return absl::InvalidArgumentError("no anchor form to fit for");
   RETURN_IF_ERROR(CheckRequests(train, c));
   RETURN_IF_ERROR(CheckRequests(validation, c));
   RETURN_IF_ERROR(
       ValidateGroups({groups.begin(), groups.end()}, static_cast<int32_t>(c.n_layers), {}));
+  const size_t n_forms = forms.size();
   int64_t target_count = 0;
-  std::vector<RidgeMoments> tr, va;
+  std::vector<std::vector<RidgeMoments>> tr(n_forms), va(n_forms);
   for (const LayerGroup& g : groups) {
     const auto t = static_cast<int64_t>(g.targets.size());
     target_count += t;
-    tr.emplace_back(FeatureWidth(g, c.kv_width()), t * c.hidden);
-    va.emplace_back(FeatureWidth(g, c.kv_width()), t * c.hidden);
+    for (size_t f = 0; f < n_forms; ++f) {
+      tr[f].emplace_back(FeatureWidth(g, c.kv_width()), t * c.hidden);
+      va[f].emplace_back(FeatureWidth(g, c.kv_width()), t * c.hidden);
+    }
   }
-  const int64_t total = static_cast<int64_t>(train.size() + validation.size()) + target_count;
+  const int64_t total = static_cast<int64_t>(train.size() + validation.size()) +
+                        target_count * static_cast<int64_t>(n_forms);
   int64_t done = 0;
   for (const Request& r : train) {
-    RETURN_IF_ERROR(AddHistory(model, r, groups, tr));
+    RETURN_IF_ERROR(AddHistory(model, r, groups, forms, tr));
     if (progress) progress(++done, total);
   }
   for (const Request& r : validation) {
-    RETURN_IF_ERROR(AddHistory(model, r, groups, va));
+    RETURN_IF_ERROR(AddHistory(model, r, groups, forms, va));
     if (progress) progress(++done, total);
   }
 
   // Each group's targets solved and folded on separate threads, a thread's worth of groups at a
   // time so that progress advances and the moments are freed as they are used.
-  std::vector<GroupFit> fits(groups.size());
-  std::vector<absl::Status> status(groups.size());
+  std::vector<std::vector<GroupFit>> fits(n_forms, std::vector<GroupFit>(groups.size()));
   const int threads = model.backend().threads();
-  for (size_t g0 = 0; g0 < groups.size(); g0 += threads) {
-    const size_t g1 = std::min(groups.size(), g0 + threads);
-    ParallelChunks(static_cast<int64_t>(g1 - g0), threads, [&](int64_t begin, int64_t end) {
-      for (size_t g = g0 + begin; g < g0 + end; ++g)
-        status[g] = FitGroup(model, groups[g], tr[g], va[g], &fits[g]);
-    });
-    for (size_t g = g0; g < g1; ++g) {
-      RETURN_IF_ERROR(status[g]);
-      tr[g] = RidgeMoments(0, 0);
-      va[g] = RidgeMoments(0, 0);
-      for (size_t t = 0; t < groups[g].targets.size(); ++t) {
-        if (progress) progress(++done, total);
+  for (size_t f = 0; f < n_forms; ++f) {
+    std::vector<absl::Status> status(groups.size());
+    for (size_t g0 = 0; g0 < groups.size(); g0 += threads) {
+      const size_t g1 = std::min(groups.size(), g0 + threads);
+      ParallelChunks(static_cast<int64_t>(g1 - g0), threads, [&](int64_t begin, int64_t end) {
+        for (size_t g = g0 + begin; g < g0 + end; ++g)
+          status[g] = FitGroup(model, groups[g], tr[f][g], va[f][g], &fits[f][g]);
+      });
+      for (size_t g = g0; g < g1; ++g) {
+        RETURN_IF_ERROR(status[g]);
+        tr[f][g] = RidgeMoments(0, 0);
+        va[f][g] = RidgeMoments(0, 0);
+        for (size_t t = 0; t < groups[g].targets.size(); ++t) {
+          if (progress) progress(++done, total);
+        }
       }
     }
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kvcodec/wire_form.h"
 #include "common/model/kv_cache.h"
 #include "common/model/model.h"
 #include "common/recovery/folded_map.h"
@@ -32,6 +33,15 @@ absl::StatusOr<std::vector<GroupFit>> FitGroups(Model& model, std::span<const Re
                                                 std::span<const Request> validation,
                                                 std::span<const LayerGroup> groups,
                                                 const Progress& progress = {});
+
+// FitGroups once per anchor form, sharing each request's forward pass: fits[f] predicts from the
+// anchors as a target holds them after a migration that sent them in forms[f] (kPlain: exact),
+// so a quantized form's predictors are fitted on its decoded anchors (joint calibration of the
+// wire form and the reconstruction). The targets are always the exact attention inputs.
+absl::StatusOr<std::vector<std::vector<GroupFit>>> FitGroupsForForms(
+    Model& model, std::span<const Request> train, std::span<const Request> validation,
+    std::span<const LayerGroup> groups, std::span<const WireForm> forms,
+    const Progress& progress = {});
 
 // Per-request NLL of the eval tokens for each configuration. configs[c] lists indices into
 // `groups` (the groups rebuilt over the history for that configuration; empty = exact KV).

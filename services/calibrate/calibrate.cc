@@ -62,6 +62,11 @@ std::vector<LayerGroup> CalibrationResult::ChosenGroups() const {
   return out;
 }
 
+const std::vector<GroupFit>& CalibrationResult::FitsFor(WireForm form) const {
+  const auto& own = wire_fits[static_cast<size_t>(form)];
+  return own.empty() ? fits : own;
+}
+
 absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& model_path,
                                             const CalibrateOptions& o) {
   RETURN_IF_ERROR(o.Validate());
@@ -119,13 +124,34 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   };
   clock.End("corpus");
 
-  // 2. Fit.
+  // 2. Fit: on exact anchors (ranking, plain form), and with fit_on_wire on each quantized form's
+  // decoded anchors, all from the same forward passes.
+  std::vector<WireForm> fit_forms = {WireForm::kPlain};
+  if (o.fit_on_wire) {
+    for (WireForm form : o.wire_forms) {
+      if (form != WireForm::kPlain) fit_forms.push_back(form);
+    }
+  }
   {
     auto b = bar("fit");
-    ASSIGN_OR_RETURN(res.fits, FitGroups(model, train, val, res.groups, b->Callback()));
+    ASSIGN_OR_RETURN(auto fits,
+                     FitGroupsForForms(model, train, val, res.groups, fit_forms, b->Callback()));
+    res.fits = std::move(fits[0]);
+    for (size_t f = 1; f < fit_forms.size(); ++f) {
+      res.wire_fits[static_cast<size_t>(fit_forms[f])] = std::move(fits[f]);
+    }
   }
-  ASSIGN_OR_RETURN(auto bank, PredictorBank::FromFits(res.fingerprint, o.bank_dtype, res.fits));
-  const auto& folded = bank->groups();
+  // Each form's bank, as the target that receives that form holds it.
+  std::array<std::unique_ptr<PredictorBank>, 3> banks;
+  for (WireForm form : fit_forms) {
+    ASSIGN_OR_RETURN(banks[static_cast<size_t>(form)],
+                     PredictorBank::FromFits(res.fingerprint, o.bank_dtype, res.FitsFor(form)));
+  }
+  auto folded_for = [&](WireForm form) -> const std::vector<FoldedGroup>& {
+    const auto& own = banks[static_cast<size_t>(form)];
+    return (own ? own : banks[static_cast<size_t>(WireForm::kPlain)])->groups();
+  };
+  const auto& folded = folded_for(WireForm::kPlain);
   clock.End("fit");
 
   // 3. Singleton risks and ranking.
@@ -190,8 +216,9 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       const PathPointResult& p = res.path[skip_exact ? config : config - 1];
       const int64_t h = reqs[r].moved_rows();
       RETURN_IF_ERROR(ApplyWireForm(p.form, p.kept_layers, h, work));
+      const auto& form_folded = folded_for(p.form);
       for (int g : p.groups) {
-        RETURN_IF_ERROR(RebuildGroup(work, folded[g], c, model.backend(), 0, h));
+        RETURN_IF_ERROR(RebuildGroup(work, form_folded[g], c, model.backend(), 0, h));
       }
       return absl::OkStatus();
     };

@@ -60,6 +60,9 @@ struct CalibrateOptions {
   DType kv_dtype = DType::kF16;    // KV dtype a migration sends; sizes the byte counts
   // The wire forms whose paths are measured and among which the gate chooses.
   std::vector<WireForm> wire_forms = {WireForm::kPlain, WireForm::kInt8, WireForm::kInt4};
+  // Each quantized form's predictors fitted on the anchors decoded from that form (joint
+  // calibration); false: every form rebuilds with the predictors fitted on exact anchors.
+  bool fit_on_wire = true;
   std::string policy_id;
   uint64_t policy_version = 1;
   bool quiet = false;  // no progress bars
@@ -170,8 +173,11 @@ struct CalibrationResult {
   // The kind of each selection, confirmation and test request (indices into kinds).
   std::vector<int> validation_kinds, confirm_kinds, test_kinds;
 
-  std::vector<LayerGroup> groups;   // candidates
-  std::vector<GroupFit> fits;       // parallel to groups
+  std::vector<LayerGroup> groups;  // candidates
+  std::vector<GroupFit> fits;      // parallel to groups, fitted on exact anchors
+  // With options.fit_on_wire, indexed by WireForm: each measured quantized form's fits from its
+  // decoded anchors, parallel to groups; empty for the others, which use `fits`.
+  std::array<std::vector<GroupFit>, 3> wire_fits;
   std::vector<Measured> singleton;  // parallel to groups, on validation requests
   std::vector<int> ranking;         // group indices, least risky first
   // For each wire form in options.wire_forms, in order: the points rebuilding the first k ranked
@@ -193,6 +199,8 @@ struct CalibrationResult {
 
   // Layers rebuilt by the chosen configuration (ascending), and its groups sorted by layer.
   std::vector<LayerGroup> ChosenGroups() const;
+  // The fits a configuration sending its kept layers in `form` rebuilds with.
+  const std::vector<GroupFit>& FitsFor(WireForm form) const;
 };
 
 // Parses an explicit candidate list: groups separated by ';', each "TARGETS:ANCHORS" where

@@ -63,6 +63,9 @@ ABSL_FLAG(
     "int8 (what nodes serve with by default) or f32: the arithmetic every NLL is measured in");
 ABSL_FLAG(std::string, wire_forms, "plain,int8,int4",
           "wire forms of the kept layers to measure and choose among (comma-separated)");
+ABSL_FLAG(std::string, fit_anchors, "wire",
+          "wire: each quantized form's predictors fitted on its decoded anchors (joint "
+          "calibration); exact: one fit on exact anchors for every form");
 ABSL_FLAG(bool, quiet, false, "no progress bars");
 
 namespace {
@@ -145,6 +148,12 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
     if (!form.ok()) return form.status();
     o.wire_forms.push_back(*form);
   }
+  const std::string fit_anchors = absl::GetFlag(FLAGS_fit_anchors);
+  if (fit_anchors != "wire" && fit_anchors != "exact") {
+    return absl::InvalidArgumentError("--fit-anchors must be wire or exact, not '" + fit_anchors +
+                                      "'");
+  }
+  o.fit_on_wire = fit_anchors == "wire";
   o.policy_id = absl::GetFlag(FLAGS_policy_id);
   o.policy_version = absl::GetFlag(FLAGS_policy_version);
   o.seed = absl::GetFlag(FLAGS_seed);

@@ -19,7 +19,7 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationR
   }
   std::vector<GroupFit> fits;
   for (const LayerGroup& g : res.ChosenGroups()) {
-    for (const GroupFit& f : res.fits) {
+    for (const GroupFit& f : res.FitsFor(res.path[res.chosen].form)) {
       if (f.group == g) fits.push_back(f);
     }
   }

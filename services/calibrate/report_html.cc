@@ -88,12 +88,13 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
   if (r.chosen >= 0) {
     h +=
         F("rebuild %d of %lld layers and send the others %s (%.1f%% of the KV omitted, %lld of "
-          "%lld bytes per token not sent), measured in %s arithmetic. Held-out test: &#916;NLL "
-          "%s, &#916;PPL %+.3f%%.</p>",
+          "%lld bytes per token not sent), measured in %s arithmetic, the predictors fitted on "
+          "%s anchors. Held-out test: &#916;NLL %s, &#916;PPL %+.3f%%.</p>",
           r.path[r.chosen].layers, static_cast<long long>(c.n_layers),
           std::string(WireFormName(r.path[r.chosen].form)).c_str(), omitted,
           static_cast<long long>(policy.kv_bytes_saved_per_token),
           static_cast<long long>(policy.kv_bytes_per_token), r.arithmetic.c_str(),
+          r.options.fit_on_wire && r.path[r.chosen].form != WireForm::kPlain ? "decoded" : "exact",
           Ci(chosen_test).c_str(), DeltaPplPercent(chosen_test));
   } else {
     h += "no configuration on the path passes; the policy keeps every layer exact.</p>";

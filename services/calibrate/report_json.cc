@@ -99,6 +99,7 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                  {"wire_form", std::string(WireFormName(r.chosen >= 0 ? r.path[r.chosen].form
                                                                       : WireForm::kPlain))},
                  {"arithmetic", r.arithmetic},
+                 {"fit_anchors", r.options.fit_on_wire ? "wire" : "exact"},
                  {"test", measured(r.chosen >= 0 ? r.path[r.chosen].test : r.test_exact)},
                  {"validation", r.chosen >= 0 ? measured(r.path[r.chosen].validation) : json()},
                  {"test_exact_ppl", Ppl(r.test_exact.exact_nll)}};

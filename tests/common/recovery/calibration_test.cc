@@ -4,11 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 
 #include "common/base/status_macros.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/predictor_bank.h"
+#include "common/recovery/rebuild.h"
+#include "common/recovery/wire_apply.h"
 #include "tests/test_paths.h"
 
 namespace riskkv {
@@ -81,6 +84,64 @@ TEST(Calibration, ExactConfigurationMatchesPlainScoringAndRebuildIsPaired) {
   const std::vector<std::vector<int>> bad = {{7}};
   EXPECT_FALSE(MeasureNll(m, all.subspan(4), (*bank)->groups(), bad).ok());
   EXPECT_FALSE(FitGroups(m, {}, {}, *groups).ok());
+}
+
+// Joint calibration: one pass over the requests fits every form. The exact-anchor fits are
+// FitGroups' bit for bit; a quantized form's fits are its own, and on the requests they were
+// fitted on they rebuild the targets' KV from that form's decoded anchors more closely than the
+// exact-anchor fits do.
+TEST(Calibration, EachWireFormGetsPredictorsFittedOnItsDecodedAnchors) {
+  auto model = Model::Load((testing::TestdataDir() / "tiny_llama.gguf").string(),
+                           {.threads = 2, .activations = ActivationPrecision::kF32});
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  std::vector<int32_t> tokens(6 * 80);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 53 + 7) % 500);
+  const auto requests = MakeRequests(tokens, 64, 16, 0);
+  ASSERT_EQ(requests.size(), 6u);
+  const std::span<const Request> all(requests);
+  auto groups = CandidateGroups(static_cast<int32_t>(m.config().n_layers), {});
+  ASSERT_TRUE(groups.ok());
+  const WireForm forms[] = {WireForm::kPlain, WireForm::kInt4};
+  auto fits = FitGroupsForForms(m, all.first(4), all.subspan(4), *groups, forms);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  ASSERT_EQ(fits->size(), 2u);
+  auto plain = FitGroups(m, all.first(4), all.subspan(4), *groups);
+  ASSERT_TRUE(plain.ok());
+  auto fingerprint = ModelFingerprint(m);
+  ASSERT_TRUE(fingerprint.ok());
+  std::array<std::unique_ptr<PredictorBank>, 2> banks;
+  for (size_t f = 0; f < 2; ++f) {
+    auto b = PredictorBank::FromFits(*fingerprint, DType::kF32, (*fits)[f]);
+    ASSERT_TRUE(b.ok()) << b.status();
+    banks[f] = std::move(*b);
+  }
+  auto alone = PredictorBank::FromFits(*fingerprint, DType::kF32, *plain);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(banks[0]->content_hash(), (*alone)->content_hash());
+  EXPECT_NE(banks[1]->content_hash(), banks[0]->content_hash());
+
+  const ModelConfig& c = m.config();
+  for (size_t g = 0; g < groups->size(); ++g) {
+    const LayerGroup& group = (*groups)[g];
+    double error[2] = {0, 0};
+    for (const Request& r : all.first(4)) {
+      auto exact = m.NewKvCache(r.history);
+      ASSERT_TRUE(m.Prefill(std::span<const int32_t>(r.tokens).first(r.history), **exact).ok());
+      for (size_t f = 0; f < 2; ++f) {
+        auto work = (*exact)->Clone();
+        ASSERT_TRUE(work.ok());
+        ASSERT_TRUE(ApplyWireForm(WireForm::kInt4, group.anchors, r.history, **work).ok());
+        ASSERT_TRUE(RebuildGroup(**work, banks[f]->groups()[g], c, m.backend(), 0, r.history).ok());
+        for (int32_t layer : group.targets) {
+          auto e = LayerNrmse(**exact, **work, layer, r.history);
+          ASSERT_TRUE(e.ok());
+          error[f] += e->k * e->k + e->v * e->v;
+        }
+      }
+    }
+    EXPECT_LT(error[1], error[0]) << group.ToString();
+  }
 }
 
 // Configurations that change chosen layers' moved rows by a fixed perturbation.
