@@ -163,7 +163,9 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   EXPECT_EQ(r.budgets[0].without_reconstruction, G + (G + 1));
   for (const BudgetResult& b : r.budgets) {
     for (int k : {b.with_reconstruction, b.without_reconstruction}) {
-      if (k >= 0) EXPECT_LE(r.path[k].validation.upper90, b.epsilon) << b.epsilon;
+      if (k >= 0) {
+        EXPECT_LE(r.path[k].validation.upper90, b.epsilon) << b.epsilon;
+      }
     }
     if (b.without_reconstruction >= 0) {
       EXPECT_TRUE(r.path[b.without_reconstruction].groups.empty());
@@ -206,6 +208,18 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
     ASSERT_NE(fg, nullptr);
     EXPECT_EQ(fg->group, g);
   }
+  // Joint calibration: the int4 configuration ships the predictors fitted on int4-decoded
+  // anchors, which differ from the exact-anchor fits the plain path and the ranking use.
+  EXPECT_TRUE(r.options.fit_on_wire);
+  ASSERT_EQ(r.wire_fits[static_cast<size_t>(WireForm::kInt4)].size(), static_cast<size_t>(G));
+  ASSERT_EQ(r.wire_fits[static_cast<size_t>(WireForm::kInt8)].size(), static_cast<size_t>(G));
+  EXPECT_TRUE(r.wire_fits[static_cast<size_t>(WireForm::kPlain)].empty());
+  EXPECT_EQ(&r.FitsFor(WireForm::kPlain), &r.fits);
+  auto int4_bank = PredictorBank::FromFits(*fp, o.bank_dtype, r.FitsFor(WireForm::kInt4));
+  auto plain_bank = PredictorBank::FromFits(*fp, o.bank_dtype, r.fits);
+  ASSERT_TRUE(int4_bank.ok() && plain_bank.ok());
+  EXPECT_EQ((*int4_bank)->content_hash(), policy->predictor_bank_sha256);
+  EXPECT_NE((*plain_bank)->content_hash(), policy->predictor_bank_sha256);
   // Table III's f16 figure is what the bank really stores.
   int64_t f16 = 0;
   for (const StorageResult& s : r.storage) f16 += s.folded_f16_bytes;
@@ -238,6 +252,7 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   EXPECT_EQ(j["chosen"]["path_index"], n_points - 1);
   EXPECT_EQ(j["chosen"]["wire_form"], "int4");
   EXPECT_EQ(j["chosen"]["arithmetic"], "f32");
+  EXPECT_EQ(j["chosen"]["fit_anchors"], "wire");
   ASSERT_EQ(j["budgets"].size(), 3u);
   EXPECT_EQ(j["budgets"][0]["without_reconstruction"]["wire_form"], "int4");
 
@@ -245,6 +260,27 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   const std::string text((std::istreambuf_iterator<char>(text_in)), {});
   EXPECT_NE(text.find("predictor_bank_sha256: \"" + policy->predictor_bank_sha256),
             std::string::npos);
+}
+
+TEST_F(CalibrateTiny, ExactAnchorFitsServeEveryForm) {
+  CalibrateOptions o = Quick();
+  o.epsilon = 10.0;
+  o.fit_on_wire = false;
+  o.exhaustive = false;
+  o.noise_requests = 0;
+  auto res = Calibrate(*model_, "tiny_llama_deep.gguf", o);
+  ASSERT_TRUE(res.ok()) << res.status();
+  for (const auto& own : res->wire_fits) EXPECT_TRUE(own.empty());
+  EXPECT_EQ(&res->FitsFor(WireForm::kInt4), &res->fits);
+  ASSERT_GE(res->chosen, 0);
+  EXPECT_EQ(res->path[res->chosen].form, WireForm::kInt4);
+  auto fp = ModelFingerprint(*model_);
+  ASSERT_TRUE(fp.ok());
+  auto chosen = MakeChosenBank(*res);
+  auto plain = PredictorBank::FromFits(*fp, o.bank_dtype, res->fits);
+  ASSERT_TRUE(chosen.ok() && plain.ok());
+  ASSERT_NE(*chosen, nullptr);
+  EXPECT_EQ((*chosen)->content_hash(), (*plain)->content_hash());
 }
 
 TEST_F(CalibrateTiny, GateDecidesAndExactFallbackWritesNoBank) {
