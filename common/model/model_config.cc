@@ -31,8 +31,24 @@ namespace {
 // rope_freqs.weight, as llama.cpp's converter writes them.
 absl::Status ReadGgufRopeScaling(const GgufFile& gguf, const std::string& arch, ModelConfig* c) {
   auto key = [&](const char* k) { return absl::StrCat(arch, ".rope.scaling.", k); };
+  // Phi-3 128k and Phi-3.5 (longrope): llama.cpp's converter writes no scaling type, only the
+  // two factor tensors and an attention factor.
+  for (const char* longrope : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    if (gguf.FindTensor(longrope) != nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat(gguf.path(), ": ", longrope, " (longrope RoPE scaling) is not supported"));
+    }
+  }
   RopeScalingSpec spec;
   if (auto type = gguf.GetString(key("type")); type.ok()) spec.type = *type;
+  if (spec.type == "none") {
+    if (auto attn = gguf.GetFloat(key("attn_factor")); attn.ok() && *attn != 1.0) {
+      return absl::UnimplementedError(absl::StrCat(gguf.path(), ": ", key("attn_factor"), " ",
+                                                   *attn,
+                                                   " without a scaling type is not "
+                                                   "supported"));
+    }
+  }
   const TensorView* factors = gguf.FindTensor("rope_freqs.weight");
   if (factors != nullptr) {
     if (spec.type != "none") {

@@ -66,7 +66,8 @@ ref --model "$OUT/tiny_llama.gguf" --name tiny_llama_text --passage-tokens 63 --
 for variant in f16 bf16 q8_0 q4_0 q4_1; do
   ref --model "$OUT/tiny_llama_$variant.gguf" --name "tiny_llama_$variant" --random-tokens 40
 done
-for dir in tiny_llama_hf tiny_llama_hf_bf16 tiny_llama_hf_f16 tiny_llama_hf_sharded tiny_qwen2_hf; do
+for dir in tiny_llama_hf tiny_llama_hf_bf16 tiny_llama_hf_f16 tiny_llama_hf_sharded tiny_qwen2_hf \
+  tiny_qwen2_untied_hf; do
   ref --model "$OUT/$dir" --name "$dir" --random-tokens 40
 done
 ref --model "$OUT/tiny_qwen2.gguf" --name tiny_qwen2 --random-tokens 40 --same-as "$OUT/tiny_qwen2_hf"
@@ -79,6 +80,10 @@ for dir in tiny_llama_hf_llama3 tiny_llama_hf_linear tiny_qwen2_hf_yarn; do
 done
 ref --model "$OUT/tiny_llama_llama3.gguf" --name tiny_llama_llama3 --random-tokens 40 \
   --same-as "$OUT/tiny_llama_hf_llama3" --same-tol 1e-6
+ref --model "$OUT/tiny_llama_linear.gguf" --name tiny_llama_linear --random-tokens 40 \
+  --same-as "$OUT/tiny_llama_hf_linear"
+ref --model "$OUT/tiny_qwen2_untied.gguf" --name tiny_qwen2_untied --random-tokens 40 \
+  --same-as "$OUT/tiny_qwen2_untied_hf"
 ref --model "$OUT/tiny_phi3_hf" --name tiny_phi3_hf --random-tokens 40
 ref --model "$OUT/tiny_phi3.gguf" --name tiny_phi3 --random-tokens 40 --same-as "$OUT/tiny_phi3_hf"
 ref --model "$OUT/tiny_qwen2_yarn.gguf" --name tiny_qwen2_yarn --random-tokens 40 \

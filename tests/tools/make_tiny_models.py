@@ -454,10 +454,11 @@ def llama3_rope_freqs(scaling: dict, shape: TinyShape = SHAPE) -> np.ndarray:
 
 def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: str | None,
                name: str, shape: TinyShape = SHAPE, types: dict | None = None,
-               rope_freqs: np.ndarray | None = None, yarn: dict | None = None) -> None:
+               rope_freqs: np.ndarray | None = None, scaling: dict | None = None) -> None:
     """Writes `weights` (HF names/layout) as a GGUF of `arch`; variant None = all F32. `types`
     gives a type per GGUF tensor name (quantized by quantize_blocks) instead of a variant.
-    rope_freqs adds Llama 3's factor tensor, yarn the rope.scaling.* keys of a YaRN scaling."""
+    rope_freqs adds Llama 3's factor tensor, scaling the rope.scaling.* keys of a linear or YaRN
+    scaling (a config.json rope_scaling object), as llama.cpp's converter writes them."""
     s = shape
     qtype, ftype = GGUF_VARIANTS[variant] if variant else (gguf.GGMLQuantizationType.F32,
                                                            gguf.LlamaFileType.ALL_F32)
@@ -480,10 +481,13 @@ def write_gguf(path: Path, arch: str, weights: dict, tok_meta: dict, variant: st
     writer.add_file_type(ftype)
     if variant or types:
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    if yarn:
-        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        writer.add_rope_scaling_factor(yarn["factor"])
-        writer.add_rope_scaling_orig_ctx_len(yarn["original_max_position_embeddings"])
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        writer.add_rope_scaling_type({"linear": gguf.RopeScalingType.LINEAR,
+                                      "yarn": gguf.RopeScalingType.YARN}[kind])
+        writer.add_rope_scaling_factor(scaling["factor"])
+        if kind == "yarn":
+            writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)
     if arch == "phi3":
@@ -541,13 +545,15 @@ def main() -> None:
         write_gguf(out / f"tiny_llama_{variant}.gguf", "llama", llama, bpe_meta, variant,
                    f"tiny_llama_{variant}")
 
-    log("tiny_llama RoPE scaling (Llama 3 factors in HF and GGUF, linear in HF)")
+    log("tiny_llama RoPE scaling (Llama 3 factors and linear, in HF and GGUF)")
     write_hf_dir(out / "tiny_llama_hf_llama3", "llama", llama, False, toks / "bpe", bpe_meta,
                  "float32", LLAMA3_SCALING)
     write_gguf(out / "tiny_llama_llama3.gguf", "llama", llama, bpe_meta, None, "tiny_llama_llama3",
                rope_freqs=llama3_rope_freqs(LLAMA3_SCALING))
     write_hf_dir(out / "tiny_llama_hf_linear", "llama", llama, False, toks / "bpe", bpe_meta,
                  "float32", LINEAR_SCALING)
+    write_gguf(out / "tiny_llama_linear.gguf", "llama", llama, bpe_meta, None, "tiny_llama_linear",
+               scaling=LINEAR_SCALING)
 
     log("tiny_qwen2 (QKV bias, tied embeddings, NeoX RoPE; YaRN in HF and GGUF)")
     qwen = random_weights(seed=2, qkv_bias=True, tied=True)
@@ -556,7 +562,14 @@ def main() -> None:
     write_hf_dir(out / "tiny_qwen2_hf_yarn", "qwen2", qwen, True, toks / "qwen2", qwen_meta,
                  "float32", YARN_SCALING)
     write_gguf(out / "tiny_qwen2_yarn.gguf", "qwen2", qwen, qwen_meta, None, "tiny_qwen2_yarn",
-               yarn=YARN_SCALING)
+               scaling=YARN_SCALING)
+
+    log("tiny_qwen2_untied (its own lm head, as Qwen2.5 from 3B up: lm_head / output.weight)")
+    qwen_untied = random_weights(seed=7, qkv_bias=True, tied=False)
+    write_hf_dir(out / "tiny_qwen2_untied_hf", "qwen2", qwen_untied, False, toks / "qwen2",
+                 qwen_meta, "float32")
+    write_gguf(out / "tiny_qwen2_untied.gguf", "qwen2", qwen_untied, qwen_meta, None,
+               "tiny_qwen2_untied")
 
     log("tiny_spm (llama arch, SentencePiece tokenizer)")
     spm = random_weights(seed=3, qkv_bias=False, tied=False)

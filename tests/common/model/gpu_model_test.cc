@@ -68,7 +68,9 @@ TEST(GpuModelAvailability, AbsentGpuIsUnavailableWithAReason) {
 // The host half of the upload runs everywhere: every slot the engine needs, once, with the
 // engine's shape, and matrices equal to the stored weights up to f16 rounding.
 TEST(GpuWeights, EverySlotOnceWithTheEnginesShapes) {
-  for (const char* file : {"tiny_llama.gguf", "tiny_llama_q4_1.gguf", "tiny_qwen2.gguf"}) {
+  for (const char* file :
+       {"tiny_llama.gguf", "tiny_llama_q4_1.gguf", "tiny_qwen2.gguf", "tiny_qwen2_untied.gguf",
+        "tiny_llama_kquant.gguf", "tiny_phi3.gguf", "tiny_llama_llama3.gguf"}) {
     SCOPED_TRACE(file);
     auto model = LoadCpu(testing::TestdataDir() / file);
     ASSERT_NE(model, nullptr);
@@ -226,7 +228,8 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuModelMatchesCpu,
                          ::testing::Values("tiny_llama.gguf", "tiny_llama_q4_1.gguf",
                                            "tiny_qwen2.gguf", "tiny_llama_llama3.gguf",
                                            "tiny_qwen2_yarn.gguf", "tiny_llama_kquant.gguf",
-                                           "tiny_phi3.gguf", "smollm2"),
+                                           "tiny_phi3.gguf", "tiny_qwen2_untied.gguf",
+                                           "tiny_llama_linear.gguf", "smollm2"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& ch : name) {

@@ -43,6 +43,18 @@ TEST(ModelFingerprintTest, DiffersBetweenModelsAndForms) {
   EXPECT_EQ(fps.count(""), 0u);
 }
 
+// The same weights under another RoPE compute other keys, so a migration between them must be
+// refused: the scaling is part of the fingerprint.
+TEST(ModelFingerprintTest, DiffersWithTheRopeScalingOfTheSameWeights) {
+  const std::set<std::string> fps = {
+      Fingerprint("tiny_llama.gguf"),        Fingerprint("tiny_llama_llama3.gguf"),
+      Fingerprint("tiny_llama_linear.gguf"), Fingerprint("tiny_qwen2.gguf"),
+      Fingerprint("tiny_qwen2_yarn.gguf"),
+  };
+  EXPECT_EQ(fps.size(), 5u);
+  EXPECT_EQ(fps.count(""), 0u);
+}
+
 TEST(ModelFingerprintTest, HuggingFaceDirectoryIsStableToo) {
   EXPECT_EQ(Fingerprint("tiny_llama_hf"), Fingerprint("tiny_llama_hf"));
 }

@@ -180,17 +180,17 @@ TEST_P(GoldenTest, Int8ActivationsStayClose) {
 // Every golden the fixture writes: both architectures, every GGUF tensor type, the safetensors
 // form in each float type, the SentencePiece-tokenizer model and the real SmolLM2. A missing
 // directory fails SetUp rather than shrinking the suite.
-INSTANTIATE_TEST_SUITE_P(Models, GoldenTest,
-                         ::testing::Values("tiny_llama", "tiny_llama_text", "tiny_llama_hf",
-                                           "tiny_llama_hf_bf16", "tiny_llama_hf_f16",
-                                           "tiny_llama_hf_sharded", "tiny_llama_f16",
-                                           "tiny_llama_bf16", "tiny_llama_q8_0", "tiny_llama_q4_0",
-                                           "tiny_llama_q4_1", "tiny_qwen2", "tiny_qwen2_hf",
-                                           "tiny_spm", "tiny_llama_kquant", "tiny_llama_hf_llama3",
-                                           "tiny_llama_llama3", "tiny_llama_hf_linear",
-                                           "tiny_qwen2_hf_yarn", "tiny_qwen2_yarn", "tiny_phi3_hf",
-                                           "tiny_spm_hf", "tiny_phi3", "smollm2"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(
+    Models, GoldenTest,
+    ::testing::Values("tiny_llama", "tiny_llama_text", "tiny_llama_hf", "tiny_llama_hf_bf16",
+                      "tiny_llama_hf_f16", "tiny_llama_hf_sharded", "tiny_llama_f16",
+                      "tiny_llama_bf16", "tiny_llama_q8_0", "tiny_llama_q4_0", "tiny_llama_q4_1",
+                      "tiny_qwen2", "tiny_qwen2_hf", "tiny_spm", "tiny_llama_kquant",
+                      "tiny_llama_hf_llama3", "tiny_llama_llama3", "tiny_llama_hf_linear",
+                      "tiny_llama_linear", "tiny_qwen2_untied", "tiny_qwen2_untied_hf",
+                      "tiny_qwen2_hf_yarn", "tiny_qwen2_yarn", "tiny_phi3_hf", "tiny_spm_hf",
+                      "tiny_phi3", "smollm2"),
+    [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace riskkv

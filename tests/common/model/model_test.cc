@@ -327,6 +327,14 @@ TEST(Model, BadFilesReturnNamedErrors) {
       {"bad_tensor_type.gguf", "blk.0.attn_q.weight"},
       {"bad_shape.gguf", "blk.0.attn_k.weight"},
       {"bad_config_hf", "num_hidden_layers"},
+      // RoPE metadata from GGUF that is not implemented, or contradicts itself.
+      {"bad_rope_longrope.gguf", "rope_factors_long.weight (longrope RoPE scaling)"},
+      {"bad_rope_attn_factor.gguf", "llama.rope.scaling.attn_factor 0.8"},
+      {"bad_rope_type.gguf", "RoPE scaling 'dynamic' is not supported"},
+      {"bad_rope_yarn_log.gguf", "qwen2.rope.scaling.yarn_log_multiplier"},
+      {"bad_rope_freqs_and_type.gguf", "RoPE scaling 'linear' and rope_freqs.weight both given"},
+      {"bad_rope_freqs_f16.gguf", "rope_freqs.weight must be a 1-D F32 tensor, not F16"},
+      {"bad_rope_freqs_length.gguf", "rope_freqs.weight: RoPE frequency factors: 7 values for 8"},
   };
   for (const auto& c : cases) {
     auto m = Model::Load(Tiny(c.file).string());
