@@ -17,8 +17,8 @@ ABSL_FLAG(std::string, access_file, "",
           "IDENTITY san NAME' (roles client, node, operator), read again when it changes; empty: "
           "everyone is an operator, and the server listens on loopback only unless --insecure");
 ABSL_FLAG(bool, insecure, false,
-          "listen on --listen as given even without credentials (neither --tls-* nor "
-          "--access-file): anyone who reaches it may do anything");
+          "listen on --listen as given even without caller credentials (neither --access-file "
+          "nor mutual TLS with --tls-ca): anyone who reaches it may do anything");
 
 namespace riskkv {
 
@@ -31,15 +31,15 @@ inline absl::StatusOr<std::shared_ptr<AccessFile>> AccessFileFromFlags() {
   return std::shared_ptr<AccessFile>(*std::move(f));
 }
 
-// Where to listen given --listen, whether TLS is on and the access file; logs why when the
-// address was narrowed to loopback.
+// Where to listen given --listen, whether TLS is on (mutual: clients need a CA-signed
+// certificate) and the access file; logs why when the address was narrowed to loopback.
 inline std::string ListenAddressFromFlags(const std::string& program, const std::string& listen,
-                                          bool tls, bool access_file) {
-  const Exposure e = ListenExposure(listen, tls, access_file, absl::GetFlag(FLAGS_insecure));
+                                          bool tls, bool mutual_tls, bool access_file) {
+  const Exposure e = ListenExposure(listen, mutual_tls, access_file, absl::GetFlag(FLAGS_insecure));
   if (!e.note.empty()) spdlog::warn("{}: {}", program, e.note);
-  if (e.note.empty() && !tls && !access_file && absl::GetFlag(FLAGS_insecure)) {
+  if (e.note.empty() && !mutual_tls && !access_file && absl::GetFlag(FLAGS_insecure)) {
     spdlog::warn(
-        "{}: --insecure: serving {} without credentials; anyone who reaches it may do "
+        "{}: --insecure: serving {} without caller credentials; anyone who reaches it may do "
         "anything",
         program, listen);
   }

@@ -69,8 +69,9 @@ bool Authorizer::Limited(const std::string& identity) const {
   return file_->Current()->RoleOf(identity) != Role::kOperator;
 }
 
-Exposure ListenExposure(const std::string& listen, bool tls, bool access_file, bool insecure) {
-  if (tls || access_file || insecure) return {listen, ""};
+Exposure ListenExposure(const std::string& listen, bool mutual_tls, bool access_file,
+                        bool insecure) {
+  if (mutual_tls || access_file || insecure) return {listen, ""};
   const size_t colon = listen.rfind(':');
   const std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
   const std::string port = colon == std::string::npos ? "" : listen.substr(colon + 1);
@@ -78,10 +79,12 @@ Exposure ListenExposure(const std::string& listen, bool tls, bool access_file, b
     return {listen, ""};
   }
   const std::string bound = "127.0.0.1:" + port;
-  return {bound,
-          absl::StrCat("no credentials (--tls-* or --access-file): listening on ", bound,
-                       " only instead of ", listen,
-                       "; give credentials, or --insecure to serve anyone who reaches ", listen)};
+  return {bound, absl::StrCat("no caller credentials (--access-file, or mutual TLS with --tls-ca): "
+                              "listening on ",
+                              bound, " only instead of ", listen,
+                              " (TLS with a server certificate alone encrypts but lets anyone "
+                              "in); give credentials, or --insecure to serve anyone who reaches ",
+                              listen)};
 }
 
 }  // namespace riskkv

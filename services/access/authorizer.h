@@ -42,13 +42,17 @@ class Authorizer {
   std::shared_ptr<AccessFile> file_;
 };
 
-// Where a server without credentials may listen. `listen` is HOST:PORT; with neither TLS nor an
-// access file, and without `insecure`, a host other than loopback is replaced by 127.0.0.1 and
-// the returned note (for the log) says so; otherwise `listen` is returned as given.
+// Where a server that cannot tell its callers apart may listen. `listen` is HOST:PORT; with
+// neither mutual TLS (clients must present a certificate the CA signed) nor an access file, and
+// without `insecure`, a host other than loopback is replaced by 127.0.0.1 and the returned note
+// (for the log) says so; otherwise `listen` is returned as given. TLS with a server certificate
+// alone does not count: it encrypts, but anyone may connect, and without an access file anyone
+// may do anything.
 struct Exposure {
   std::string listen;
   std::string note;  // "" when nothing changed
 };
-Exposure ListenExposure(const std::string& listen, bool tls, bool access_file, bool insecure);
+Exposure ListenExposure(const std::string& listen, bool mutual_tls, bool access_file,
+                        bool insecure);
 
 }  // namespace riskkv

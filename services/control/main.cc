@@ -61,8 +61,9 @@ int main(int argc, char** argv) {
   const riskkv::TlsFiles tls = riskkv::TlsFilesFromFlags();
   auto credentials = riskkv::ServerCredentialsFor(tls);
   if (!credentials.ok()) return Fail(credentials.status().ToString());
-  const std::string listen = riskkv::ListenAddressFromFlags(
-      "riskkv-control", absl::GetFlag(FLAGS_listen), tls.enabled(), *access_file != nullptr);
+  const std::string listen =
+      riskkv::ListenAddressFromFlags("riskkv-control", absl::GetFlag(FLAGS_listen), tls.enabled(),
+                                     !tls.ca.empty(), *access_file != nullptr);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

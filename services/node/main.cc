@@ -194,8 +194,9 @@ int main(int argc, char** argv) {
     if (!t.ok()) return Fail(t.status().ToString());
     peer_token = *std::move(t);
   }
-  const std::string listen = riskkv::ListenAddressFromFlags(
-      "riskkv-node", absl::GetFlag(FLAGS_listen), tls.enabled(), *access_file != nullptr);
+  const std::string listen =
+      riskkv::ListenAddressFromFlags("riskkv-node", absl::GetFlag(FLAGS_listen), tls.enabled(),
+                                     !tls.ca.empty(), *access_file != nullptr);
 
   riskkv::NodeOptions options;
   options.peer_credentials = *peer_credentials;

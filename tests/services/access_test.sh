@@ -4,7 +4,8 @@
 # puts a policy; a session is its owner's (bob neither sees nor touches alice's) and stays hers
 # when it migrates, the source presenting its node token; a rotated token takes effect without a
 # restart; an operator known by its client certificate's name (mutual TLS); a server without
-# credentials listens on loopback only unless --insecure.
+# credentials (an access file, or mutual TLS: TLS with a server certificate alone does not count)
+# listens on loopback only unless --insecure.
 #   access_test.sh BIN_DIR MODEL PYTHON
 set -euo pipefail
 BIN=$1 MODEL=$2 PY=$3
@@ -125,30 +126,38 @@ out=$("$BIN/riskkvctl" --control "$TCONTROL" --tls-cert "$T/stranger.pem" \
   fail "a certificate named nowhere was served: $out"
 grep -q "stranger.riskkv.test" <<<"$out" || fail "stranger: $out"
 
-# Without credentials a server listens on loopback only, unless --insecure.
+# Without caller credentials (an access file, or mutual TLS) a server listens on loopback only,
+# unless --insecure; TLS with a server certificate alone encrypts but lets anyone in, so it is
+# narrowed too.
 other=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -v '^127\.' | grep -v : | head -1 || true)
-for mode in default insecure; do
+for mode in default insecure tls; do
   flag=()
+  client=()
   [ $mode = insecure ] && flag=(--insecure)
+  if [ $mode = tls ]; then
+    flag=(--tls-cert "$T/server.pem" --tls-key "$T/server.key")
+    client=(--tls-ca "$T/ca.pem")
+  fi
   "$BIN/riskkv-control" --store "$T/open-$mode" --listen 0.0.0.0:0 --metrics-listen "" \
     --port-file "$T/open-$mode.ports" "${flag[@]}" >"$T/open-$mode.log" 2>&1 &
   pids+=($!)
   wait_file "$T/open-$mode.ports" || fail "open control plane ($mode) did not start"
   port=$(cut -d' ' -f1 "$T/open-$mode.ports")
-  "$BIN/riskkvctl" --control "127.0.0.1:$port" policy-list >/dev/null ||
+  "$BIN/riskkvctl" --control "127.0.0.1:$port" "${client[@]}" policy-list >/dev/null ||
     fail "loopback refused ($mode)"
-  if [ $mode = default ]; then
-    grep -q "listening on 127.0.0.1:0 only instead of 0.0.0.0:0" "$T/open-$mode.log" ||
-      fail "no note of the narrowed address: $(cat "$T/open-$mode.log")"
-  else
-    grep -q -- "--insecure: serving 0.0.0.0:0 without credentials" "$T/open-$mode.log" ||
+  if [ $mode = insecure ]; then
+    grep -q -- "--insecure: serving 0.0.0.0:0 without caller credentials" "$T/open-$mode.log" ||
       fail "no warning for --insecure: $(cat "$T/open-$mode.log")"
+  else
+    grep -q "listening on 127.0.0.1:0 only instead of 0.0.0.0:0" "$T/open-$mode.log" ||
+      fail "no note of the narrowed address ($mode): $(cat "$T/open-$mode.log")"
   fi
   if [ -n "$other" ]; then
-    if timeout 10 "$BIN/riskkvctl" --control "$other:$port" control-health >/dev/null 2>&1; then
-      [ $mode = insecure ] || fail "a server without credentials answered on $other"
+    # Whether anything accepts a TCP connection there, whatever the protocol.
+    if timeout 5 bash -c "exec 3<>/dev/tcp/$other/$port" 2>/dev/null; then
+      [ $mode = insecure ] || fail "a server without caller credentials ($mode) listened on $other"
     else
-      [ $mode = default ] || fail "--insecure did not listen on $other"
+      [ $mode != insecure ] || fail "--insecure did not listen on $other"
     fi
   fi
 done

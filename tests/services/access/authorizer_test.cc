@@ -89,14 +89,18 @@ TEST_F(AuthorizerTest, EachRoleDoesWhatItMayAndIsToldWhatItMayNot) {
 }
 
 TEST(ListenExposure, WithoutCredentialsOnlyLoopbackUnlessInsecure) {
-  Exposure e = ListenExposure("0.0.0.0:7070", /*tls=*/false, /*access_file=*/false, false);
+  Exposure e = ListenExposure("0.0.0.0:7070", /*mutual_tls=*/false, /*access_file=*/false, false);
   EXPECT_EQ(e.listen, "127.0.0.1:7070");
   EXPECT_NE(e.note.find("--insecure"), std::string::npos);
   EXPECT_EQ(ListenExposure("[::]:0", false, false, false).listen, "127.0.0.1:0");
   EXPECT_EQ(ListenExposure("127.0.0.1:7070", false, false, false).listen, "127.0.0.1:7070");
   EXPECT_TRUE(ListenExposure("localhost:7070", false, false, false).note.empty());
   EXPECT_EQ(ListenExposure("0.0.0.0:7070", false, false, /*insecure=*/true).listen, "0.0.0.0:7070");
-  EXPECT_EQ(ListenExposure("0.0.0.0:7070", /*tls=*/true, false, false).listen, "0.0.0.0:7070");
+  // Clients that must present a CA-signed certificate are known callers; an access file names
+  // them. (TLS with a server certificate alone is the first case: anyone may connect.)
+  EXPECT_EQ(ListenExposure("0.0.0.0:7070", /*mutual_tls=*/true, false, false).listen,
+            "0.0.0.0:7070");
+  EXPECT_NE(e.note.find("TLS with a server certificate alone"), std::string::npos);
   EXPECT_EQ(ListenExposure("0.0.0.0:7070", false, /*access_file=*/true, false).listen,
             "0.0.0.0:7070");
 }
