@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -59,13 +60,16 @@ inline absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
   return exposer;
 }
 
-// Serves until the first signal of `set`, then gives running calls `grace` to finish.
+// Serves until the first signal of `set`, then runs `before_shutdown` (if given) and gives
+// running calls `grace` to finish.
 inline void ServeUntilSignal(grpc::Server& server, sigset_t set, const char* name,
-                             std::chrono::seconds grace) {
-  std::thread stopper([&server, set, name, grace] {
+                             std::chrono::seconds grace,
+                             std::function<void()> before_shutdown = nullptr) {
+  std::thread stopper([&server, set, name, grace, before_shutdown] {
     int sig = 0;
     sigwait(&set, &sig);
     spdlog::info("{}: signal {}, shutting down (again to exit now)", name, sig);
+    if (before_shutdown) before_shutdown();
     std::thread([set] {
       int again = 0;
       sigwait(&set, &again);

@@ -86,6 +86,11 @@ ABSL_FLAG(double, live_threshold_seconds, 0.1,
 ABSL_FLAG(int64_t, live_pause_rows, 4,
           "a live migration pauses the session once a round would carry at most this many rows");
 ABSL_FLAG(int, live_max_rounds, 8, "pre-copy rounds of a live migration at most");
+ABSL_FLAG(double, in_doubt_seconds, 0,
+          "after a commit whose confirmation was lost and whose target cannot be asked about it "
+          "within the migration's deadline, hold the session (served by neither node) and ask "
+          "on for this long, then serve it here again, which may leave it on both (0: ask until "
+          "the target answers or this node stops)");
 ABSL_FLAG(std::string, peer_token_file, "",
           "a file whose first line is the bearer token this node presents to migration targets "
           "and to --control (an identity with the node role in their access files); read again "
@@ -139,6 +144,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_live_max_rounds) < 1) return Fail("--live-max-rounds must be >= 1");
   if (!(absl::GetFlag(FLAGS_timeout) > 0)) return Fail("--timeout must be > 0");
   if (absl::GetFlag(FLAGS_max_receives) < 1) return Fail("--max-receives must be >= 1");
+  if (!(absl::GetFlag(FLAGS_in_doubt_seconds) >= 0 &&
+        absl::GetFlag(FLAGS_in_doubt_seconds) <= 1e9)) {
+    return Fail("--in-doubt-seconds must be >= 0 seconds (0: until the target answers)");
+  }
   if (!(absl::GetFlag(FLAGS_session_ttl) >= 0 && absl::GetFlag(FLAGS_session_ttl) <= 1e9)) {
     return Fail("--session-ttl must be >= 0 seconds (0: sessions never expire)");
   }
@@ -215,6 +224,7 @@ int main(int argc, char** argv) {
   options.live_threshold_seconds = absl::GetFlag(FLAGS_live_threshold_seconds);
   options.live_pause_rows = absl::GetFlag(FLAGS_live_pause_rows);
   options.live_max_rounds = absl::GetFlag(FLAGS_live_max_rounds);
+  options.in_doubt_seconds = absl::GetFlag(FLAGS_in_doubt_seconds);
   options.default_timeout_seconds = absl::GetFlag(FLAGS_timeout);
   options.max_concurrent_receives = absl::GetFlag(FLAGS_max_receives);
   options.receive_idle_seconds = absl::GetFlag(FLAGS_receive_idle_timeout);
@@ -300,7 +310,8 @@ int main(int argc, char** argv) {
                         std::to_string(port) + " " + std::to_string(metrics_port));
   if (follower) follower->Start();
 
-  riskkv::ServeUntilSignal(*server, signals, "riskkv-node", std::chrono::seconds(5));
+  riskkv::ServeUntilSignal(*server, signals, "riskkv-node", std::chrono::seconds(5),
+                           [&service] { service.BeginShutdown(); });
   if (follower) follower->Stop();
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "common/base/stopwatch.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/grpc_status.h"
@@ -13,8 +14,6 @@
 namespace riskkv {
 namespace {
 
-// The target's answer to "did migration `id` commit?", asked until `deadline` while it cannot be
-// reached: the session's id there, or nullopt (it did not, and now never will).
 // One MigrationOutcome question, answered by `deadline` at the latest.
 grpc::Status AskOnce(v1::Node::Stub& target, const std::string& id,
                      std::chrono::system_clock::time_point deadline,
@@ -26,8 +25,17 @@ grpc::Status AskOnce(v1::Node::Stub& target, const std::string& id,
   return target.MigrationOutcome(&ctx, req, reply);
 }
 
+bool Transient(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// The target's answer to "did migration `id` commit?", asked until `deadline` while it cannot be
+// reached (and `stopping`, if given, is false): the session's id there, or nullopt (it did not,
+// and now never will).
 absl::StatusOr<std::optional<std::string>> AskOutcome(
-    v1::Node::Stub& target, const std::string& id, std::chrono::system_clock::time_point deadline) {
+    v1::Node::Stub& target, const std::string& id, std::chrono::system_clock::time_point deadline,
+    const std::function<bool()>& stopping = nullptr) {
+  auto pause = std::chrono::milliseconds(200);
   while (true) {
     v1::MigrationOutcomeReply reply;
     const grpc::Status st = AskOnce(
@@ -36,13 +44,12 @@ absl::StatusOr<std::optional<std::string>> AskOutcome(
     if (st.ok()) {
       return reply.committed() ? std::optional<std::string>(reply.session_id()) : std::nullopt;
     }
-    const bool transient = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                           st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!transient ||
-        std::chrono::system_clock::now() + std::chrono::milliseconds(200) >= deadline) {
+    if (!Transient(st.error_code()) || (stopping && stopping()) ||
+        std::chrono::system_clock::now() + pause >= deadline) {
       return FromGrpc(st);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::seconds(2));
   }
 }
 
@@ -146,12 +153,35 @@ absl::Status RunMigration(MigrationSender& sender, const SourceLink& link, SendO
       !sender.handshake().migration_id().empty()) {
     // No confirmation came back: only the target knows whether it took the session, so it is
     // asked (which also makes it refuse a commit still on its way) before the session comes back.
-    absl::StatusOr<std::optional<std::string>> taken =
-        AskOutcome(*stub, sender.handshake().migration_id(), link.deadline);
-    if (taken.ok() && taken->has_value()) return sender.ConfirmCommitted(**taken);
-    asked = taken.ok() ? "; asked, it says it did not take the session"
-                       : "; asking it whether it took the session failed (" +
-                             std::string(taken.status().message()) + ")";
+    const std::string& id = sender.handshake().migration_id();
+    absl::StatusOr<std::optional<std::string>> taken = AskOutcome(*stub, id, link.deadline);
+    if (!taken.ok() && (taken.status().code() == absl::StatusCode::kUnavailable ||
+                        taken.status().code() == absl::StatusCode::kDeadlineExceeded)) {
+      // In doubt: the target may serve the session already. It stays withdrawn here until the
+      // target answers (or the hold ends), so it is never served twice.
+      if (link.on_in_doubt) link.on_in_doubt(true);
+      const Stopwatch held;
+      const auto until = link.in_doubt_seconds > 0
+                             ? std::chrono::system_clock::now() +
+                                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                       std::chrono::duration<double>(link.in_doubt_seconds))
+                             : std::chrono::system_clock::time_point::max();
+      taken = AskOutcome(*stub, id, until, link.stopping);
+      out->in_doubt_seconds = held.Seconds();
+      if (link.on_in_doubt) link.on_in_doubt(false);
+      if (taken.ok() && taken->has_value()) return sender.ConfirmCommitted(**taken);
+      const std::string after =
+          absl::StrFormat(" after %.1f s in doubt, the session held here", out->in_doubt_seconds);
+      asked = taken.ok() ? "; asked" + after + ", it says it did not take the session"
+                         : "; it could not be asked whether it took the session (" +
+                               std::string(taken.status().message()) + ")," + after +
+                               " and now served here again";
+    } else {
+      if (taken.ok() && taken->has_value()) return sender.ConfirmCommitted(**taken);
+      asked = taken.ok() ? "; asked, it says it did not take the session"
+                         : "; asking it whether it took the session failed (" +
+                               std::string(taken.status().message()) + ")";
+    }
   }
   sender.Abort();
   return absl::Status(st.ok() ? absl::StatusCode::kUnavailable : FromGrpc(st).code(),

@@ -22,6 +22,14 @@ struct SourceLink {
   std::shared_ptr<TokenFile> token;  // this node's bearer token for the target (may be null)
   std::chrono::system_clock::time_point deadline;
   std::function<bool()> cancelled;  // the caller gave up (may be null)
+  // After a commit whose confirmation was lost, when the target cannot be asked whether it took
+  // the session before `deadline`: the session stays withdrawn (served by neither node for
+  // sure, so never by both) and the target is asked on, past the deadline, for at most
+  // `in_doubt_seconds` (0: until it answers) or until `stopping` says the node is shutting down.
+  // `on_in_doubt` (may be null) is called when that hold begins and when it ends.
+  double in_doubt_seconds = 0;
+  std::function<bool()> stopping;
+  std::function<void(bool begins)> on_in_doubt;
 };
 
 struct SendOutcome {
@@ -29,6 +37,7 @@ struct SendOutcome {
   bool resumed = false;         // the target resumed the session (the KV crossed)
   double send_seconds = 0;      // first chunk to trailer written (stop-and-copy: the wire alone)
   double transfer_seconds = 0;  // first chunk to the target's `resumed`
+  double in_doubt_seconds = 0;  // how long the outcome of the commit was unknown past the deadline
 };
 
 // Called when the target acknowledged a live migration's pre-copy round: moves the sender on

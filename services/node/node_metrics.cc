@@ -63,6 +63,11 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
                      .Name("riskkv_kv_budget_bytes")
                      .Help("The node's KV budget (--kv-budget; 0: none)")
                      .Register(r)),
+      in_doubt_(prometheus::BuildGauge()
+                    .Name("riskkv_sessions_in_doubt")
+                    .Help("Sessions this node sent whose commit went unconfirmed and whose "
+                          "target cannot be asked yet: held here, served by neither node")
+                    .Register(r)),
       expired_(prometheus::BuildCounter()
                    .Name("riskkv_sessions_expired_total")
                    .Help("Sessions closed because they were idle past the node's TTL")
@@ -94,6 +99,7 @@ NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
   kv_sessions_ = &kv_bytes_.Add({{"model", model_}, {"state", "sessions"}});
   kv_receiving_ = &kv_bytes_.Add({{"model", model_}, {"state", "receiving"}});
   kv_budget_.Add({{"model", model_}}).Set(0);
+  in_doubt_.Add({{"model", model_}}).Set(0);
   expired_.Add({{"model", model_}});
   omitted_.Add({{"model", model_}});
   rebuild_.Add({{"model", model_}}, kSeconds);
@@ -107,6 +113,10 @@ void NodeMetrics::Migration(const std::string& role, const std::string& mode,
   if (outcome == "ok") {
     duration_.Add({{"model", model_}, {"role", role}, {"mode", mode}}, kSeconds).Observe(seconds);
   }
+}
+
+void NodeMetrics::SessionsInDoubt(double change) {
+  in_doubt_.Add({{"model", model_}}).Increment(change);
 }
 
 void NodeMetrics::SessionExpired() { expired_.Add({{"model", model_}}).Increment(); }

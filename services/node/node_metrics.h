@@ -32,6 +32,8 @@ class NodeMetrics {
   void SetKvBytes(const std::string& state, double bytes);  // state: "sessions" or "receiving"
   void SetKvBudget(double bytes);
   void SessionExpired();
+  // Sessions held on this node as sources whose hand-over outcome is not known yet (+1 / -1).
+  void SessionsInDoubt(double change);
   // A call refused by the access check: reason "unauthenticated" or "permission_denied".
   void Denied(const std::string& reason);
   void SetPolicyVersion(double version);
@@ -59,6 +61,7 @@ class NodeMetrics {
   prometheus::Gauge* kv_sessions_ = nullptr;
   prometheus::Gauge* kv_receiving_ = nullptr;
   prometheus::Family<prometheus::Gauge>& kv_budget_;
+  prometheus::Family<prometheus::Gauge>& in_doubt_;
   prometheus::Family<prometheus::Counter>& expired_;
   prometheus::Family<prometheus::Counter>& denied_;
   prometheus::Family<prometheus::Gauge>& policy_version_;

@@ -505,7 +505,20 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
                     .credentials = options_.peer_credentials,
                     .token = options_.peer_token,
                     .deadline = deadline,
-                    .cancelled = [caller] { return caller->IsCancelled(); }},
+                    .cancelled = [caller] { return caller->IsCancelled(); },
+                    .in_doubt_seconds = options_.in_doubt_seconds,
+                    .stopping = [this] { return stopping_.load(); },
+                    .on_in_doubt =
+                        [this, &req](bool begins) {
+                          if (begins) {
+                            spdlog::warn(
+                                "migration of '{}' to {}: the target cannot be asked whether it "
+                                "took the session after its commit; the session is held here, "
+                                "served by neither node, until it answers",
+                                req.session_id(), req.target_address());
+                          }
+                          if (metrics_) metrics_->SessionsInDoubt(begins ? 1 : -1);
+                        }},
                    &outcome, live ? between : nullptr);
   const double downtime = out.paused_seconds();
   *refused = outcome.refused;

@@ -77,6 +77,10 @@ struct NodeOptions {
   double live_threshold_seconds = 0.1;
   int64_t live_pause_rows = 4;
   int live_max_rounds = 8;
+  // A source whose commit went unconfirmed and whose target cannot be asked about it before the
+  // migration's deadline holds the session (served nowhere for sure) and asks on for this long
+  // (seconds; 0: until the target answers or the node stops), then serves it here again.
+  double in_doubt_seconds = 0;
   // Called before each token a Generate computes (tests pace a generator with it; may be null).
   std::function<void()> generate_step;
   // Speeds AUTO assumes before any measurement (seconds per history token).
@@ -96,6 +100,9 @@ class NodeService final : public v1::Node::Service {
   // already running keep the pair they started with; later ones, in either role, use the new one.
   void SetRetention(std::shared_ptr<const Retention> retention) ABSL_LOCKS_EXCLUDED(retention_mu_);
   std::shared_ptr<const Retention> retention() const ABSL_LOCKS_EXCLUDED(retention_mu_);
+  // The node is shutting down: a source holding a session in doubt stops asking its target (the
+  // session ends with the process, as every other), so the server's shutdown is not held up.
+  void BeginShutdown() { stopping_ = true; }
 
   grpc::Status StartSession(grpc::ServerContext*, const v1::StartSessionRequest*,
                             v1::SessionInfo*) override;
@@ -138,6 +145,7 @@ class NodeService final : public v1::Node::Service {
   ModePlanner planner_;
   RateLimiter link_;
   std::atomic<int> receiving_{0};
+  std::atomic<bool> stopping_{false};
   // Migrations in flight from this node, by the identity whose session moves.
   mutable absl::Mutex migrating_mu_;
   std::map<std::string, int> migrating_ ABSL_GUARDED_BY(migrating_mu_);

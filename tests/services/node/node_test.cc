@@ -280,10 +280,15 @@ class PartitionsAtTheCommit final : public v1::Node::Service {
   }
   grpc::Status MigrationOutcome(grpc::ServerContext*, const v1::MigrationOutcomeRequest* req,
                                 v1::MigrationOutcomeReply* reply) override {
+    outcome_questions++;
+    if (outcomes_partitioned) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "partitioned");
     grpc::ClientContext ctx;
     return stub_->MigrationOutcome(&ctx, *req, reply);
   }
   std::atomic<int> confirmations_lost{0};
+  // While set, the source's questions about the outcome do not reach the target either.
+  std::atomic<bool> outcomes_partitioned{false};
+  std::atomic<int> outcome_questions{0};
 
  private:
   std::unique_ptr<v1::Node::Stub> stub_;
@@ -325,6 +330,90 @@ TEST_F(Nodes, ALostCommitOrConfirmationLeavesExactlyOneCopyOfTheSession) {
     }
     server->Shutdown();
   }
+}
+
+// The partition outlasts the migration's deadline: the source cannot learn whether the target
+// took the session. It holds the session, served by neither node, asks on, and once the target
+// can be asked again the session is in exactly one place.
+TEST_F(Nodes, ASessionInDoubtIsHeldUntilItsTargetCanBeAsked) {
+  for (bool lose_commit : {false, true}) {
+    SCOPED_TRACE(lose_commit ? "the commit is lost" : "the confirmation is lost");
+    auto a = Start(true), b = Start(true);
+    PartitionsAtTheCommit relay(b->address, lose_commit);
+    relay.outcomes_partitioned = true;
+    std::unique_ptr<grpc::Server> server;
+    TestNode via = Serve(relay, &server);
+    const std::string id = StartSession(*a);
+    ASSERT_TRUE(Generate(*a, id, 3).ok());
+    const auto before = Tokens(*a, id);
+    v1::MigrateReply reply;
+    auto migrated = std::async(std::launch::async, [&] {
+      return Migrate(*a, id, via, v1::FULL_KV, &reply, false, "", /*timeout_seconds=*/1.5);
+    });
+    const std::string held = "riskkv_sessions_in_doubt{model=\"tiny\"} 1";
+    EXPECT_NE(a->AwaitMetrics(held).find(held), std::string::npos);
+    // Past the migration's deadline, the session is still held: neither node serves it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1700));
+    EXPECT_EQ(migrated.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+      v1::GenerateRequest req;
+      req.set_session_id(id);
+      req.set_max_tokens(1);
+      auto reader = a->stub->Generate(&ctx, req);
+      v1::GenerateReply r;
+      EXPECT_FALSE(reader->Read(&r)) << "the held session generated on the source";
+      EXPECT_FALSE(reader->Finish().ok());
+    }
+    EXPECT_GT(relay.outcome_questions, 2);
+    relay.outcomes_partitioned = false;  // the partition heals
+    const grpc::Status s = migrated.get();
+    const std::string released = "riskkv_sessions_in_doubt{model=\"tiny\"} 0";
+    EXPECT_NE(a->AwaitMetrics(released).find(released), std::string::npos);
+    if (!lose_commit) {
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(Count(*a), 0);
+      ASSERT_EQ(Count(*b), 1);
+      EXPECT_EQ(Tokens(*b, reply.target_session_id()), before);
+      EXPECT_TRUE(Generate(*b, reply.target_session_id(), 2).ok());
+    } else {
+      EXPECT_FALSE(s.ok());
+      EXPECT_NE(s.error_message().find("in doubt, the session held here, it says it did not take "
+                                       "the session"),
+                std::string::npos)
+          << s.error_message();
+      EXPECT_EQ(Count(*b), 0);
+      EXPECT_EQ(Tokens(*a, id), before);
+      EXPECT_TRUE(Generate(*a, id, 2).ok());
+    }
+    server->Shutdown();
+  }
+}
+
+// With a bound on the hold (--in-doubt-seconds), a partition that outlasts it gives the session
+// back to the source, and the error says the session may now be on both nodes' sides.
+TEST_F(Nodes, ABoundedHoldServesTheSessionAgainWhenItEnds) {
+  auto a = Start(true, 0, 3e-3, [](NodeOptions& o) { o.in_doubt_seconds = 0.8; });
+  auto b = Start(true);
+  PartitionsAtTheCommit relay(b->address, /*lose_commit=*/true);
+  relay.outcomes_partitioned = true;
+  std::unique_ptr<grpc::Server> server;
+  TestNode via = Serve(relay, &server);
+  const std::string id = StartSession(*a);
+  const auto before = Tokens(*a, id);
+  v1::MigrateReply reply;
+  const grpc::Status s = Migrate(*a, id, via, v1::FULL_KV, &reply, false, "", 1.0);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.error_message().find("it could not be asked whether it took the session"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("now served here again"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(a->MetricValue("riskkv_sessions_in_doubt{model=\"tiny\"}"), 0);
+  EXPECT_EQ(Tokens(*a, id), before);
+  EXPECT_TRUE(Generate(*a, id, 2).ok());
+  server->Shutdown();
 }
 
 TEST_F(Nodes, ChainsAndConcurrentMigrations) {
