@@ -18,10 +18,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "bench/kv_candidates.h"
 #include "common/kvcodec/kv_codec.h"
 #include "common/model/kv_cache.h"
 #include "common/model/model.h"
 #include "common/model/model_fingerprint.h"
+#include "common/recovery/calibration.h"
 #include "common/recovery/retention_policy.h"
 #include "services/cli_args.h"
 
@@ -32,6 +35,12 @@ ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(std::string, activations, "int8", "int8 or f32");
 ABSL_FLAG(int, history, 544, "history length of the migration whose bytes are counted");
 ABSL_FLAG(std::string, policy, "", "retention policy (policy.pb) for the RECONSTRUCT rows");
+ABSL_FLAG(std::string, eval_text, "",
+          "comma-separated plain-text files: ΔNLL of every candidate quantizer on requests cut "
+          "from each");
+ABSL_FLAG(int, eval_requests, 4, "requests per --eval-text file");
+ABSL_FLAG(int, eval_history, 512, "history tokens of each ΔNLL request");
+ABSL_FLAG(int, eval_tokens, 128, "scored tokens of each ΔNLL request");
 
 namespace {
 
@@ -81,6 +90,137 @@ double BytesPerValue(const QuantScheme& s, bool values, int64_t dim) {
   const double code = s.bits / 8.0;
   const double params = static_cast<double>(riskkv::ParamBytes(s));
   return code + params / (values ? static_cast<double>(dim) : riskkv::kTokenGroup);
+}
+
+std::string ReadFile(const std::string& path, bool* ok) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  *ok = static_cast<bool>(in);
+  return text.str();
+}
+
+// Mean and 95% interval (normal approximation) of paired differences.
+struct Mean {
+  double mean = 0, lo = 0, hi = 0;
+};
+Mean MeanCi(const std::vector<double>& d) {
+  const double n = static_cast<double>(d.size());
+  double m = 0, v = 0;
+  for (double x : d) m += x / n;
+  for (double x : d) v += (x - m) * (x - m) / std::max(1.0, n - 1);
+  const double h = 1.96 * std::sqrt(v / n);
+  return {m, m - h, m + h};
+}
+
+// Every candidate of kv_candidates.h: NRMSE over the prefill's keys and values, bytes at the
+// --history of a migration as a share of plain f16, and the ΔNLL of --eval-tokens scored tokens
+// after --eval-history tokens of each --eval-text file, the candidate applied to every layer's
+// moved rows, paired with exact KV.
+int CandidateTable(riskkv::Model& model, const std::vector<Tensor>& keys,
+                   const std::vector<Tensor>& vals, double key_energy, double val_energy,
+                   int64_t n) {
+  const riskkv::ModelConfig& c = model.config();
+  const int64_t heads = c.n_kv_heads, dim = c.head_dim;
+  const std::vector<riskkv::bench::Candidate> cands = riskkv::bench::Candidates();
+  std::vector<riskkv::Request> requests;
+  std::vector<size_t> file_of;  // the --eval-text file each request was cut from
+  const std::vector<std::string> paths =
+      absl::StrSplit(absl::GetFlag(FLAGS_eval_text), ',', absl::SkipEmpty());
+  for (const std::string& path : paths) {
+    bool ok = false;
+    const std::string text = ReadFile(path, &ok);
+    if (!ok) return Fail("cannot read --eval-text " + path);
+    auto ids = model.tokenizer().Encode(text, /*add_special=*/true, false);
+    if (!ids.ok()) return Fail(ids.status().ToString());
+    const int64_t want = absl::GetFlag(FLAGS_eval_requests);
+    auto r = riskkv::MakeRequests(*ids, absl::GetFlag(FLAGS_eval_history),
+                                  absl::GetFlag(FLAGS_eval_tokens), want);
+    if (static_cast<int64_t>(r.size()) < want) {
+      return Fail(path + " holds " + std::to_string(r.size()) + " requests, not " +
+                  std::to_string(want));
+    }
+    for (auto& q : r) {
+      requests.push_back(std::move(q));
+      file_of.push_back(&path - paths.data());
+    }
+  }
+  std::vector<std::vector<double>> nll;
+  if (!requests.empty()) {
+    const int64_t moved = requests[0].moved_rows();
+    std::vector<float> buf(static_cast<size_t>(moved * c.kv_width()));
+    auto apply = [&](size_t k, size_t, const riskkv::KvCache&, riskkv::KvCache& work) {
+      if (k == 0) return absl::OkStatus();
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        for (const bool v : {false, true}) {
+          absl::Status st =
+              v ? work.ReadValues(l, 0, moved, buf.data()) : work.ReadKeys(l, 0, moved, buf.data());
+          if (!st.ok()) return st;
+          riskkv::bench::Apply(cands[k - 1], v, buf.data(), moved, heads, dim);
+          st = v ? work.WriteValues(l, 0, moved, buf.data())
+                 : work.WriteKeys(l, 0, moved, buf.data());
+          if (!st.ok()) return st;
+        }
+      }
+      return absl::OkStatus();
+    };
+    auto measured = riskkv::MeasureNllWith(
+        model, requests, cands.size() + 1, apply, [](int64_t done, int64_t total) {
+          std::fprintf(stderr, "\rΔNLL %lld/%lld", static_cast<long long>(done),
+                       static_cast<long long>(total));
+        });
+    std::fprintf(stderr, "\n");
+    if (!measured.ok()) return Fail(measured.status().ToString());
+    nll = std::move(*measured);
+  }
+  const int64_t h = absl::GetFlag(FLAGS_history);
+  std::printf(
+      "\nCandidate quantizers (every layer; bytes at a %lld-token history as a share of plain "
+      "f16; ΔNLL over %zu requests of %d + %d tokens, 95%% CI):\n\n| candidate | K NRMSE | V "
+      "NRMSE | bytes | ΔNLL [95%% CI] | ΔPPL |",
+      static_cast<long long>(h), requests.size(), absl::GetFlag(FLAGS_eval_history),
+      absl::GetFlag(FLAGS_eval_tokens));
+  if (!nll.empty()) {
+    for (size_t f = 0; f < paths.size(); ++f) std::printf(" ΔNLL, text %zu |", f + 1);
+  }
+  std::string rule = "\n|---|---|---|---|---|---|";
+  for (size_t f = 0; !nll.empty() && f < paths.size(); ++f) rule += "---|";
+  std::printf("%s\n", rule.c_str());
+  for (size_t k = 0; k < cands.size(); ++k) {
+    double e[2] = {0, 0};
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      for (int v = 0; v < 2; ++v) {
+        const std::vector<float>& x = v ? vals[l].x : keys[l].x;
+        std::vector<float> y = x;
+        riskkv::bench::Apply(cands[k], v == 1, y.data(), n, heads, dim);
+        for (size_t i = 0; i < x.size(); ++i) e[v] += (double(x[i]) - y[i]) * (x[i] - y[i]);
+      }
+    }
+    const double bytes = riskkv::bench::Bytes(cands[k], false, h, heads, dim) +
+                         riskkv::bench::Bytes(cands[k], true, h, heads, dim);
+    std::string quality = "– | –";
+    if (!nll.empty()) {
+      std::vector<double> d(requests.size());
+      for (size_t r = 0; r < d.size(); ++r) d[r] = nll[k + 1][r] - nll[0][r];
+      const Mean m = MeanCi(d);
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "%+.5f [%+.5f, %+.5f] | %+.3f%%", m.mean, m.lo, m.hi,
+                    100.0 * std::expm1(m.mean));
+      quality = buf;
+      for (size_t f = 0; f < paths.size(); ++f) {
+        std::vector<double> own;
+        for (size_t r = 0; r < d.size(); ++r) {
+          if (file_of[r] == f) own.push_back(d[r]);
+        }
+        std::snprintf(buf, sizeof buf, " | %+.5f", MeanCi(own).mean);
+        quality += buf;
+      }
+    }
+    std::printf("| %s | %.5f | %.5f | %.1f%% | %s |\n", cands[k].name.c_str(),
+                std::sqrt(e[0] / key_energy), std::sqrt(e[1] / val_energy),
+                100.0 * bytes / (4.0 * static_cast<double>(h * heads * dim)), quality.c_str());
+  }
+  return 0;
 }
 
 }  // namespace
@@ -166,6 +306,8 @@ int main(int argc, char** argv) {
     std::printf("| %s | %.5f | %.5f |\n", std::string(riskkv::WireFormName(f)).c_str(),
                 std::sqrt(e[0] / key_energy), std::sqrt(e[1] / val_energy));
   }
+
+  if (int rc = CandidateTable(**model, keys, vals, key_energy, val_energy, n); rc != 0) return rc;
 
   // Bytes a migration sends.
   const int64_t h = absl::GetFlag(FLAGS_history);

@@ -2,6 +2,7 @@
 #include "common/kvcodec/kv_codec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -9,6 +10,8 @@
 
 namespace riskkv {
 namespace {
+
+constexpr float kF16Limit = 65504.0f;
 
 int64_t CodeBytes(int bits, int64_t n) { return bits == 8 ? n : (n + 1) / 2; }
 
@@ -56,6 +59,24 @@ int64_t FirstBadCode(const QuantScheme& s, const uint8_t* codes, int64_t n) {
   return -1;
 }
 
+// Rows of [first_token, first_token + count) that cross in f16 ahead of the codes.
+int64_t SinkRows(int64_t first_token, int64_t count) {
+  return std::clamp<int64_t>(kSinkTokens - first_token, 0, count);
+}
+
+// Bytes of the quantized rows (those after the sink rows).
+int64_t QuantizedBytes(const QuantScheme& s, bool values, int64_t first_token, int64_t count,
+                       int64_t kv_heads, int64_t head_dim) {
+  if (count <= 0) return 0;
+  const int64_t c = kv_heads * head_dim;
+  if (values) return count * (kv_heads * ParamBytes(s) + CodeBytes(s.bits, c));
+  int64_t bytes = 0;
+  for (int64_t t = first_token, end = first_token + count; t < end; t = GroupEnd(t, end)) {
+    bytes += c * ParamBytes(s) + CodeBytes(s.bits, (GroupEnd(t, end) - t) * c);
+  }
+  return bytes;
+}
+
 std::string Describe(WireForm form, bool values) {
   return std::string(WireFormName(form)) + (values ? " values" : " keys");
 }
@@ -72,13 +93,9 @@ int64_t EncodedBytes(WireForm form, bool values, int64_t first_token, int64_t co
   if (count <= 0) return 0;
   const int64_t c = kv_heads * head_dim;
   if (form == WireForm::kPlain) return count * c * PlainBytes(plain_dtype);
-  const QuantScheme s = WireScheme(form, values);
-  if (values) return count * (kv_heads * ParamBytes(s) + CodeBytes(s.bits, c));
-  int64_t bytes = 0;
-  for (int64_t t = first_token, end = first_token + count; t < end; t = GroupEnd(t, end)) {
-    bytes += c * ParamBytes(s) + CodeBytes(s.bits, (GroupEnd(t, end) - t) * c);
-  }
-  return bytes;
+  const int64_t sink = SinkRows(first_token, count);
+  return sink * c * 2 + QuantizedBytes(WireScheme(form, values), values, first_token + sink,
+                                       count - sink, kv_heads, head_dim);
 }
 
 int64_t LayerWireBytes(WireForm form, int64_t history, int64_t kv_heads, int64_t head_dim,
@@ -102,6 +119,16 @@ void Encode(WireForm form, bool values, const float* rows, int64_t first_token, 
       std::memcpy(p, rows, static_cast<size_t>(count * c * 4));
     }
     return;
+  }
+  const int64_t sink = SinkRows(first_token, count);
+  if (sink > 0) {
+    std::vector<float> clamped(rows, rows + sink * c);
+    for (float& v : clamped) v = std::isnan(v) ? 0.0f : std::clamp(v, -kF16Limit, kF16Limit);
+    F32ToF16Row(clamped.data(), reinterpret_cast<uint16_t*>(p), sink * c);
+    p += sink * c * 2;
+    rows += sink * c;
+    first_token += sink;
+    count -= sink;
   }
   const QuantScheme s = WireScheme(form, values);
   const int64_t pb = ParamBytes(s);
@@ -167,6 +194,20 @@ absl::Status Decode(WireForm form, bool values, std::string_view data, int64_t f
       std::memcpy(out, p, static_cast<size_t>(count * c * 4));
     }
     return absl::OkStatus();
+  }
+  if (const int64_t sink = SinkRows(first_token, count); sink > 0) {
+    F16ToF32Row(reinterpret_cast<const uint16_t*>(p), out, sink * c);
+    for (int64_t i = 0; i < sink * c; ++i) {
+      if (!std::isfinite(out[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": token ", first_token + i / c,
+                                                       " channel ", i % c, " (sent in f16) is ",
+                                                       out[i]));
+      }
+    }
+    p += sink * c * 2;
+    out += sink * c;
+    first_token += sink;
+    count -= sink;
   }
   const QuantScheme s = WireScheme(form, values);
   const int64_t pb = ParamBytes(s);

@@ -8,6 +8,9 @@
 //   what a row decodes to does not depend on how a layer's rows are cut into chunks, provided
 //   first_token is a multiple of kTokenGroup (Decode refuses anything else).
 //
+//   The first kSinkTokens rows of the history (the attention sink every head attends to most)
+//   cross in f16 ahead of the codes, [C f16] per row, and the groups start after them (the
+//   first key group holds tokens [kSinkTokens, kTokenGroup)):
 //   Keys, for each token group of n tokens:   [C params][n * C codes, token-major]
 //   Values, for each token:                   [kv_heads params][C codes]
 //   with C = kv_heads * head_dim, params as WireScheme() says (group_quant.h), 4-bit codes two
@@ -27,6 +30,8 @@ namespace riskkv {
 
 // Tokens per key group of the quantized forms; chunks of those forms start on a group.
 inline constexpr int64_t kTokenGroup = 32;
+// Rows at the start of a history that the quantized forms send in f16 (at most kTokenGroup).
+inline constexpr int64_t kSinkTokens = 1;
 
 // The quantization scheme of a quantized form's keys (values: false) or values; chosen by
 // measurement on SmolLM2's KV (docs/services.md, "The wire forms").
@@ -50,9 +55,9 @@ void Encode(WireForm form, bool values, const float* rows, int64_t first_token, 
 // Decodes `data` into `out` ([count, kv_heads * head_dim] f32). InvalidArgument, with nothing
 // promised about `out`, for: no rows, a negative first_token, shapes < 1, a quantized chunk whose
 // first_token is not a multiple of kTokenGroup, a size other than EncodedBytes (both named), a
-// scale or min that is not finite, a negative scale, parameters whose decoded values would
-// overflow (the group and channel, or the token and head, named), a code the encoder never
-// writes, and non-zero padding.
+// sink row's value or a scale or min that is not finite, a negative scale, parameters whose decoded
+// values would overflow (the group and channel, or the token and head, named), a code the encoder
+// never writes, and non-zero padding.
 absl::Status Decode(WireForm form, bool values, std::string_view data, int64_t first_token,
                     int64_t count, int64_t kv_heads, int64_t head_dim, float* out,
                     DType plain_dtype = DType::kF32);

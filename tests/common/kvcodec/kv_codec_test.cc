@@ -123,23 +123,60 @@ TEST(KvCodec, ErrorWithinHalfAStepOfTheReferenceAndAsSmall) {
 }
 
 TEST(KvCodec, ExactSizes) {
-  // SmolLM2's shape at the demo's 544 tokens: 17 groups of 32.
+  // SmolLM2's shape at the demo's 544 tokens: the sink row in f16, then 17 key groups ([1, 32)
+  // and 16 of 32) and 543 quantized value rows.
+  const int64_t sink = kSinkTokens * 192 * 2;
+  ASSERT_EQ(kSinkTokens, 1);
   EXPECT_EQ(EncodedBytes(WireForm::kInt8, false, 0, 544, 3, 64, DType::kF16),
-            17 * 192 * 4 + 544 * 192);
-  EXPECT_EQ(EncodedBytes(WireForm::kInt8, true, 0, 544, 3, 64, DType::kF16), 544 * (3 * 4 + 192));
+            sink + 17 * 192 * 4 + 543 * 192);
+  EXPECT_EQ(EncodedBytes(WireForm::kInt8, true, 0, 544, 3, 64, DType::kF16),
+            sink + 543 * (3 * 4 + 192));
   EXPECT_EQ(EncodedBytes(WireForm::kInt4, false, 0, 544, 3, 64, DType::kF16),
-            17 * 192 * 4 + 544 * 96);
-  EXPECT_EQ(EncodedBytes(WireForm::kInt4, true, 0, 544, 3, 64, DType::kF16), 544 * (3 * 4 + 96));
-  EXPECT_EQ(LayerWireBytes(WireForm::kInt8, 544, 3, 64, DType::kF16), 228480);
+            sink + 17 * 192 * 4 + 543 * 96);
+  EXPECT_EQ(EncodedBytes(WireForm::kInt4, true, 0, 544, 3, 64, DType::kF16),
+            sink + 543 * (3 * 4 + 96));
+  EXPECT_EQ(LayerWireBytes(WireForm::kInt8, 544, 3, 64, DType::kF16), 228852);
   EXPECT_EQ(LayerWireBytes(WireForm::kPlain, 544, 3, 64, DType::kF16), 2 * 544 * 192 * 2);
   EXPECT_EQ(EncodedBytes(WireForm::kPlain, false, 5, 7, 3, 64, DType::kF32), 7 * 192 * 4);
-  // A partial group at the end: [32, 64) and [64, 72).
+  // A partial group at the end: [32, 64) and [64, 72); no sink row after the first group.
   EXPECT_EQ(EncodedBytes(WireForm::kInt8, false, 32, 40, 3, 64, DType::kF16),
             2 * 192 * 4 + 40 * 192);
   // An odd number of 4-bit codes is padded to a byte per group (keys) or token (values).
-  EXPECT_EQ(EncodedBytes(WireForm::kInt4, false, 0, 1, 1, 3, DType::kF16), 3 * 4 + 2);
-  EXPECT_EQ(EncodedBytes(WireForm::kInt4, true, 0, 2, 1, 3, DType::kF16), 2 * (4 + 2));
+  EXPECT_EQ(EncodedBytes(WireForm::kInt4, false, 32, 1, 1, 3, DType::kF16), 3 * 4 + 2);
+  EXPECT_EQ(EncodedBytes(WireForm::kInt4, true, 32, 2, 1, 3, DType::kF16), 2 * (4 + 2));
+  // A chunk of the sink row alone, and the sink row and one more.
+  EXPECT_EQ(EncodedBytes(WireForm::kInt4, false, 0, 1, 1, 3, DType::kF16), 3 * 2);
+  EXPECT_EQ(EncodedBytes(WireForm::kInt4, true, 0, 2, 1, 3, DType::kF16), 3 * 2 + 4 + 2);
   EXPECT_EQ(EncodedBytes(WireForm::kInt4, true, 0, 0, 3, 64, DType::kF16), 0);
+}
+
+TEST(KvCodec, TheSinkRowCrossesInF16AndStaysOutOfTheGroups) {
+  for (WireForm f : {WireForm::kInt8, WireForm::kInt4}) {
+    const int bits = f == WireForm::kInt8 ? 8 : 4;
+    for (bool values : {false, true}) {
+      SCOPED_TRACE(std::string(WireFormName(f)) + (values ? " values" : " keys"));
+      const int64_t n = 40;
+      std::vector<float> x = Rows(n, 13);
+      for (int64_t c = 0; c < kWidth; ++c) x[c] = 300.f + static_cast<float>(c);  // an outlier row
+      const std::vector<float> y = Decoded(f, values, x, 0, n);
+      for (int64_t c = 0; c < kWidth; ++c) ASSERT_EQ(y[c], F16ToF32(F32ToF16(x[c]))) << c;
+      // The other rows decode as if the sink row were not there: their groups start at token 1.
+      const std::vector<float> rest(x.begin() + kWidth, x.end());
+      const Reference ref = ReferenceQuantize(rest, values, kSinkTokens, n - 1, bits);
+      double err = 0, ref_err = 0;
+      for (size_t i = 0; i < rest.size(); ++i) {
+        const double e = y[kWidth + i] - double(rest[i]);
+        ASSERT_LE(std::fabs(e), 0.5 * ref.step[i] * (1 + 1.0 / 512) + 1e-5) << i;
+        err += e * e;
+        ref_err += (ref.y[i] - rest[i]) * (ref.y[i] - rest[i]);
+      }
+      EXPECT_LT(err, ref_err * 1.05);
+      std::vector<float> zero_sink = x;
+      std::fill(zero_sink.begin(), zero_sink.begin() + kWidth, 0.f);
+      const std::vector<float> z = Decoded(f, values, zero_sink, 0, n);
+      EXPECT_TRUE(std::equal(z.begin() + kWidth, z.end(), y.begin() + kWidth));
+    }
+  }
 }
 
 TEST(KvCodec, ChunkingDoesNotChangeTheResult) {
@@ -188,19 +225,21 @@ TEST(KvCodec, ConstantAndZeroGroupsDecodeExactly) {
 TEST(KvCodec, HugeAndNonFiniteInputsSaturate) {
   for (WireForm f : {WireForm::kInt8, WireForm::kInt4}) {
     for (bool values : {false, true}) {
-      std::vector<float> x(32 * kWidth, 1.f);
-      x[0] = 1e30f;
-      x[1] = -std::numeric_limits<float>::infinity();
-      x[2] = std::numeric_limits<float>::quiet_NaN();
-      x[kWidth + 5] = -7e4f;
-      std::vector<float> y = x;
-      ASSERT_TRUE(RoundTrip(f, values, y.data(), 0, 32, kHeads, kDim).ok());
-      for (float v : y) ASSERT_TRUE(std::isfinite(v));
-      const double step = 131008.0 / (f == WireForm::kInt8 ? 255 : 15);
-      EXPECT_NEAR(y[0], 65504.0, step);
-      EXPECT_NEAR(y[1], -65504.0, step);
-      EXPECT_NEAR(y[2], 0.0, step);
-      EXPECT_NEAR(y[kWidth + 5], -65504.0, step);
+      for (int64_t first : {0, 32}) {  // in the f16 sink row and in quantized rows
+        std::vector<float> x(32 * kWidth, 1.f);
+        x[0] = 1e30f;
+        x[1] = -std::numeric_limits<float>::infinity();
+        x[2] = std::numeric_limits<float>::quiet_NaN();
+        x[kWidth + 5] = -7e4f;
+        std::vector<float> y = x;
+        ASSERT_TRUE(RoundTrip(f, values, y.data(), first, 32, kHeads, kDim).ok());
+        for (float v : y) ASSERT_TRUE(std::isfinite(v));
+        const double step = 131008.0 / (f == WireForm::kInt8 ? 255 : 15);
+        EXPECT_NEAR(y[0], 65504.0, step);
+        EXPECT_NEAR(y[1], -65504.0, step);
+        EXPECT_NEAR(y[2], 0.0, step);
+        EXPECT_NEAR(y[kWidth + 5], -65504.0, step);
+      }
     }
   }
 }
@@ -251,6 +290,25 @@ TEST(KvCodec, DecodeRefusesNonFiniteAndNegativeParameters) {
   }
 }
 
+TEST(KvCodec, DecodeRefusesANonFiniteSinkValue) {
+  const std::vector<float> x = Rows(40, 5);
+  for (WireForm f : {WireForm::kInt8, WireForm::kInt4}) {
+    for (bool values : {false, true}) {
+      std::string bytes;
+      Encode(f, values, x.data(), 0, 40, kHeads, kDim, &bytes);
+      ASSERT_TRUE(DecodeBytes(f, values, bytes, 0, 40).ok());
+      for (uint16_t bad : {uint16_t{0x7c00}, uint16_t{0x7e00}}) {
+        std::string b = bytes;
+        SetF16(&b, 2 * 7, bad);  // channel 7 of the sink row
+        const absl::Status st = DecodeBytes(f, values, b, 0, 40);
+        ASSERT_FALSE(st.ok());
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(st.message(), HasSubstr("token 0 channel 7 (sent in f16) is"));
+      }
+    }
+  }
+}
+
 TEST(KvCodec, DecodeRefusesWrongSizesAlignmentAndShapes) {
   const std::vector<float> x = Rows(64, 9);
   for (WireForm f : {WireForm::kPlain, WireForm::kInt8, WireForm::kInt4}) {
@@ -296,11 +354,11 @@ TEST(KvCodec, DecodeRefusesNonZeroPadding) {
   const float x[3] = {1.f, -2.f, 0.5f};
   for (bool values : {false, true}) {
     std::string bytes;
-    Encode(WireForm::kInt4, values, x, 0, 1, 1, 3, &bytes);
+    Encode(WireForm::kInt4, values, x, 32, 1, 1, 3, &bytes);
     float y[3];
-    ASSERT_TRUE(Decode(WireForm::kInt4, values, bytes, 0, 1, 1, 3, y).ok());
+    ASSERT_TRUE(Decode(WireForm::kInt4, values, bytes, 32, 1, 1, 3, y).ok());
     bytes.back() = static_cast<char>(bytes.back() | 0x10);
-    const absl::Status st = Decode(WireForm::kInt4, values, bytes, 0, 1, 1, 3, y);
+    const absl::Status st = Decode(WireForm::kInt4, values, bytes, 32, 1, 1, 3, y);
     ASSERT_FALSE(st.ok());
     EXPECT_THAT(st.message(), HasSubstr("padding"));
   }

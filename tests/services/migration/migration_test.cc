@@ -529,17 +529,28 @@ TEST_F(Migration, BadWireFormsAreRefusedNamingThemAndNothingIsApplied) {
   auto recrc = [](v1::KvChunk* k) {
     k->set_crc32c(Crc32c({reinterpret_cast<const uint8_t*>(k->data().data()), k->data().size()}));
   };
-  // Key channel 5 of the first group: its f16 scale (bytes 20-21) NaN, then +inf; the CRC
-  // recomputed, so only the decoder can tell.
-  for (auto [bits, shows] : {std::pair<uint16_t, const char*>{0x7e00, "scale nan"},
-                             std::pair<uint16_t, const char*>{0x7c00, "scale inf"}}) {
+  // Key channel 5 of the first chunk: its value in the f16 sink row (bytes 10-11), then its f16
+  // scale in the first group after that row, NaN and +inf; the CRC recomputed, so only the
+  // decoder can tell.
+  const int64_t sink_bytes = kSinkTokens * model_->config().kv_width() * 2;
+  struct Poke {
+    int64_t at;
+    uint16_t bits;
+    const char* shows;
+    const char* where;
+  };
+  for (const Poke& p :
+       {Poke{10, 0x7e00, "(sent in f16) is nan", "token 0 channel 5"},
+        Poke{10, 0x7c00, "(sent in f16) is inf", "token 0 channel 5"},
+        Poke{sink_bytes + 20, 0x7e00, "scale nan", "channel 5 of the token group at 1"},
+        Poke{sink_bytes + 20, 0x7c00, "scale inf", "channel 5 of the token group at 1"}}) {
     auto f = good;
     std::string* d = f[1].mutable_chunk()->mutable_data();
-    (*d)[20] = static_cast<char>(bits & 0xff);
-    (*d)[21] = static_cast<char>(bits >> 8);
+    (*d)[p.at] = static_cast<char>(p.bits & 0xff);
+    (*d)[p.at + 1] = static_cast<char>(p.bits >> 8);
     recrc(f[1].mutable_chunk());
-    expect(f, absl::StatusCode::kInvalidArgument, shows, "bad_chunk");
-    expect(f, absl::StatusCode::kInvalidArgument, "channel 5 of the token group at 0", "bad_chunk");
+    expect(f, absl::StatusCode::kInvalidArgument, p.shows, "bad_chunk");
+    expect(f, absl::StatusCode::kInvalidArgument, p.where, "bad_chunk");
   }
   auto f = good;  // one byte too many for its form, CRC intact
   f[1].mutable_chunk()->mutable_data()->push_back('\0');

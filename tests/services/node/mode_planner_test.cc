@@ -72,12 +72,12 @@ TEST(ModePlanner, PinnedSpeedsStayPinned) {
 
 TEST(ModePlanner, EstimatesTheBytesOfTheFormEachModeSends) {
   // At 100 Mbit/s plain FULL_KV (1.2288 s) loses to RECONSTRUCT (0.86016 + 0.15 s); int8 FULL_KV
-  // (228480 of 368640 bytes per layer at SmolLM2's shape: 0.762 s) wins.
+  // (228852 of 368640 bytes per layer at SmolLM2's shape: 0.762 s) wins.
   ModePlanner planner({.link_bytes_per_second = 12.5e6});
   EXPECT_EQ(planner.Rank(Input()).modes.front(), MigrationMode::kReconstruct);
   PlanInput int8 = Input();
   int8.full_kv_bytes =
-      static_cast<int64_t>(static_cast<double>(int8.full_kv_bytes) * 228480 / 368640);
+      static_cast<int64_t>(static_cast<double>(int8.full_kv_bytes) * 228852 / 368640);
   const ModePlan plan = planner.Rank(int8);
   EXPECT_EQ(plan.modes.front(), MigrationMode::kFullKv);
   EXPECT_NE(plan.reason.find("full_kv 0.76"), std::string::npos) << plan.reason;

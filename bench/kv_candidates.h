@@ -1,0 +1,40 @@
+// Candidate quantizers of a layer's keys or values, beyond the wire forms themselves, for
+// riskkv-kv-wire-bench to compare by NRMSE, bytes and ΔNLL before one becomes a wire form: the
+// grouping (keys per channel over token groups; values per token and head, or per channel), a
+// Walsh-Hadamard rotation of each token's head before it is quantized, and rows kept exact at the
+// start of the history (attention sinks) and at its end (the most recent tokens).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/kvcodec/group_quant.h"
+
+namespace riskkv::bench {
+
+struct Candidate {
+  std::string name;
+  int bits = 4;
+  // Keys: per channel over groups of `group` tokens. Values: per token and run of `group` values
+  // of a head (group divides head_dim), or, with per_channel, like keys.
+  int64_t key_group = 32;
+  int64_t value_group = 64;
+  bool value_per_channel = false;
+  bool rotate_values = false;  // values: each token's head through a normalised Hadamard first
+  bool rotate_keys = false;    // keys: the same per token before the per-channel groups
+  int64_t sink = 0;            // the first `sink` rows stay exact (f16)
+  int64_t recent = 0;          // the last `recent` rows stay exact (f16)
+};
+
+// The candidates the bench measures.
+std::vector<Candidate> Candidates();
+
+// rows ([n, heads * dim] f32) := what `c` decodes them to. dim must be a power of two when a
+// rotation is asked for.
+void Apply(const Candidate& c, bool values, float* rows, int64_t n, int64_t heads, int64_t dim);
+
+// Bytes `c` sends for n rows of keys or values (f16 for exact rows).
+double Bytes(const Candidate& c, bool values, int64_t n, int64_t heads, int64_t dim);
+
+}  // namespace riskkv::bench
