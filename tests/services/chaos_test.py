@@ -301,7 +301,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bin")
     ap.add_argument("model")
-    ap.add_argument("policy", help="a policy.pb the control plane stores and the nodes follow")
+    ap.add_argument("policy", help="a policy.pb the control plane stores and the nodes follow "
+                    "(with the bank.rkvbank beside it, if any)")
     ap.add_argument("--policy-id", default="smollm2-135m-instruct")
     ap.add_argument("--migrations", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
@@ -312,9 +313,13 @@ def main():
     t0 = time.time()
     try:
         cluster.start_control()
-        r = subprocess.run([os.path.join(args.bin, "riskkvctl"), "--control",
-                            cluster.direct["control"], "policy-put", "--policy", args.policy],
-                           capture_output=True, text=True, timeout=60)
+        # The bank beside the policy, when it rebuilds layers (none when it keeps every layer).
+        bank = os.path.join(os.path.dirname(args.policy), "bank.rkvbank")
+        put = [os.path.join(args.bin, "riskkvctl"), "--control", cluster.direct["control"],
+               "policy-put", "--policy", args.policy]
+        if os.path.exists(bank):
+            put += ["--bank", bank]
+        r = subprocess.run(put, capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             raise Failure("policy-put: " + r.stderr)
         cluster.start_node("a")
