@@ -31,7 +31,7 @@ void RotateRows(float* rows, int64_t n, int64_t heads, int64_t dim) {
 }
 
 QuantScheme Scheme(const Candidate& c) {
-  return {.bits = c.bits, .with_min = true, .param_dtype = DType::kF16};
+  return {.bits = c.bits, .with_min = c.with_min, .param_dtype = c.param_dtype};
 }
 
 void PerChannel(const QuantScheme& s, float* rows, int64_t n, int64_t width, int64_t group) {

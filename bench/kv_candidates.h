@@ -16,6 +16,8 @@ namespace riskkv::bench {
 struct Candidate {
   std::string name;
   int bits = 4;
+  bool with_min = true;             // scale + min (group_quant.h), or symmetric
+  DType param_dtype = DType::kF16;  // of the scales and mins
   // Keys: per channel over groups of `group` tokens. Values: per token and run of `group` values
   // of a head (group divides head_dim), or, with per_channel, like keys.
   int64_t key_group = 32;

@@ -60,27 +60,10 @@ struct Tensor {
 // Sum of squared errors of `s` over one layer's keys or values, quantized in the wire grouping.
 double SquaredError(const QuantScheme& s, bool values, const std::vector<float>& x, int64_t n,
                     int64_t heads, int64_t dim) {
-  const int64_t c = heads * dim;
-  std::vector<uint8_t> codes(x.size());
-  std::vector<float> y(x.size());
-  if (values) {
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t o = t * c + h * dim;
-        auto p = riskkv::QuantizeGroup(s, x.data() + o, dim, 1, codes.data() + o);
-        riskkv::DequantizeGroup(s, p, codes.data() + o, dim, 1, y.data() + o);
-      }
-    }
-  } else {
-    for (int64_t t = 0; t < n; t += riskkv::kTokenGroup) {
-      const int64_t m = std::min<int64_t>(riskkv::kTokenGroup, n - t);
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const int64_t o = t * c + ch;
-        auto p = riskkv::QuantizeGroup(s, x.data() + o, m, c, codes.data() + o);
-        riskkv::DequantizeGroup(s, p, codes.data() + o, m, c, y.data() + o);
-      }
-    }
-  }
+  const riskkv::bench::Candidate c{
+      .bits = s.bits, .with_min = s.with_min, .param_dtype = s.param_dtype, .value_group = dim};
+  std::vector<float> y = x;
+  riskkv::bench::Apply(c, values, y.data(), n, heads, dim);
   double e = 0;
   for (size_t i = 0; i < x.size(); ++i) e += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
   return e;

@@ -11,8 +11,6 @@
 namespace riskkv {
 namespace {
 
-constexpr float kF16Limit = 65504.0f;
-
 int64_t CodeBytes(int bits, int64_t n) { return bits == 8 ? n : (n + 1) / 2; }
 
 int64_t PlainBytes(DType t) { return t == DType::kF16 ? 2 : 4; }
@@ -122,8 +120,9 @@ void Encode(WireForm form, bool values, const float* rows, int64_t first_token, 
   }
   const int64_t sink = SinkRows(first_token, count);
   if (sink > 0) {
+    const float lim = InputLimit({.param_dtype = DType::kF16});  // the f16 range
     std::vector<float> clamped(rows, rows + sink * c);
-    for (float& v : clamped) v = std::isnan(v) ? 0.0f : std::clamp(v, -kF16Limit, kF16Limit);
+    for (float& v : clamped) v = std::isnan(v) ? 0.0f : std::clamp(v, -lim, lim);
     F32ToF16Row(clamped.data(), reinterpret_cast<uint16_t*>(p), sink * c);
     p += sink * c * 2;
     rows += sink * c;
