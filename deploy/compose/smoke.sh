@@ -201,18 +201,22 @@ wait_healthy edge-a
 wait_healthy edge-b
 step "edge-a, edge-b healthy; prometheus up"
 
+# A /metrics page fetched whole, then matched: `curl | grep -q` under pipefail fails whenever
+# grep stops reading before curl has written the page.
+metrics_match() { grep -q "$2" <<<"$(curl -s "http://127.0.0.1:$1/metrics")"; }
+
 # Each node's /metrics on its published host port (README step 7), until the policy arrived.
 for port in 9470 9471; do
   for _ in $(seq 100); do
-    curl -s "http://127.0.0.1:$port/metrics" | grep -q '^riskkv_policy_version{.*} 1$' && break
+    metrics_match "$port" '^riskkv_policy_version{.*} 1$' && break
     sleep 0.2
   done
-  curl -s "http://127.0.0.1:$port/metrics" | grep -q '^riskkv_policy_version{.*} 1$' ||
+  metrics_match "$port" '^riskkv_policy_version{.*} 1$' ||
     fail "the node with metrics on 127.0.0.1:$port did not get policy version 1"
 done
-curl -s http://127.0.0.1:9400/metrics | grep -q '^riskkv_control_watchers' ||
+metrics_match 9400 '^riskkv_control_watchers' ||
   fail "the control plane's /metrics on 127.0.0.1:9400 does not answer"
-curl -s http://127.0.0.1:9470/metrics | grep -q 'riskkv_node_info{.*address="edge-a:7070"' ||
+metrics_match 9470 'riskkv_node_info{.*address="edge-a:7070"' ||
   fail "edge-a does not advertise edge-a:7070 in riskkv_node_info"
 step "policy v1 on both nodes; /metrics on 127.0.0.1:9400, 9470, 9471"
 
@@ -240,8 +244,7 @@ echo "$generated"
 ctl_a migrate --session "$(ctl_a start --prompt "a refused migration" | _scenario_field "['sessionId']")" \
   --to edge-b:1 --mode full_kv --nofallback --timeout 5 >/dev/null 2>&1 &&
   fail "a migration to a closed port succeeded"
-curl -s http://127.0.0.1:9470/metrics |
-  grep -q '^riskkv_migration_failures_total{.*reason="transfer_failed",role="source"} 1$' ||
+metrics_match 9470 '^riskkv_migration_failures_total{.*reason="transfer_failed",role="source"} 1$' ||
   fail "edge-a did not count the refused migration in riskkv_migration_failures_total"
 # Without the operator's token a call is refused (the stack runs with credentials).
 out=$(docker exec -i "$A_ID" env -u RISKKV_TOKEN_FILE riskkvctl --node edge-b:7070 list 2>&1) &&

@@ -47,7 +47,7 @@ out=$("$BIN/riskkv-node" --model "$MODEL" --receive-idle-timeout 0 2>&1) && fail
 grep -q -- "--receive-idle-timeout must be > 0" <<<"$out" || fail "flag error: $out"
 
 start_control
-"$BIN/riskkvctl" --control "$CONTROL" control-health | grep -q "SERVING$" || fail "control health"
+grep -q "SERVING$" <<<"$("$BIN/riskkvctl" --control "$CONTROL" control-health)" || fail "control health"
 [ "$(put --policy "$T/cal/policy.pb" --bank "$T/cal/bank.rkvbank")" = 1 ] || fail "first put"
 start_node a
 start_node b
@@ -98,5 +98,5 @@ for n in a b; do
   wait_metric $n 'riskkv_control_connected{model="tiny_llama_deep"} 1'
 done
 reconstruct a b
-ls "$T/cache-a/banks" | grep -q '\.rkvbank$' || fail "A cached no bank"
+grep -q '\.rkvbank$' <<<"$(ls "$T/cache-a/banks")" || fail "A cached no bank"
 echo "control plane test passed"

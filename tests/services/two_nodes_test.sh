@@ -77,11 +77,11 @@ rebuilt=$(ctl b score --session "$(echo "$reply" | json "['targetSessionId']")" 
 s=$(start)
 out=$(ctl a migrate --session "$s" --to "$(addr c)" --mode reconstruct --nofallback 2>&1) &&
   fail "C accepted RECONSTRUCT: $out"
-echo "$out" | grep -q "no retention policy" || fail "refusal without the reason: $out"
+grep -q "no retention policy" <<<"$out" || fail "refusal without the reason: $out"
 ctl a generate --session "$s" -n 2 >/dev/null || fail "session lost after a refused migration"
 reply=$(ctl a migrate --session "$s" --to "$(addr c)" --mode reconstruct)
 [ "$(echo "$reply" | json "['mode']")" = FULL_KV ] || fail "no fallback: $reply"
-echo "$reply" | grep -q "fallback: reconstruct refused" || fail "fallback reason missing: $reply"
+grep -q "fallback: reconstruct refused" <<<"$reply" || fail "fallback reason missing: $reply"
 
 # A target killed mid-transfer: the migration fails, the session stays on the source, intact,
 # and a retry to another node succeeds.
@@ -140,7 +140,7 @@ v=$("$BIN/riskkvctl" --control "$CONTROL" policy-get --policy-id tiny-llama-deep
 echo garbage >"$T/bad.pb"
 out=$("$BIN/riskkvctl" --control "$CONTROL" policy-put --policy "$T/bad.pb" 2>&1) &&
   fail "a malformed policy was stored: $out"
-"$BIN/riskkvctl" --control "$CONTROL" policy-list | grep -q '"latestVersion":"2"' ||
+grep -q '"latestVersion":"2"' <<<"$("$BIN/riskkvctl" --control "$CONTROL" policy-list)" ||
   fail "policy-list: $("$BIN/riskkvctl" --control "$CONTROL" policy-list)"
 
 # The counters moved.
