@@ -31,7 +31,10 @@ void RotateRows(float* rows, int64_t n, int64_t heads, int64_t dim) {
 }
 
 QuantScheme Scheme(const Candidate& c) {
-  return {.bits = c.bits, .with_min = c.with_min, .param_dtype = c.param_dtype};
+  return {.bits = c.bits,
+          .with_min = c.with_min,
+          .param_dtype = c.param_dtype,
+          .fit_range = c.fit_range};
 }
 
 void PerChannel(const QuantScheme& s, float* rows, int64_t n, int64_t width, int64_t group) {
@@ -61,12 +64,27 @@ std::vector<Candidate> Candidates() {
   out.push_back({.name = "int8", .bits = 8});
   out.push_back({.name = "int4", .bits = 4});
   out.push_back({.name = "int4, sink row in f16", .bits = 4, .sink = 1});
+  out.push_back({.name = "int4, sink row in f16, least-squares ranges",
+                 .bits = 4,
+                 .fit_range = true,
+                 .sink = 1});
+  out.push_back({.name = "int4, sink row, least-squares ranges, values in groups of 32",
+                 .bits = 4,
+                 .fit_range = true,
+                 .value_group = 32,
+                 .sink = 1});
+  out.push_back({.name = "int8, sink row in f16, least-squares ranges",
+                 .bits = 8,
+                 .fit_range = true,
+                 .sink = 1});
   out.push_back(
       {.name = "int4, sink row and last 32 rows in f16", .bits = 4, .sink = 1, .recent = 32});
   out.push_back(
       {.name = "int4, sink row, values in groups of 32", .bits = 4, .value_group = 32, .sink = 1});
   out.push_back(
       {.name = "int4, sink row, keys over 16-token groups", .bits = 4, .key_group = 16, .sink = 1});
+  out.push_back(
+      {.name = "int4, sink row, keys over 64-token groups", .bits = 4, .key_group = 64, .sink = 1});
   out.push_back({.name = "int4, sink row, both finer",
                  .bits = 4,
                  .key_group = 16,

@@ -18,6 +18,7 @@ struct Candidate {
   int bits = 4;
   bool with_min = true;             // scale + min (group_quant.h), or symmetric
   DType param_dtype = DType::kF16;  // of the scales and mins
+  bool fit_range = false;           // least-squares ranges (QuantScheme::fit_range)
   // Keys: per channel over groups of `group` tokens. Values: per token and run of `group` values
   // of a head (group divides head_dim), or, with per_channel, like keys.
   int64_t key_group = 32;

@@ -5,9 +5,13 @@
 //    (sqrt(sum err^2 / sum x^2)) of keys and values quantized by each candidate scheme (8 and 4
 //    bits; symmetric or with a min; f16 or f32 parameters) in the wire forms' grouping (keys
 //    per channel over 32-token groups, values per token and head), with its bytes per value;
-//    then the wire forms themselves through RoundTrip.
-// 2. The KV bytes a migration of a --history-token session sends: FULL_KV in every form and,
+//    then the wire forms themselves, with their encode and decode rates on one thread.
+// 2. Lossless entropy coding: zstd at levels 1, 3 and 9 over every layer's encoded keys and
+//    values in each form, its ratio and rates.
+// 3. Candidate quantizers (bench/kv_candidates.h) by NRMSE and, with --eval-text, by ΔNLL.
+// 4. The KV bytes a migration of a --history-token session sends: FULL_KV in every form and,
 //    with --policy, RECONSTRUCT in every form, each as a share of FULL_KV plain f16.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -27,6 +31,7 @@
 #include "common/recovery/calibration.h"
 #include "common/recovery/retention_policy.h"
 #include "services/cli_args.h"
+#include "zstd.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face model directory");
 ABSL_FLAG(std::string, text, "", "plain text to prefill");
@@ -273,21 +278,77 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\nThe wire forms (RoundTrip):\n\n| form | K NRMSE | V NRMSE |\n|---|---|---|\n");
+  std::printf(
+      "\nThe wire forms (RoundTrip; Encode and Decode on one thread, MB/s of the rows as f16):"
+      "\n\n| form | K NRMSE | V NRMSE | encode MB/s | decode MB/s |\n|---|---|---|---|---|\n");
   for (WireForm f : {WireForm::kInt8, WireForm::kInt4}) {
-    double e[2] = {0, 0};
+    double e[2] = {0, 0}, encode_s = 0, decode_s = 0;
+    std::string bytes;
     for (int64_t l = 0; l < c.n_layers; ++l) {
       for (int v = 0; v < 2; ++v) {
-        std::vector<float> y = v ? vals[l].x : keys[l].x;
-        if (auto st = riskkv::RoundTrip(f, v == 1, y.data(), 0, n, heads, dim); !st.ok()) {
+        const std::vector<float>& x = v ? vals[l].x : keys[l].x;
+        std::vector<float> y(x.size());
+        const auto t0 = std::chrono::steady_clock::now();
+        riskkv::Encode(f, v == 1, x.data(), 0, n, heads, dim, &bytes, DType::kF16);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (auto st = riskkv::Decode(f, v == 1, bytes, 0, n, heads, dim, y.data(), DType::kF16);
+            !st.ok()) {
           return Fail(st.ToString());
         }
-        const std::vector<float>& x = v ? vals[l].x : keys[l].x;
+        const auto t2 = std::chrono::steady_clock::now();
+        encode_s += std::chrono::duration<double>(t1 - t0).count();
+        decode_s += std::chrono::duration<double>(t2 - t1).count();
         for (size_t i = 0; i < x.size(); ++i) e[v] += (double(x[i]) - y[i]) * (x[i] - y[i]);
       }
     }
-    std::printf("| %s | %.5f | %.5f |\n", std::string(riskkv::WireFormName(f)).c_str(),
-                std::sqrt(e[0] / key_energy), std::sqrt(e[1] / val_energy));
+    const double mb = 2.0 * 2 * static_cast<double>(c.n_layers * n * width) / 1e6;
+    std::printf("| %s | %.5f | %.5f | %.0f | %.0f |\n",
+                std::string(riskkv::WireFormName(f)).c_str(), std::sqrt(e[0] / key_energy),
+                std::sqrt(e[1] / val_energy), mb / encode_s, mb / decode_s);
+  }
+
+  // Lossless entropy coding of what each form sends: zstd over each layer's encoded keys and
+  // values (one chunk per layer and side, as a migration of up to a few thousand rows sends).
+  std::printf(
+      "\nzstd over the encoded rows (%lld tokens, every layer's keys and values):\n\n| form | "
+      "level | encoded bytes | compressed | ratio | compress MB/s | decompress MB/s |\n"
+      "|---|---|---|---|---|---|---|\n",
+      static_cast<long long>(n));
+  for (WireForm f : {WireForm::kPlain, WireForm::kInt8, WireForm::kInt4}) {
+    std::vector<std::string> encoded;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      for (int v = 0; v < 2; ++v) {
+        encoded.emplace_back();
+        riskkv::Encode(f, v == 1, (v ? vals[l] : keys[l]).x.data(), 0, n, heads, dim,
+                       &encoded.back(), DType::kF16);
+      }
+    }
+    for (int level : {1, 3, 9}) {
+      int64_t raw = 0, packed = 0;
+      double compress_s = 0, decompress_s = 0;
+      std::string buf, back;
+      for (const std::string& e : encoded) {
+        buf.resize(ZSTD_compressBound(e.size()));
+        auto t0 = std::chrono::steady_clock::now();
+        const size_t z = ZSTD_compress(buf.data(), buf.size(), e.data(), e.size(), level);
+        auto t1 = std::chrono::steady_clock::now();
+        if (ZSTD_isError(z)) return Fail(ZSTD_getErrorName(z));
+        back.resize(e.size());
+        const size_t d = ZSTD_decompress(back.data(), back.size(), buf.data(), z);
+        auto t2 = std::chrono::steady_clock::now();
+        if (ZSTD_isError(d) || d != e.size() || back != e) return Fail("zstd round trip differs");
+        compress_s += std::chrono::duration<double>(t1 - t0).count();
+        decompress_s += std::chrono::duration<double>(t2 - t1).count();
+        raw += static_cast<int64_t>(e.size());
+        packed += static_cast<int64_t>(z);
+      }
+      std::printf("| %s | %d | %lld | %lld | %.3f | %.0f | %.0f |\n",
+                  std::string(riskkv::WireFormName(f)).c_str(), level, static_cast<long long>(raw),
+                  static_cast<long long>(packed),
+                  static_cast<double>(packed) / static_cast<double>(raw),
+                  static_cast<double>(raw) / 1e6 / compress_s,
+                  static_cast<double>(raw) / 1e6 / decompress_s);
+    }
   }
 
   if (int rc = CandidateTable(**model, keys, vals, key_energy, val_energy, n); rc != 0) return rc;

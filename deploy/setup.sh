@@ -27,7 +27,7 @@ APT_PACKAGES=(
   build-essential cmake pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libeigen3-dev prometheus-cpp-dev libspdlog-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libzstd-dev
   python3 python3-venv python3-pip
   jargon-text debian-reference-en iso-codes
 )

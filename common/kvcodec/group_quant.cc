@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace riskkv {
 namespace {
@@ -38,10 +39,76 @@ float RoundParam(DType t, double v, bool up) {
   return f;
 }
 
+// The next value below v > 0 in the parameter dtype.
+float StepDown(DType t, float v) {
+  if (t == DType::kF16) return F16ToF32(F16Down(F32ToF16(v)));
+  return std::nextafter(v, 0.0f);
+}
+
+float RoundNearest(DType t, double v) {
+  return t == DType::kF16 ? F16ToF32(F32ToF16(static_cast<float>(v))) : static_cast<float>(v);
+}
+
 float Clamp(const QuantScheme& s, float v) {
   if (std::isnan(v)) return 0.0f;
   const float lim = InputLimit(s);
   return std::clamp(v, -lim, lim);
+}
+
+// Codes of x under (m, d), the nearest in [0, qmax], and their squared error.
+double NearestCodes(const QuantScheme& s, GroupParams p, const float* x, int64_t n, int64_t stride,
+                    uint8_t* codes) {
+  const int qmax = MaxCode(s);
+  const float inv = p.scale > 0 ? 1.0f / p.scale : 0.0f;
+  double err = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = Clamp(s, x[i * stride]);
+    const float q = std::clamp(std::nearbyint((v - p.min) * inv), 0.0f, static_cast<float>(qmax));
+    codes[i * stride] = static_cast<uint8_t>(q);
+    const double e = static_cast<double>(v) - (p.min + p.scale * q);
+    err += e * e;
+  }
+  return err;
+}
+
+// fit_range: min-max's (m, d) against narrower ranges [lo, lo + qmax / t] for t a little above
+// qmax / (hi - lo), each refitted by least squares to the codes it gives; the least error wins.
+GroupParams FitRange(const QuantScheme& s, GroupParams minmax, double lo, double hi, const float* x,
+                     int64_t n, int64_t stride, uint8_t* codes) {
+  const int qmax = MaxCode(s);
+  double best = NearestCodes(s, minmax, x, n, stride, codes);
+  GroupParams winner = minmax;
+  if (hi <= lo || n < 2) return winner;
+  for (int step = -8; step <= 16; ++step) {
+    const double iscale = (qmax + 0.0625 * step) / (hi - lo);
+    double su = 0, suu = 0, sx = 0, sxu = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = Clamp(s, x[i * stride]);
+      const double u = std::clamp(std::nearbyint((v - lo) * iscale), 0.0, double(qmax));
+      su += u;
+      suu += u * u;
+      sx += v;
+      sxu += v * u;
+    }
+    const double det = n * suu - su * su;
+    if (det <= 0) continue;
+    const double d = (n * sxu - su * sx) / det;
+    if (!(d > 0)) continue;
+    const double m = (sx - d * su) / n;
+    GroupParams p{.scale = RoundNearest(s.param_dtype, d), .min = RoundNearest(s.param_dtype, m)};
+    if (!(p.scale > 0) || !ParamsValid(s, p)) continue;
+    thread_local std::vector<uint8_t> trial;
+    trial.resize(static_cast<size_t>(n * stride));
+    const double err = NearestCodes(s, p, x, n, stride, trial.data());
+    if (err < best) {
+      best = err;
+      winner = p;
+    }
+  }
+  if (winner.scale != minmax.scale || winner.min != minmax.min) {
+    NearestCodes(s, winner, x, n, stride, codes);
+  }
+  return winner;
 }
 
 }  // namespace
@@ -66,6 +133,11 @@ GroupParams QuantizeGroup(const QuantScheme& s, const float* x, int64_t n, int64
   if (s.with_min) {
     p.min = RoundParam(s.param_dtype, lo, /*up=*/false);
     p.scale = RoundParam(s.param_dtype, (hi - p.min) / qmax, /*up=*/true);
+    // Rounding d up must not carry the top code past the range (an f16 cache would hold inf).
+    while (p.scale > 0 && p.min + static_cast<double>(p.scale) * qmax > InputLimit(s)) {
+      p.scale = StepDown(s.param_dtype, p.scale);
+    }
+    if (s.fit_range) return FitRange(s, p, lo, hi, x, n, stride, codes);
     const float inv = p.scale > 0 ? 1.0f / p.scale : 0.0f;
     for (int64_t i = 0; i < n; ++i) {
       const float q = std::nearbyint((Clamp(s, x[i * stride]) - p.min) * inv);
@@ -76,6 +148,9 @@ GroupParams QuantizeGroup(const QuantScheme& s, const float* x, int64_t n, int64
   const int z = ZeroPoint(s), qs = z - 1;
   const double absmax = std::max(-lo, hi);
   p.scale = RoundParam(s.param_dtype, absmax / qs, /*up=*/true);
+  while (p.scale > 0 && static_cast<double>(p.scale) * qs > InputLimit(s)) {
+    p.scale = StepDown(s.param_dtype, p.scale);
+  }
   const float inv = p.scale > 0 ? 1.0f / p.scale : 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float q = std::nearbyint(Clamp(s, x[i * stride]) * inv);
@@ -128,10 +203,9 @@ GroupParams LoadParams(const QuantScheme& s, const uint8_t* in) {
 
 bool ParamsValid(const QuantScheme& s, GroupParams p) {
   if (!std::isfinite(p.scale) || !std::isfinite(p.min) || p.scale < 0) return false;
-  const double reach =
-      s.with_min ? std::fabs(static_cast<double>(p.min)) + static_cast<double>(p.scale) * MaxCode(s)
-                 : static_cast<double>(p.scale) * (ZeroPoint(s) - 1);
-  return reach <= std::numeric_limits<float>::max();
+  const double lim = InputLimit(s), d = p.scale, m = p.min;
+  if (!s.with_min) return d * (ZeroPoint(s) - 1) <= lim;
+  return m >= -lim && m + d * MaxCode(s) <= lim;
 }
 
 }  // namespace riskkv

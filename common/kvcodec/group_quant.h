@@ -16,6 +16,11 @@ struct QuantScheme {
   // exact); true: x = m + d * u with u in [0, 2^bits - 1].
   bool with_min = false;
   DType param_dtype = DType::kF16;  // of d and m: kF16 or kF32
+  // Encoder only (the codes and parameters decode as any others): with_min groups take the (m, d)
+  // of least squared error among min-max and nearby ranges, each refitted to its codes by least
+  // squares, instead of min-max alone. Outliers may then be clipped. A candidate the wire forms do
+  // not use: it lowers the NRMSE and raises the ΔNLL (docs/services.md, "The wire forms").
+  bool fit_range = false;
 
   bool operator==(const QuantScheme&) const = default;
 };
@@ -33,8 +38,9 @@ struct GroupParams {
 };
 
 // Quantizes x[i * stride], i < n (n >= 1), into codes[i * stride] (one code per byte). NaN counts
-// as 0 and values beyond InputLimit are clamped. The stored d is rounded up and m down, so every
-// decoded value lies within d / 2 of its clamped input (up to f32 rounding).
+// as 0 and values beyond InputLimit are clamped. Without fit_range the stored d is rounded up and m
+// down, so every decoded value lies within d / 2 of its clamped input (up to f32 rounding); with
+// it, the group's squared error is at most min-max's.
 GroupParams QuantizeGroup(const QuantScheme& s, const float* x, int64_t n, int64_t stride,
                           uint8_t* codes);
 
@@ -46,7 +52,9 @@ void DequantizeGroup(const QuantScheme& s, GroupParams p, const uint8_t* codes, 
 void StoreParams(const QuantScheme& s, GroupParams p, uint8_t* out);
 GroupParams LoadParams(const QuantScheme& s, const uint8_t* in);
 
-// Whether a loaded group can be decoded: d and m finite, d >= 0, and every decoded value finite.
+// Whether a loaded group can be decoded: d and m finite, d >= 0, and every decoded value within
+// [-InputLimit, InputLimit] (with f16 parameters the f16 range, so that an f16 cache holds it).
+// QuantizeGroup's parameters always are.
 bool ParamsValid(const QuantScheme& s, GroupParams p);
 // Whether u is a code the scheme produces (the symmetric schemes never write 0).
 inline bool CodeValid(const QuantScheme& s, uint8_t u) { return s.with_min || u != 0; }

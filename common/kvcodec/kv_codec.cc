@@ -214,7 +214,8 @@ absl::Status Decode(WireForm form, bool values, std::string_view data, int64_t f
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", where, " has scale ", g.scale,
                      s.with_min ? absl::StrCat(" and min ", g.min) : std::string(),
-                     ", which cannot be decoded"));
+                     ", which cannot be decoded (a finite scale >= 0 whose values stay within ±",
+                     InputLimit(s), " is)"));
   };
   std::vector<uint8_t> codes;
   if (values) {

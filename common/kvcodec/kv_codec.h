@@ -56,8 +56,8 @@ void Encode(WireForm form, bool values, const float* rows, int64_t first_token, 
 // promised about `out`, for: no rows, a negative first_token, shapes < 1, a quantized chunk whose
 // first_token is not a multiple of kTokenGroup, a size other than EncodedBytes (both named), a
 // sink row's value or a scale or min that is not finite, a negative scale, parameters whose decoded
-// values would overflow (the group and channel, or the token and head, named), a code the encoder
-// never writes, and non-zero padding.
+// values would leave the f16 range (the group and channel, or the token and head, named), a code
+// the encoder never writes, and non-zero padding.
 absl::Status Decode(WireForm form, bool values, std::string_view data, int64_t first_token,
                     int64_t count, int64_t kv_heads, int64_t head_dim, float* out,
                     DType plain_dtype = DType::kF32);

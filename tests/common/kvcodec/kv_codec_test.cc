@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -239,6 +240,8 @@ TEST(KvCodec, HugeAndNonFiniteInputsSaturate) {
         EXPECT_NEAR(y[1], -65504.0, step);
         EXPECT_NEAR(y[2], 0.0, step);
         EXPECT_NEAR(y[kWidth + 5], -65504.0, step);
+        // Every decoded value fits the target's f16 cache.
+        for (float v : y) ASSERT_LE(std::fabs(v), 65504.f);
       }
     }
   }
@@ -283,6 +286,40 @@ TEST(KvCodec, DecodeRefusesNonFiniteAndNegativeParameters) {
         ASSERT_FALSE(st.ok()) << c.shows;
         EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
         EXPECT_THAT(st.message(), HasSubstr(c.shows));
+        EXPECT_THAT(st.message(),
+                    HasSubstr(values ? "token 32 head 2" : "channel 100 of the token group at 32"));
+      }
+    }
+  }
+}
+
+TEST(KvCodec, DecodeRefusesParametersThatLeaveTheF16Range) {
+  const std::vector<float> x = Rows(40, 5);
+  struct Case {
+    uint16_t scale, min;
+  };
+  // Scale and min 60000, and scale 60000 with min 0: the higher codes decode past the f16
+  // range. Min -65504 with scale 1 stays within it whatever the codes.
+  const Case cases[] = {{0x7b53, 0x7b53}, {0x7b53, 0x0000}, {0x3c00, 0xfbff}};
+  for (WireForm f : {WireForm::kInt8, WireForm::kInt4}) {
+    for (bool values : {false, true}) {
+      std::string good;
+      Encode(f, values, x.data(), 32, 40, kHeads, kDim, &good);
+      for (const Case& c : cases) {
+        SCOPED_TRACE(std::to_string(c.scale) + " " + std::to_string(c.min));
+        std::string bytes = good;
+        const int64_t i = values ? 2 : 100;
+        SetF16(&bytes, ParamOffset(i), c.scale);
+        SetF16(&bytes, ParamOffset(i) + 2, c.min);
+        const absl::Status st = DecodeBytes(f, values, bytes, 32, 40);
+        if (c.scale == 0x3c00) {
+          // min -65504 and scale 1 stay in range whatever the codes: accepted.
+          EXPECT_TRUE(st.ok()) << st;
+          continue;
+        }
+        ASSERT_FALSE(st.ok());
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(st.message(), HasSubstr("within ±65504"));
         EXPECT_THAT(st.message(),
                     HasSubstr(values ? "token 32 head 2" : "channel 100 of the token group at 32"));
       }
@@ -385,6 +422,52 @@ TEST(GroupQuant, SymmetricSchemesStayWithinHalfAStep) {
         ASSERT_TRUE(CodeValid(s, codes[i]));
         ASSERT_LE(std::fabs(y[i] - x[i]), 0.5 * d * (1 + 1.0 / 512) + 1e-5);
       }
+    }
+  }
+}
+
+TEST(GroupQuant, FittedRangesNeverLoseToMinMax) {
+  std::mt19937 rng(5);
+  std::student_t_distribution<float> heavy(3.f);
+  for (int bits : {8, 4}) {
+    for (DType pd : {DType::kF16, DType::kF32}) {
+      SCOPED_TRACE(std::to_string(bits) + " bits, " + DTypeName(pd));
+      const QuantScheme minmax{.bits = bits, .with_min = true, .param_dtype = pd};
+      QuantScheme fit = minmax;
+      fit.fit_range = true;
+      double total_fit = 0, total_minmax = 0;
+      for (int g = 0; g < 300; ++g) {
+        const int64_t n = g % 2 ? 32 : 64;
+        std::vector<float> x(n);
+        for (float& v : x) v = 0.3f + 2.f * heavy(rng);
+        const float lo = *std::min_element(x.begin(), x.end());
+        const float hi = *std::max_element(x.begin(), x.end());
+        double err[2];
+        for (int k = 0; k < 2; ++k) {
+          const QuantScheme& s = k ? fit : minmax;
+          std::vector<uint8_t> codes(n);
+          std::vector<float> y(n);
+          uint8_t stored[8];
+          StoreParams(s, QuantizeGroup(s, x.data(), n, 1, codes.data()), stored);
+          const GroupParams p = LoadParams(s, stored);
+          ASSERT_TRUE(ParamsValid(s, p));
+          DequantizeGroup(s, p, codes.data(), n, 1, y.data());
+          err[k] = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            // Within a min-max step of [lo, hi] (a least-squares line may reach a little
+            // beyond its group), up to f16 rounding of m and d.
+            const float slack =
+                (hi - lo) / ((1 << bits) - 1) + (std::fabs(lo) + std::fabs(hi)) / 512 + 1e-6f;
+            ASSERT_GE(y[i], lo - slack) << i;
+            ASSERT_LE(y[i], hi + slack) << i;
+            err[k] += (double(y[i]) - x[i]) * (double(y[i]) - x[i]);
+          }
+        }
+        ASSERT_LE(err[1], err[0] * (1 + 1e-6)) << g;
+        total_minmax += err[0];
+        total_fit += err[1];
+      }
+      EXPECT_LT(total_fit, 0.9 * total_minmax);
     }
   }
 }
