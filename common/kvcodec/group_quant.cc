@@ -71,7 +71,7 @@ double NearestCodes(const QuantScheme& s, GroupParams p, const float* x, int64_t
   return err;
 }
 
-// fit_range: min-max's (m, d) against narrower ranges [lo, lo + qmax / t] for t a little above
+// fit_range: min-max's (m, d) against the ranges [lo, lo + qmax / t] for t within a code of
 // qmax / (hi - lo), each refitted by least squares to the codes it gives; the least error wins.
 GroupParams FitRange(const QuantScheme& s, GroupParams minmax, double lo, double hi, const float* x,
                      int64_t n, int64_t stride, uint8_t* codes) {

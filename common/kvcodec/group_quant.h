@@ -39,8 +39,9 @@ struct GroupParams {
 
 // Quantizes x[i * stride], i < n (n >= 1), into codes[i * stride] (one code per byte). NaN counts
 // as 0 and values beyond InputLimit are clamped. Without fit_range the stored d is rounded up and m
-// down, so every decoded value lies within d / 2 of its clamped input (up to f32 rounding); with
-// it, the group's squared error is at most min-max's.
+// down, so every decoded value lies within d / 2 of its clamped input (up to f32 rounding;
+// near InputLimit d is rounded down instead, so no value decodes beyond it); with it, the group's
+// squared error is at most min-max's.
 GroupParams QuantizeGroup(const QuantScheme& s, const float* x, int64_t n, int64_t stride,
                           uint8_t* codes);
 
