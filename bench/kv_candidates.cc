@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "common/kvcodec/kv_codec.h"
 
@@ -30,8 +32,12 @@ void RotateRows(float* rows, int64_t n, int64_t heads, int64_t dim) {
   }
 }
 
-QuantScheme Scheme(const Candidate& c) {
-  return {.bits = c.bits,
+int Bits(const Candidate& c, bool values) {
+  return values && c.value_bits > 0 ? c.value_bits : c.bits;
+}
+
+QuantScheme Scheme(const Candidate& c, bool values) {
+  return {.bits = Bits(c, values),
           .with_min = c.with_min,
           .param_dtype = c.param_dtype,
           .fit_range = c.fit_range};
@@ -102,16 +108,48 @@ std::vector<Candidate> Candidates() {
                  .bits = 4,
                  .value_per_channel = true,
                  .sink = 1});
+  out.push_back(
+      {.name = "int4, sink row, keys pre-RoPE", .bits = 4, .sink = 1, .pre_rope_keys = true});
+  out.push_back({.name = "int4, sink row, keys pre-RoPE over 64-token groups",
+                 .bits = 4,
+                 .key_group = 64,
+                 .sink = 1,
+                 .pre_rope_keys = true});
+  out.push_back({.name = "int8, sink row, keys pre-RoPE", .bits = 8, .sink = 1, .pre_rope_keys = true});
+  out.push_back({.name = "3-bit, sink row, keys pre-RoPE", .bits = 3, .sink = 1, .pre_rope_keys = true});
+  out.push_back({.name = "3-bit, sink row", .bits = 3, .sink = 1});
+  out.push_back({.name = "keys 4-bit pre-RoPE, values 3-bit, sink row",
+                 .bits = 4,
+                 .value_bits = 3,
+                 .sink = 1,
+                 .pre_rope_keys = true});
+  out.push_back({.name = "keys 3-bit pre-RoPE, values 4-bit, sink row",
+                 .bits = 3,
+                 .value_bits = 4,
+                 .sink = 1,
+                 .pre_rope_keys = true});
   return out;
 }
 
-void Apply(const Candidate& c, bool values, float* rows, int64_t n, int64_t heads, int64_t dim) {
+void Apply(const Candidate& c, bool values, float* rows, int64_t n, int64_t heads, int64_t dim,
+           const KeyRope* rope) {
   const int64_t width = heads * dim;
   const int64_t first = std::min(c.sink, n), last = std::max(first, n - c.recent);
   float* x = rows + first * width;
   const int64_t m = last - first;
   if (m <= 0) return;
-  const QuantScheme s = Scheme(c);
+  const QuantScheme s = Scheme(c, values);
+  const bool unrope = !values && c.pre_rope_keys;
+  std::vector<int32_t> positions;
+  if (unrope) {
+    if (rope == nullptr || rope->backend == nullptr) {
+      std::fprintf(stderr, "candidate %s needs the model's RoPE\n", c.name.c_str());
+      std::abort();
+    }
+    positions.resize(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) positions[i] = static_cast<int32_t>(first + i);
+    rope->backend->Rope(x, m, heads, positions.data(), rope->params, /*inverse=*/true);
+  }
   const bool rotate = values ? c.rotate_values : c.rotate_keys;
   if (rotate) RotateRows(x, m, heads, dim);
   if (!values || c.value_per_channel) {
@@ -120,14 +158,15 @@ void Apply(const Candidate& c, bool values, float* rows, int64_t n, int64_t head
     PerToken(s, x, m, width, c.value_group);
   }
   if (rotate) RotateRows(x, m, heads, dim);
+  if (unrope) rope->backend->Rope(x, m, heads, positions.data(), rope->params, /*inverse=*/false);
 }
 
 double Bytes(const Candidate& c, bool values, int64_t n, int64_t heads, int64_t dim) {
   const int64_t width = heads * dim;
   const int64_t exact = std::min(n, c.sink + c.recent), m = n - exact;
-  const double params = static_cast<double>(ParamBytes(Scheme(c)));
+  const double params = static_cast<double>(ParamBytes(Scheme(c, values)));
   double b =
-      2.0 * static_cast<double>(exact * width) + c.bits / 8.0 * static_cast<double>(m * width);
+      2.0 * static_cast<double>(exact * width) + Bits(c, values) / 8.0 * static_cast<double>(m * width);
   if (!values || c.value_per_channel) {
     b += params * static_cast<double>(width) * std::ceil(static_cast<double>(m) / c.key_group);
   } else {

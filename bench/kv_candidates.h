@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "common/kvcodec/group_quant.h"
+#include "kernels/backend.h"
 
 namespace riskkv::bench {
 
 struct Candidate {
   std::string name;
   int bits = 4;
+  int value_bits = 0;               // the values' bits when not 0 (else `bits` for both)
   bool with_min = true;             // scale + min (group_quant.h), or symmetric
   DType param_dtype = DType::kF16;  // of the scales and mins
   bool fit_range = false;           // least-squares ranges (QuantScheme::fit_range)
@@ -28,14 +30,25 @@ struct Candidate {
   bool rotate_keys = false;    // keys: the same per token before the per-channel groups
   int64_t sink = 0;            // the first `sink` rows stay exact (f16)
   int64_t recent = 0;          // the last `recent` rows stay exact (f16)
+  // Keys: returned to pre-RoPE coordinates (inverse RoPE at each row's position) before they are
+  // grouped, and rotated back after decoding, as a target would (KVQuant's pre-RoPE keys: RoPE
+  // turns a channel's values with position, which widens its groups' ranges).
+  bool pre_rope_keys = false;
 };
 
 // The candidates the bench measures.
 std::vector<Candidate> Candidates();
 
+// The model's RoPE, for candidates with pre_rope_keys: rows [0, n) sit at positions [0, n).
+struct KeyRope {
+  Backend* backend = nullptr;
+  RopeParams params;
+};
+
 // rows ([n, heads * dim] f32) := what `c` decodes them to. dim must be a power of two when a
-// rotation is asked for.
-void Apply(const Candidate& c, bool values, float* rows, int64_t n, int64_t heads, int64_t dim);
+// rotation is asked for; rope must be given for a candidate with pre_rope_keys.
+void Apply(const Candidate& c, bool values, float* rows, int64_t n, int64_t heads, int64_t dim,
+           const KeyRope* rope = nullptr);
 
 // Bytes `c` sends for n rows of keys or values (f16 for exact rows).
 double Bytes(const Candidate& c, bool values, int64_t n, int64_t heads, int64_t dim);

@@ -22,6 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/kv_candidates.h"
 #include "common/kvcodec/kv_codec.h"
@@ -46,6 +47,8 @@ ABSL_FLAG(std::string, eval_text, "",
 ABSL_FLAG(int, eval_requests, 4, "requests per --eval-text file");
 ABSL_FLAG(int, eval_history, 512, "history tokens of each ΔNLL request");
 ABSL_FLAG(int, eval_tokens, 128, "scored tokens of each ΔNLL request");
+ABSL_FLAG(std::string, candidates, "",
+          "comma-separated 1-based numbers of the candidate quantizers to measure (empty: all)");
 
 namespace {
 
@@ -110,7 +113,20 @@ int CandidateTable(riskkv::Model& model, const std::vector<Tensor>& keys,
                    int64_t n) {
   const riskkv::ModelConfig& c = model.config();
   const int64_t heads = c.n_kv_heads, dim = c.head_dim;
-  const std::vector<riskkv::bench::Candidate> cands = riskkv::bench::Candidates();
+  std::vector<riskkv::bench::Candidate> cands = riskkv::bench::Candidates();
+  if (const std::string pick = absl::GetFlag(FLAGS_candidates); !pick.empty()) {
+    std::vector<riskkv::bench::Candidate> picked;
+    for (absl::string_view part : absl::StrSplit(pick, ',', absl::SkipEmpty())) {
+      int i = 0;
+      if (!absl::SimpleAtoi(part, &i) || i < 1 || i > static_cast<int>(cands.size())) {
+        return Fail("--candidates: " + std::string(part) + " is not a candidate number (1 to " +
+                    std::to_string(cands.size()) + ")");
+      }
+      picked.push_back(cands[i - 1]);
+    }
+    cands = std::move(picked);
+  }
+  const riskkv::bench::KeyRope rope{.backend = &model.backend(), .params = c.rope()};
   std::vector<riskkv::Request> requests;
   std::vector<size_t> file_of;  // the --eval-text file each request was cut from
   const std::vector<std::string> paths =
@@ -144,7 +160,7 @@ int CandidateTable(riskkv::Model& model, const std::vector<Tensor>& keys,
           absl::Status st =
               v ? work.ReadValues(l, 0, moved, buf.data()) : work.ReadKeys(l, 0, moved, buf.data());
           if (!st.ok()) return st;
-          riskkv::bench::Apply(cands[k - 1], v, buf.data(), moved, heads, dim);
+          riskkv::bench::Apply(cands[k - 1], v, buf.data(), moved, heads, dim, &rope);
           st = v ? work.WriteValues(l, 0, moved, buf.data())
                  : work.WriteKeys(l, 0, moved, buf.data());
           if (!st.ok()) return st;
@@ -180,7 +196,7 @@ int CandidateTable(riskkv::Model& model, const std::vector<Tensor>& keys,
       for (int v = 0; v < 2; ++v) {
         const std::vector<float>& x = v ? vals[l].x : keys[l].x;
         std::vector<float> y = x;
-        riskkv::bench::Apply(cands[k], v == 1, y.data(), n, heads, dim);
+        riskkv::bench::Apply(cands[k], v == 1, y.data(), n, heads, dim, &rope);
         for (size_t i = 0; i < x.size(); ++i) e[v] += (double(x[i]) - y[i]) * (x[i] - y[i]);
       }
     }

@@ -235,16 +235,20 @@ class CpuBackend final : public Backend {
         cpu::QuantizeQ8(x + i * w.cols, w.cols, xq_data + i * blocks);
     });
     constexpr int64_t kTokenBlock = 64;
+    const int64_t row_bytes = RowBytes(w.dtype, w.cols);
     pool_.ParallelFor(w.rows, n <= kSmallBatch ? kSmallGrain : 16, [&](int64_t begin, int64_t end) {
       for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
         const int64_t t1 = std::min(n, t0 + kTokenBlock);
-        for (int64_t r = begin; r < end; ++r) {
-          const uint8_t* row = w.row(r);
+        for (int64_t r = begin; r < end; r += cpu::kDotRowsQ8) {
+          const int n_rows = static_cast<int>(std::min<int64_t>(cpu::kDotRowsQ8, end - r));
           for (int64_t i = t0; i < t1; i += 4) {
             const int count = static_cast<int>(std::min<int64_t>(4, t1 - i));
-            float out[4];
-            cpu::DotRowQ8(w.dtype, row, xq_data + i * blocks, blocks, count, w.cols, out);
-            for (int j = 0; j < count; ++j) y[(i + j) * w.rows + r] = out[j];
+            float out[cpu::kDotRowsQ8 * 4];
+            cpu::DotRowsQ8(w.dtype, w.row(r), row_bytes, n_rows, xq_data + i * blocks, blocks,
+                           count, w.cols, out);
+            for (int k = 0; k < n_rows; ++k) {
+              for (int j = 0; j < count; ++j) y[(i + j) * w.rows + r + k] = out[k * count + j];
+            }
           }
         }
       }

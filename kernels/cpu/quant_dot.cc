@@ -143,68 +143,118 @@ inline __m256i Nibbles(const uint8_t* qs) {
   return _mm256_set_m128i(hi, lo);  // elements 0..15 then 16..31
 }
 
-// Sum of u[j] * s[j] over 32 bytes (u unsigned, s signed) as 8 int32 lanes, as floats.
+// Sum of u[j] * s[j] over 32 bytes (u unsigned, s signed) as 8 int32 lanes, as floats. Lane k
+// is u[4k..4k+3] . s[4k..4k+3]. Callers pass u <= 128 and |s| <= 127, so no pair of products
+// leaves int16 and VNNI's int32 dot gives the same lanes as AVX2's pairwise int16 sums.
 inline __m256 DotU8S8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s));
+#elif defined(__AVXVNNI__)
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s));
+#else
   const __m256i p16 = _mm256_maddubs_epi16(u, s);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+#endif
 }
 
-// Each kernel dots one weight row with N activation rows (token t's blocks start at
-// x + t * stride): the weight block is loaded and unpacked once per N tokens.
-template <int N>
-void DotQ4_1Q8(const uint8_t* row, const Q8Block* x, int64_t stride, int64_t n, float* out) {
-  __m256 acc[N];
-  float offset[N];
-  for (int t = 0; t < N; ++t) {
-    acc[t] = _mm256_setzero_ps();
-    offset[t] = 0.0f;
+// Each kernel dots R weight rows (row_bytes apart) with N activation rows (token t's blocks
+// start at x + t * stride): a weight block is unpacked once per N tokens and an activation block
+// loaded once per R rows. Output (r, t) goes to out[r * N + t] and takes the same operations in
+// the same order whatever R and N are, so a row's result does not depend on its neighbours.
+template <int R, int N>
+void DotQ4_1Q8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
+               int64_t n, float* out) {
+  __m256 acc[R][N];
+  float offset[R][N];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < N; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      offset[r][t] = 0.0f;
+    }
   }
-  for (int64_t b = 0; b < n / 32; ++b, row += 20) {
-    const __m256i w = Nibbles(row + 4);
-    const float d = Half(row), m = Half(row + 2);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    __m256i w[R];
+    float d[R], m[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = rows + r * row_bytes + b * 20;
+      w[r] = Nibbles(blk + 4);
+      d[r] = Half(blk);
+      m[r] = Half(blk + 2);
+    }
     for (int t = 0; t < N; ++t) {
       const Q8Block& xb = x[t * stride + b];
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), DotU8S8(w, q), acc[t]);
-      offset[t] += m * xb.s;
+      for (int r = 0; r < R; ++r) {
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * xb.d), DotU8S8(w[r], q), acc[r][t]);
+        offset[r][t] += m[r] * xb.s;
+      }
     }
   }
-  for (int t = 0; t < N; ++t) out[t] = HorizontalSum(acc[t]) + offset[t];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < N; ++t) out[r * N + t] = HorizontalSum(acc[r][t]) + offset[r][t];
+  }
 }
 
 // Q4_0 and Q8_0 weights are signed: |w| times sign(w)-adjusted activations.
-template <int N, bool kQ4>
-void DotSignedQ8(const uint8_t* row, const Q8Block* x, int64_t stride, int64_t n, float* out) {
-  __m256 acc[N];
-  for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_ps();
-  const int64_t block_bytes = kQ4 ? 18 : 34;
-  for (int64_t b = 0; b < n / 32; ++b, row += block_bytes) {
-    const __m256i w = kQ4 ? _mm256_sub_epi8(Nibbles(row + 2), _mm256_set1_epi8(8))
-                          : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
-    const __m256i w_abs = _mm256_sign_epi8(w, w);
-    const float d = Half(row);
+template <int R, int N, bool kQ4>
+void DotSignedQ8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
+                 int64_t n, float* out) {
+  __m256 acc[R][N];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < N; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  constexpr int64_t kBlockBytes = kQ4 ? 18 : 34;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    __m256i w[R], w_abs[R];
+    float d[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = rows + r * row_bytes + b * kBlockBytes;
+      w[r] = kQ4 ? _mm256_sub_epi8(Nibbles(blk + 2), _mm256_set1_epi8(8))
+                 : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      w_abs[r] = _mm256_sign_epi8(w[r], w[r]);
+      d[r] = Half(blk);
+    }
     for (int t = 0; t < N; ++t) {
       const Q8Block& xb = x[t * stride + b];
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
-      acc[t] =
-          _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), DotU8S8(w_abs, _mm256_sign_epi8(q, w)), acc[t]);
+      for (int r = 0; r < R; ++r) {
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * xb.d),
+                                    DotU8S8(w_abs[r], _mm256_sign_epi8(q, w[r])), acc[r][t]);
+      }
     }
   }
-  for (int t = 0; t < N; ++t) out[t] = HorizontalSum(acc[t]);
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < N; ++t) out[r * N + t] = HorizontalSum(acc[r][t]);
+  }
 }
 
-template <int N>
-void DotRowsQ8N(DType t, const uint8_t* row, const Q8Block* x, int64_t stride, int64_t n,
-                float* out) {
+template <int R, int N>
+void DotRowsQ8N(DType t, const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
+                int64_t n, float* out) {
   switch (t) {
     case DType::kQ4_1:
-      return DotQ4_1Q8<N>(row, x, stride, n, out);
+      return DotQ4_1Q8<R, N>(rows, row_bytes, x, stride, n, out);
     case DType::kQ4_0:
-      return DotSignedQ8<N, true>(row, x, stride, n, out);
+      return DotSignedQ8<R, N, true>(rows, row_bytes, x, stride, n, out);
     case DType::kQ8_0:
-      return DotSignedQ8<N, false>(row, x, stride, n, out);
+      return DotSignedQ8<R, N, false>(rows, row_bytes, x, stride, n, out);
     default:  // float weights never take the 8-bit path
-      for (int i = 0; i < N; ++i) out[i] = 0.0f;
+      for (int i = 0; i < R * N; ++i) out[i] = 0.0f;
+  }
+}
+
+template <int R>
+void DotRowsQ8R(DType t, const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
+                int count, int64_t n, float* out) {
+  switch (count) {
+    case 1:
+      return DotRowsQ8N<R, 1>(t, rows, row_bytes, x, stride, n, out);
+    case 2:
+      return DotRowsQ8N<R, 2>(t, rows, row_bytes, x, stride, n, out);
+    case 3:
+      return DotRowsQ8N<R, 3>(t, rows, row_bytes, x, stride, n, out);
+    default:
+      return DotRowsQ8N<R, 4>(t, rows, row_bytes, x, stride, n, out);
   }
 }
 
@@ -227,18 +277,12 @@ void QuantizeQ8(const float* x, int64_t n, Q8Block* out) {
   }
 }
 
-void DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t stride, int count, int64_t n,
-              float* out) {
-  const auto* r = static_cast<const uint8_t*>(row);
-  switch (count) {
-    case 1:
-      return DotRowsQ8N<1>(t, r, xq, stride, n, out);
-    case 2:
-      return DotRowsQ8N<2>(t, r, xq, stride, n, out);
-    case 3:
-      return DotRowsQ8N<3>(t, r, xq, stride, n, out);
-    default:
-      return DotRowsQ8N<4>(t, r, xq, stride, n, out);
+void DotRowsQ8(DType t, const void* rows, int64_t row_bytes, int n_rows, const Q8Block* xq,
+               int64_t stride, int count, int64_t n, float* out) {
+  const auto* r = static_cast<const uint8_t*>(rows);
+  if (n_rows >= kDotRowsQ8) return DotRowsQ8R<kDotRowsQ8>(t, r, row_bytes, xq, stride, count, n, out);
+  for (int i = 0; i < n_rows; ++i) {
+    DotRowsQ8R<1>(t, r + i * row_bytes, row_bytes, xq, stride, count, n, out + i * count);
   }
 }
 

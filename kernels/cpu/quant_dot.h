@@ -28,10 +28,15 @@ struct Q8Block {
 // like ggml's so integer dot products match llama.cpp's.
 void QuantizeQ8(const float* x, int64_t n, Q8Block* out);
 
-// out[i] = dot(row, dequantized activation row i) for i < count (1 to 4), where activation row i
-// starts at xq + i * stride blocks; row is Q4_0, Q4_1 or Q8_0 with n values. Integer
-// arithmetic inside each block; the weight block is unpacked once for all `count` rows.
-void DotRowQ8(DType t, const void* row, const Q8Block* xq, int64_t stride, int count, int64_t n,
-              float* out);
+// Weight rows dotted together by DotRowsQ8: each activation block is loaded once for them.
+inline constexpr int kDotRowsQ8 = 2;
+
+// out[r * count + i] = dot(row r, dequantized activation row i) for r < n_rows (1 to
+// kDotRowsQ8; row r starts at rows + r * row_bytes) and i < count (1 to 4), where activation row
+// i starts at xq + i * stride blocks; rows are Q4_0, Q4_1 or Q8_0 with n values. Integer
+// arithmetic inside each block; each weight block is unpacked once for all `count` rows. Every
+// output is the same bits whatever n_rows and count are.
+void DotRowsQ8(DType t, const void* rows, int64_t row_bytes, int n_rows, const Q8Block* xq,
+               int64_t stride, int count, int64_t n, float* out);
 
 }  // namespace riskkv::cpu
