@@ -115,8 +115,10 @@ std::vector<Candidate> Candidates() {
                  .key_group = 64,
                  .sink = 1,
                  .pre_rope_keys = true});
-  out.push_back({.name = "int8, sink row, keys pre-RoPE", .bits = 8, .sink = 1, .pre_rope_keys = true});
-  out.push_back({.name = "3-bit, sink row, keys pre-RoPE", .bits = 3, .sink = 1, .pre_rope_keys = true});
+  out.push_back(
+      {.name = "int8, sink row, keys pre-RoPE", .bits = 8, .sink = 1, .pre_rope_keys = true});
+  out.push_back(
+      {.name = "3-bit, sink row, keys pre-RoPE", .bits = 3, .sink = 1, .pre_rope_keys = true});
   out.push_back({.name = "3-bit, sink row", .bits = 3, .sink = 1});
   out.push_back({.name = "keys 4-bit pre-RoPE, values 3-bit, sink row",
                  .bits = 4,
@@ -165,8 +167,8 @@ double Bytes(const Candidate& c, bool values, int64_t n, int64_t heads, int64_t 
   const int64_t width = heads * dim;
   const int64_t exact = std::min(n, c.sink + c.recent), m = n - exact;
   const double params = static_cast<double>(ParamBytes(Scheme(c, values)));
-  double b =
-      2.0 * static_cast<double>(exact * width) + Bits(c, values) / 8.0 * static_cast<double>(m * width);
+  double b = 2.0 * static_cast<double>(exact * width) +
+             Bits(c, values) / 8.0 * static_cast<double>(m * width);
   if (!values || c.value_per_channel) {
     b += params * static_cast<double>(width) * std::ceil(static_cast<double>(m) / c.key_group);
   } else {

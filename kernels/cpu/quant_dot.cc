@@ -162,8 +162,8 @@ inline __m256 DotU8S8(__m256i u, __m256i s) {
 // loaded once per R rows. Output (r, t) goes to out[r * N + t] and takes the same operations in
 // the same order whatever R and N are, so a row's result does not depend on its neighbours.
 template <int R, int N>
-void DotQ4_1Q8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
-               int64_t n, float* out) {
+void DotQ4_1Q8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride, int64_t n,
+               float* out) {
   __m256 acc[R][N];
   float offset[R][N];
   for (int r = 0; r < R; ++r) {
@@ -280,7 +280,8 @@ void QuantizeQ8(const float* x, int64_t n, Q8Block* out) {
 void DotRowsQ8(DType t, const void* rows, int64_t row_bytes, int n_rows, const Q8Block* xq,
                int64_t stride, int count, int64_t n, float* out) {
   const auto* r = static_cast<const uint8_t*>(rows);
-  if (n_rows >= kDotRowsQ8) return DotRowsQ8R<kDotRowsQ8>(t, r, row_bytes, xq, stride, count, n, out);
+  if (n_rows >= kDotRowsQ8)
+    return DotRowsQ8R<kDotRowsQ8>(t, r, row_bytes, xq, stride, count, n, out);
   for (int i = 0; i < n_rows; ++i) {
     DotRowsQ8R<1>(t, r + i * row_bytes, row_bytes, xq, stride, count, n, out + i * count);
   }

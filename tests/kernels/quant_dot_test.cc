@@ -3,6 +3,8 @@
 // accumulated with one fused multiply-add per block in block order, the fixed horizontal sum,
 // then (Q4_1) the offsets summed block by block. Outputs must match bit for bit, for every number
 // of rows and tokens a call takes, whichever integer dot instruction the build uses.
+#include "kernels/cpu/quant_dot.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +13,6 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cpu/quant_dot.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/op_reference.h"
 
@@ -61,8 +62,8 @@ float Reference(DType t, const uint8_t* row, const Q8Block* x, int64_t n) {
     const float term = m * x[b].s;
     offset = offset + term;
   }
-  const float total = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
-                      ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  const float total =
+      ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
   return t == DType::kQ4_1 ? total + offset : total;
 }
 
@@ -88,8 +89,8 @@ TEST_P(DotRowsQ8Test, MatchesScalarArithmeticBitForBit) {
                 out.data());
       for (int r = 0; r < n_rows; ++r) {
         for (int t = 0; t < count; ++t) {
-          const float want = Reference(dtype, rows.data() + (r + 1) * row_bytes,
-                                       xq.data() + t * n / 32, n);
+          const float want =
+              Reference(dtype, rows.data() + (r + 1) * row_bytes, xq.data() + t * n / 32, n);
           EXPECT_EQ(out[r * count + t], want)
               << DTypeName(dtype) << " n=" << n << " rows=" << n_rows << " tokens=" << count
               << " row " << r << " token " << t;
