@@ -11,7 +11,7 @@
 namespace riskkv {
 
 struct QuantScheme {
-  int bits = 8;  // 8 or 4
+  int bits = 8;  // 8 or 4 on the wire (the candidate bench also measures 3)
   // false: symmetric, x = d * (u - z) with z = 2^(bits-1) and u in [1, 2^bits - 1] (zero is
   // exact); true: x = m + d * u with u in [0, 2^bits - 1].
   bool with_min = false;

@@ -296,6 +296,13 @@ std::string MissingCpuFeatures() {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2")) missing += " avx2";
   if (!__builtin_cpu_supports("fma")) missing += " fma";
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  // The 8-bit block dots use VNNI where the build targets it (cpu/quant_dot.cc).
+  if (!__builtin_cpu_supports("avx512vnni")) missing += " avx512vnni";
+  if (!__builtin_cpu_supports("avx512vl")) missing += " avx512vl";
+#elif defined(__AVXVNNI__)
+  if (!__builtin_cpu_supports("avxvnni")) missing += " avxvnni";
+#endif
   // F16C has no __builtin_cpu_supports name in gcc 12; every AVX2 x86 CPU shipped has it.
   return missing.empty() ? missing : missing.substr(1);
 }
