@@ -68,8 +68,11 @@ struct Tensor {
 // Sum of squared errors of `s` over one layer's keys or values, quantized in the wire grouping.
 double SquaredError(const QuantScheme& s, bool values, const std::vector<float>& x, int64_t n,
                     int64_t heads, int64_t dim) {
-  const riskkv::bench::Candidate c{
-      .bits = s.bits, .with_min = s.with_min, .param_dtype = s.param_dtype, .value_group = dim};
+  const riskkv::bench::Candidate c{.name = "wire grouping",
+                                   .bits = s.bits,
+                                   .with_min = s.with_min,
+                                   .param_dtype = s.param_dtype,
+                                   .value_group = dim};
   std::vector<float> y = x;
   riskkv::bench::Apply(c, values, y.data(), n, heads, dim);
   double e = 0;

@@ -335,7 +335,9 @@ TEST_F(Nodes, ALostCommitOrConfirmationLeavesExactlyOneCopyOfTheSession) {
     const auto before = Tokens(*a, id);
     v1::MigrateReply reply;
     const grpc::Status s = Migrate(*a, id, via, v1::FULL_KV, &reply);
-    if (!lose_commit) EXPECT_EQ(relay.confirmations_lost, 1);
+    if (!lose_commit) {
+      EXPECT_EQ(relay.confirmations_lost, 1);
+    }
     OneCopy::Expect(*a, *b, id, before, lose_commit, s, reply,
                     "it says it did not take the session");
     server->Shutdown();
