@@ -38,7 +38,8 @@ def panel(x0, title, rows, value, unit, label, y0=52):
         out.append(f'<text x="{x + bar / 2}" y="{y - 4:.1f}" text-anchor="middle" '
                    f'font-size="11">{escape(label(r))}</text>')
         # "auto:reconstruct" on two lines, then the wire form when it is not plain.
-        lines = [part + ":" for part in r["mode"].split(":")[:-1]] + [r["mode"].split(":")[-1]]
+        *prefixes, name = r["mode"].split(":")
+        lines = [p + ":" for p in prefixes] + [name]
         wire = r.get("wire_form", "plain")
         if wire not in ("plain", "-"):
             lines.append(wire)

@@ -11,6 +11,7 @@
 namespace riskkv {
 namespace {
 
+using testing::GetHalf;
 using testing::Nmse;
 using testing::QuantizeRow;
 using testing::RandomVector;
@@ -120,8 +121,8 @@ TEST_P(MatMulInt8Test, MatchesIntegerReference) {
         if (dtype == DType::kQ4_1) {
           // d * sum(qw * qx) from the raw nibbles, plus m times the f16-rounded block sum.
           const uint8_t* blk = w.bytes.data() + r * RowBytes(dtype, cols) + b * 20;
-          const double d = F16ToF32(static_cast<uint16_t>(blk[0] | blk[1] << 8));
-          const double m = F16ToF32(static_cast<uint16_t>(blk[2] | blk[3] << 8));
+          const double d = GetHalf(blk);
+          const double m = GetHalf(blk + 2);
           long isum = 0;
           for (int j = 0; j < 16; ++j) {
             isum += static_cast<long>(blk[4 + j] & 0x0f) * std::lrint(xb[j] * (127.0f / amax));

@@ -28,6 +28,9 @@ inline void PutHalf(std::vector<uint8_t>& out, float v) {
   out.push_back(h >> 8);
 }
 
+// The little-endian f16 at p as a float.
+inline float GetHalf(const uint8_t* p) { return F16ToF32(static_cast<uint16_t>(p[0] | p[1] << 8)); }
+
 // round((x - lo) / scale) clipped to [0, levels]; 0 where the scale is 0.
 inline int Level(float x, float lo, float scale, int levels) {
   if (scale == 0.0f) return 0;

@@ -19,29 +19,27 @@
 namespace riskkv::cpu {
 namespace {
 
-float HalfAt(const uint8_t* p) { return F16ToF32(static_cast<uint16_t>(p[0] | p[1] << 8)); }
-
 // Weights of block b of `row` as integers, its scale and (Q4_1) its min.
 void BlockWeights(DType t, const uint8_t* row, int64_t b, int w[32], float* d, float* m) {
   *m = 0.0f;
   if (t == DType::kQ4_1) {
     const uint8_t* blk = row + b * 20;
-    *d = HalfAt(blk);
-    *m = HalfAt(blk + 2);
+    *d = testing::GetHalf(blk);
+    *m = testing::GetHalf(blk + 2);
     for (int j = 0; j < 16; ++j) {
       w[j] = blk[4 + j] & 0x0f;
       w[j + 16] = blk[4 + j] >> 4;
     }
   } else if (t == DType::kQ4_0) {
     const uint8_t* blk = row + b * 18;
-    *d = HalfAt(blk);
+    *d = testing::GetHalf(blk);
     for (int j = 0; j < 16; ++j) {
       w[j] = (blk[2 + j] & 0x0f) - 8;
       w[j + 16] = (blk[2 + j] >> 4) - 8;
     }
   } else {
     const uint8_t* blk = row + b * 34;
-    *d = HalfAt(blk);
+    *d = testing::GetHalf(blk);
     for (int j = 0; j < 32; ++j) w[j] = static_cast<int8_t>(blk[2 + j]);
   }
 }
@@ -106,27 +104,27 @@ INSTANTIATE_TEST_SUITE_P(Types, DotRowsQ8Test,
                                             ::testing::Values<int64_t>(32, 576, 1536)));
 
 // The largest products the formats allow: Q8_0 weights of -128 (whose magnitude only fits an
-// unsigned byte) and 4-bit weights of 15 against activations of +-127 in every position, where
-// a pair of products comes nearest the int16 range of AVX2's pairwise sums.
+// unsigned byte), Q4_1 weights of 15 and Q4_0 weights of -8, against activations of +127 and of
+// -127 in every position, where a pair of products comes nearest the int16 range of AVX2's
+// pairwise sums (2 * 128 * 127 = 32512 for Q8_0).
 TEST(DotRowsQ8, ExtremeCodesStayExact) {
   for (const DType dtype : {DType::kQ8_0, DType::kQ4_1, DType::kQ4_0}) {
     const int64_t block = dtype == DType::kQ4_1 ? 20 : dtype == DType::kQ4_0 ? 18 : 34;
     std::vector<uint8_t> row(block, 0);
-    row[0] = 0x00;  // d = 1.0 (f16 0x3c00)
+    row[0] = 0x00;  // d = 1.0 (f16 0x3c00); Q4_1's min stays 0
     row[1] = 0x3c;
     for (int64_t i = dtype == DType::kQ4_1 ? 4 : 2; i < block; ++i) {
       row[i] = dtype == DType::kQ8_0 ? 0x80 : dtype == DType::kQ4_1 ? 0xff : 0x00;
     }
-    Q8Block x{.d = 1.0f, .s = 0.0f, .q = {}};
-    for (int j = 0; j < 32; ++j) x.q[j] = static_cast<int8_t>(j % 2 ? -127 : 127);
-    float out = 0;
-    DotRowsQ8(dtype, row.data(), block, 1, &x, 1, 1, 32, &out);
-    EXPECT_EQ(out, Reference(dtype, row.data(), &x, 32)) << DTypeName(dtype);
-    for (int j = 0; j < 32; ++j) x.q[j] = -127;
-    DotRowsQ8(dtype, row.data(), block, 1, &x, 1, 1, 32, &out);
-    EXPECT_EQ(out, Reference(dtype, row.data(), &x, 32)) << DTypeName(dtype);
     const int w = dtype == DType::kQ8_0 ? -128 : dtype == DType::kQ4_1 ? 15 : -8;
-    EXPECT_EQ(out, static_cast<float>(w * -127 * 32)) << DTypeName(dtype);
+    for (const int q : {127, -127}) {
+      Q8Block x{.d = 1.0f, .s = 0.0f, .q = {}};
+      for (int j = 0; j < 32; ++j) x.q[j] = static_cast<int8_t>(q);
+      float out = 0;
+      DotRowsQ8(dtype, row.data(), block, 1, &x, 1, 1, 32, &out);
+      EXPECT_EQ(out, static_cast<float>(w * q * 32)) << DTypeName(dtype) << " q=" << q;
+      EXPECT_EQ(out, Reference(dtype, row.data(), &x, 32)) << DTypeName(dtype) << " q=" << q;
+    }
   }
 }
 
