@@ -206,14 +206,13 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     }
   }
   const int n_points = static_cast<int>(res.path.size());
-  // Configuration 0 is exact KV and configuration k + 1 path point k (with skip_exact, k is
-  // path point k): the kept layers through the wire form, as a target receives them, then the
-  // groups rebuilt from those anchors.
-  auto apply_point = [&](std::span<const Request> reqs, bool skip_exact) {
-    return [&, reqs, skip_exact](size_t config, size_t r, const KvCache&,
-                                 KvCache& work) -> absl::Status {
-      if (!skip_exact && config == 0) return absl::OkStatus();
-      const PathPointResult& p = res.path[skip_exact ? config : config - 1];
+  // The configurations of a measurement: -1 is exact KV, k >= 0 path point k (the kept layers
+  // through the wire form, as a target receives them, then the groups rebuilt from those
+  // anchors).
+  auto apply_points = [&](std::span<const Request> reqs, const std::vector<int>& configs) {
+    return [&, reqs](size_t config, size_t r, const KvCache&, KvCache& work) -> absl::Status {
+      if (configs[config] < 0) return absl::OkStatus();
+      const PathPointResult& p = res.path[configs[config]];
       const int64_t h = reqs[r].moved_rows();
       RETURN_IF_ERROR(ApplyWireForm(p.form, p.kept_layers, h, work));
       const auto& form_folded = folded_for(p.form);
@@ -223,21 +222,25 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       return absl::OkStatus();
     };
   };
-  // Fills `field` of every path point; returns the requests' exact NLLs. On the selection
-  // requests the exact NLLs are the singleton phase's (so the path skips the exact pass), and
-  // the first plain point (the least risky singleton) must reproduce that phase's figures bit
-  // for bit.
+  // Fills `field` of the path points `points` (ascending) and returns the requests' exact NLLs.
+  // On the selection requests the exact NLLs are the singleton phase's (so the path skips the
+  // exact pass), and the first plain point (the least risky singleton) must reproduce that
+  // phase's figures bit for bit.
   auto measure_path = [&](std::span<const Request> reqs, const std::vector<int>& kinds,
                           const char* phase, Measured PathPointResult::*field,
+                          const std::vector<int>& points,
                           bool selection) -> absl::StatusOr<std::vector<double>> {
+    std::vector<int> configs;
+    if (!selection) configs.push_back(-1);
+    configs.insert(configs.end(), points.begin(), points.end());
     auto b = bar(phase);
-    ASSIGN_OR_RETURN(auto v, MeasureNllWith(model, reqs, n_points + (selection ? 0 : 1),
-                                            apply_point(reqs, selection), b->Callback()));
+    ASSIGN_OR_RETURN(auto v, MeasureNllWith(model, reqs, configs.size(),
+                                            apply_points(reqs, configs), b->Callback()));
     if (selection) {
-      for (int k = 0; k < n_points; ++k) {
-        const PathPointResult& p = res.path[k];
+      for (size_t i = 0; i < points.size(); ++i) {
+        const PathPointResult& p = res.path[points[i]];
         if (p.form == WireForm::kPlain && p.groups.size() == 1 &&
-            v[k] != singleton_nll[p.groups[0] + 1]) {
+            v[i] != singleton_nll[p.groups[0] + 1]) {
           return absl::InternalError(absl::StrCat(
               "the path's first point on the selection requests differs from the singleton "
               "measurement of ",
@@ -246,18 +249,21 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       }
       v.insert(v.begin(), singleton_nll[0]);
     }
-    for (int k = 0; k < n_points; ++k) {
-      ASSIGN_OR_RETURN(res.path[k].*field, summarize(v[k + 1], v[0], kinds));
+    for (size_t i = 0; i < points.size(); ++i) {
+      ASSIGN_OR_RETURN(res.path[points[i]].*field, summarize(v[i + 1], v[0], kinds));
     }
     return v[0];
   };
-  RETURN_IF_ERROR(
-      measure_path(val, res.validation_kinds, "path", &PathPointResult::validation, true).status());
+  std::vector<int> every_point(n_points);
+  std::iota(every_point.begin(), every_point.end(), 0);
+  RETURN_IF_ERROR(measure_path(val, res.validation_kinds, "path", &PathPointResult::validation,
+                               every_point, true)
+                      .status());
   clock.End("path");
   if (o.confirm > 0) {
-    RETURN_IF_ERROR(
-        measure_path(confirm, res.confirm_kinds, "confirm", &PathPointResult::confirm, false)
-            .status());
+    RETURN_IF_ERROR(measure_path(confirm, res.confirm_kinds, "confirm", &PathPointResult::confirm,
+                                 every_point, false)
+                        .status());
     clock.End("confirm");
   }
 
@@ -300,8 +306,27 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     }
   }
 
-  ASSIGN_OR_RETURN(const std::vector<double> test_exact,
-                   measure_path(test, res.test_kinds, "test", &PathPointResult::test, false));
+  // The held-out test requests score every point, or the ones the decision is read from.
+  if (o.test_every_point) {
+    res.test_points = every_point;
+  } else {
+    std::vector<bool> on_test(n_points, false);
+    for (const GateResult& g : res.gates) {
+      if (g.decision.chosen >= 0) on_test[g.decision.chosen] = true;
+    }
+    for (const BudgetResult& b : res.budgets) {
+      for (int k : {b.with_reconstruction, b.without_reconstruction}) {
+        if (k >= 0) on_test[k] = true;
+      }
+    }
+    for (int k = 0; k < n_points; ++k) {
+      if (res.path[k].groups.empty()) on_test[k] = true;
+      if (on_test[k]) res.test_points.push_back(k);
+    }
+  }
+  ASSIGN_OR_RETURN(
+      const std::vector<double> test_exact,
+      measure_path(test, res.test_kinds, "test", &PathPointResult::test, res.test_points, false));
   ASSIGN_OR_RETURN(res.test_exact, summarize(test_exact, test_exact, res.test_kinds));
   clock.End("test");
 

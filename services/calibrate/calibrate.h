@@ -9,8 +9,9 @@
 //      validation requests and on independent confirmation requests from the same split;
 //   5. choose with the quality gate on the worst kind of text (the passing configuration that
 //      sends the fewest bytes, else exact KV);
-//   6. report every configuration of the path on the held-out test requests, the
-//      Gaussian-noise control, and (for small G) the exhaustive search the path stands in for.
+//   6. report the chosen configurations (or every one of the path) on the held-out test
+//      requests, the Gaussian-noise control, and (for small G) the exhaustive search the path
+//      stands in for.
 #pragma once
 
 #include <array>
@@ -43,9 +44,9 @@ struct CalibrateOptions {
   int64_t eval = 512;      // T
   int train = 64;          // requests fitting the predictors (train split)
   int validation = 24;     // requests choosing ridge strength, ranking and path (validation split)
-  int confirm = 8;         // independent requests for Stable-split (validation split)
+  int confirm = 0;         // independent requests for Stable-split (validation split)
   int test = 24;           // held-out requests for the report (test split)
-  int noise_requests = 8;  // validation requests of the Gaussian-noise control (0: skip)
+  int noise_requests = 0;  // validation requests of the Gaussian-noise control (0: skip)
   int noise_draws = 1;     // noise draws per request and group
 
   double epsilon = 0.005;
@@ -59,10 +60,15 @@ struct CalibrateOptions {
   DType bank_dtype = DType::kF16;  // storage of the folded maps
   DType kv_dtype = DType::kF16;    // KV dtype a migration sends; sizes the byte counts
   // The wire forms whose paths are measured and among which the gate chooses.
-  std::vector<WireForm> wire_forms = {WireForm::kPlain, WireForm::kInt8, WireForm::kInt4};
+  // Plain is left out by default: its points send at least as many bytes as int8's.
+  std::vector<WireForm> wire_forms = {WireForm::kInt8, WireForm::kInt4};
   // Each quantized form's predictors fitted on the anchors decoded from that form (joint
   // calibration); false: every form rebuilds with the predictors fitted on exact anchors.
   bool fit_on_wire = true;
+  // Path points scored on the test requests: every one, or (false) those the decision is read
+  // from: each gate's choice, the choices with and without reconstruction at every reported
+  // budget, and each quantized form's FULL_KV point (k = 0).
+  bool test_every_point = false;
   std::string policy_id;
   uint64_t policy_version = 1;
   bool quiet = false;  // no progress bars
@@ -96,11 +102,12 @@ struct Measured : DeltaSummary {
 struct PathPointResult {
   WireForm form = WireForm::kPlain;  // of the kept layers
   std::vector<int> groups;  // indices into CalibrationResult::groups: the ranking's first k
-  std::vector<int32_t> kept_layers;  // the others, ascending
-  int layers = 0;                    // rebuilt layers
-  double kv_fraction = 0.0;          // of the layers, rebuilt
-  double sent_fraction = 1.0;        // bytes sent, as a share of FULL_KV plain at kv_dtype
-  Measured validation, confirm, test;
+  std::vector<int32_t> kept_layers;    // the others, ascending
+  int layers = 0;                      // rebuilt layers
+  double kv_fraction = 0.0;            // of the layers, rebuilt
+  double sent_fraction = 1.0;          // bytes sent, as a share of FULL_KV plain at kv_dtype
+  Measured validation, confirm, test;  // test.requests == 0: not scored on the test requests
+  bool on_test() const { return test.requests > 0; }
 };
 
 // Budgets (nats per token) the report also shows the gate's choice at: about 0.5% and 1% PPL.
@@ -188,6 +195,7 @@ struct CalibrationResult {
   int chosen = -1;                    // path index chosen by options.gate; -1: exact KV
   std::vector<BudgetResult> budgets;  // options.gate at options.epsilon and at kReportBudgets
   Measured test_exact;                // exact KV on the test requests (deltas all zero)
+  std::vector<int> test_points;       // path indices scored on the test requests, ascending
 
   std::vector<NoiseResult> noise;            // empty when skipped
   double noise_rank_correlation = 0.0;       // Spearman, noise vs rebuilt singleton risk

@@ -38,11 +38,12 @@ ABSL_FLAG(int64_t, history, 512, "history tokens per request (H)");
 ABSL_FLAG(int64_t, eval_tokens, 512, "scored tokens per request (T)");
 ABSL_FLAG(int, train, 64, "training requests");
 ABSL_FLAG(int, validation, 24, "validation requests for ridge strength, risks, path and gates");
-ABSL_FLAG(int, confirm, 8,
+ABSL_FLAG(int, confirm, 0,
           "Stable-split requests, from validation-split documents the selection requests do not "
-          "use (0: none)");
+          "use (0: none; --full-report: 8)");
 ABSL_FLAG(int, test, 24, "held-out test requests for the report");
-ABSL_FLAG(int, noise_requests, 8, "validation requests of the Gaussian-noise control (0: skip)");
+ABSL_FLAG(int, noise_requests, 0,
+          "validation requests of the Gaussian-noise control (0: skip; --full-report: 8)");
 ABSL_FLAG(int, noise_draws, 1, "noise draws per request and group");
 ABSL_FLAG(double, epsilon, 0.005, "budget on the mean NLL increase (nats per token)");
 ABSL_FLAG(std::string, gate, "upper90", "quality gate: mean, upper90 or stable-split");
@@ -61,8 +62,16 @@ ABSL_FLAG(int, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(
     std::string, activations, "int8",
     "int8 (what nodes serve with by default) or f32: the arithmetic every NLL is measured in");
-ABSL_FLAG(std::string, wire_forms, "plain,int8,int4",
-          "wire forms of the kept layers to measure and choose among (comma-separated)");
+ABSL_FLAG(std::string, wire_forms, "int8,int4",
+          "wire forms of the kept layers to measure and choose among (comma-separated: plain, "
+          "int8, int4; --full-report: all three)");
+ABSL_FLAG(std::string, test_points, "chosen",
+          "path points scored on the held-out test split: chosen (each gate's and budget's "
+          "choice and each form's FULL_KV point) or all (--full-report)");
+ABSL_FLAG(bool, full_report, false,
+          "also measure what only the report reads: the plain form's path, 8 confirmation "
+          "requests (the Stable-split gate), the noise control on 8 requests and every path "
+          "point on the test split (explicit flags still win)");
 ABSL_FLAG(std::string, fit_anchors, "wire",
           "wire: each quantized form's predictors fitted on its decoded anchors (joint "
           "calibration); exact: one fit on exact anchors for every form");
@@ -110,9 +119,18 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
   take("eval_tokens", absl::GetFlag(FLAGS_eval_tokens), &o.eval);
   take("train", absl::GetFlag(FLAGS_train), &o.train);
   take("validation", absl::GetFlag(FLAGS_validation), &o.validation);
-  take("confirm", absl::GetFlag(FLAGS_confirm), &o.confirm);
+  // --full-report's diagnostics, each unless its own flag is given.
+  const bool full = absl::GetFlag(FLAGS_full_report);
+  auto diagnostic = [&](const char* name, auto flag_value, auto full_value, auto* field) {
+    if (Given(name)) {
+      *field = flag_value;
+    } else if (!absl::GetFlag(FLAGS_quick)) {
+      *field = full ? full_value : flag_value;
+    }
+  };
+  diagnostic("confirm", absl::GetFlag(FLAGS_confirm), 8, &o.confirm);
   take("test", absl::GetFlag(FLAGS_test), &o.test);
-  take("noise_requests", absl::GetFlag(FLAGS_noise_requests), &o.noise_requests);
+  diagnostic("noise_requests", absl::GetFlag(FLAGS_noise_requests), 8, &o.noise_requests);
   take("noise_draws", absl::GetFlag(FLAGS_noise_draws), &o.noise_draws);
   take("bootstrap", absl::GetFlag(FLAGS_bootstrap), &o.bootstrap_resamples);
   o.epsilon = absl::GetFlag(FLAGS_epsilon);
@@ -143,7 +161,9 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
   if (!kv.ok()) return kv.status();
   o.kv_dtype = *kv;
   o.wire_forms.clear();
-  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_wire_forms), ',')) {
+  const std::string forms =
+      full && !Given("wire_forms") ? "plain,int8,int4" : absl::GetFlag(FLAGS_wire_forms);
+  for (absl::string_view name : absl::StrSplit(forms, ',')) {
     auto form = riskkv::ParseWireForm(std::string_view(name.data(), name.size()));
     if (!form.ok()) return form.status();
     o.wire_forms.push_back(*form);
@@ -154,6 +174,13 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
                                       "'");
   }
   o.fit_on_wire = fit_anchors == "wire";
+  const std::string test_points =
+      full && !Given("test_points") ? "all" : absl::GetFlag(FLAGS_test_points);
+  if (test_points != "chosen" && test_points != "all") {
+    return absl::InvalidArgumentError("--test-points must be chosen or all, not '" + test_points +
+                                      "'");
+  }
+  o.test_every_point = test_points == "all";
   o.policy_id = absl::GetFlag(FLAGS_policy_id);
   o.policy_version = absl::GetFlag(FLAGS_policy_version);
   o.seed = absl::GetFlag(FLAGS_seed);

@@ -22,6 +22,7 @@ std::string PathChart(const CalibrationResult& r) {
   double ylo = std::min(0.0, eps), yhi = eps, xhi = 0;
   for (const PathPointResult& p : r.path) {
     for (const Measured* m : {&p.validation, &p.test}) {
+      if (m->requests == 0) continue;
       ylo = std::min(ylo, m->ci95.lo);
       yhi = std::max(yhi, m->ci95.hi);
     }
@@ -45,14 +46,19 @@ std::string PathChart(const CalibrationResult& r) {
          p.left + p.w, p.Y(eps));
   s += F("<text x='%.1f' y='%.1f' class='eps-label'>&#949; = %g</text>", p.left + 4, p.Y(eps) - 4,
          eps);
-  // One line per wire form and split; the plain line starts at exact KV.
+  // One line per wire form and split through the points it scored; the plain line starts at
+  // exact KV.
   auto series = [&](Measured PathPointResult::*field, const char* cls, double dx) {
     std::string line;
+    const PathPointResult* last = nullptr;
     for (size_t k = 0; k < r.path.size(); ++k) {
       const PathPointResult& pt = r.path[k];
       const Measured& m = pt.*field;
+      if (m.requests == 0) continue;
       const double x = p.X(100 * pt.sent_fraction) + dx;
-      if (k == 0 || pt.form != r.path[k - 1].form) {
+      const bool new_form = last == nullptr || pt.form != last->form;
+      last = &pt;
+      if (new_form) {
         if (!line.empty()) s += F("<path d='%s' class='%s-line'/>", line.c_str(), cls);
         line = pt.form == WireForm::kPlain ? F("M %.1f %.1f L", p.X(100) + dx, p.Y(0)) : "M";
         s += F("<text x='%.1f' y='%.1f' class='eps-label'>%s</text>", x + 6, p.Y(m.ci95.mean) - 6,

@@ -14,6 +14,7 @@ using report::F;
 using report::Ppl;
 
 std::string Ci(const DeltaSummary& m) {
+  if (m.requests == 0) return "not scored";
   return F("%+.5f [%+.5f, %+.5f]", m.ci95.mean, m.ci95.lo, m.ci95.hi);
 }
 double Mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -201,16 +202,20 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
         Ppl(r.test_exact.exact_nll), Ppl(r.test_exact.exact_nll));
   for (size_t k = 0; k < r.path.size(); ++k) {
     const PathPointResult& p = r.path[k];
-    h +=
-        F("<tr%s><td>%zu</td><td class='l'>%s</td><td class='l'>%s</td><td>%d</td><td>%.1f%%</"
-          "td><td>%.1f%%</td><td>%s</td><td>%.4f</"
-          "td><td>%.4f</td><td>%+.3f%%</td><td>%d/%zu</td><td>%+.5f</td><td>%+.5f</td>",
-          static_cast<int>(k) == r.chosen ? " class='chosen'" : "", p.groups.size(),
-          std::string(WireFormName(p.form)).c_str(),
-          p.groups.empty() ? "none (FULL_KV)" : Esc(r.groups[p.groups.back()].ToString()).c_str(),
-          p.layers, 100 * p.kv_fraction, 100 * p.sent_fraction, Ci(p.test).c_str(),
-          Ppl(p.test.exact_nll), Ppl(p.test.rebuilt_nll), DeltaPplPercent(p.test),
-          p.test.violations, p.test.deltas.size(), p.validation.ci95.mean, p.validation.upper90);
+    const std::string test_cells =
+        p.on_test()
+            ? F("<td>%s</td><td>%.4f</td><td>%.4f</td><td>%+.3f%%</td><td>%d/%zu</td>",
+                Ci(p.test).c_str(), Ppl(p.test.exact_nll), Ppl(p.test.rebuilt_nll),
+                DeltaPplPercent(p.test), p.test.violations, p.test.deltas.size())
+            : "<td class='l' colspan='5'>not scored on the test split (--test-points all)</td>";
+    h += F("<tr%s><td>%zu</td><td class='l'>%s</td><td class='l'>%s</td><td>%d</td><td>%.1f%%</"
+           "td><td>%.1f%%</td>",
+           static_cast<int>(k) == r.chosen ? " class='chosen'" : "", p.groups.size(),
+           std::string(WireFormName(p.form)).c_str(),
+           p.groups.empty() ? "none (FULL_KV)" : Esc(r.groups[p.groups.back()].ToString()).c_str(),
+           p.layers, 100 * p.kv_fraction, 100 * p.sent_fraction) +
+         test_cells +
+         F("<td>%+.5f</td><td>%+.5f</td>", p.validation.ci95.mean, p.validation.upper90);
     for (Gate g : {Gate::kMean, Gate::kUpper90, Gate::kStableSplit}) {
       h += "<td>" + GateMark(r, g, k) + "</td>";
     }
@@ -242,7 +247,7 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
     for (size_t kind = 0; kind < r.kinds.size(); ++kind) {
       h += "<td>" + Ci(p.validation.by_kind[kind]) + "</td>" +
            F("<td>%+.5f</td>", p.validation.by_kind[kind].upper90) + "<td>" +
-           Ci(p.test.by_kind[kind]) + "</td>";
+           (p.on_test() ? Ci(p.test.by_kind[kind]) : "not scored") + "</td>";
     }
     h += "</tr>";
   }

@@ -56,11 +56,17 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
   }
   json corpus_option = json::array();
   for (const CorpusKind& k : o.corpus) corpus_option.push_back(k.name + "=" + k.path);
-  j["options"] = {
-      {"corpus", corpus_option}, {"history", o.history},       {"eval", o.eval},
-      {"train", o.train},        {"validation", o.validation}, {"confirm", o.confirm},
-      {"test", o.test},          {"epsilon", o.epsilon},       {"gate", GateName(o.gate)},
-      {"seed", o.seed}};
+  j["options"] = {{"corpus", corpus_option},
+                  {"history", o.history},
+                  {"eval", o.eval},
+                  {"train", o.train},
+                  {"validation", o.validation},
+                  {"confirm", o.confirm},
+                  {"test", o.test},
+                  {"epsilon", o.epsilon},
+                  {"gate", GateName(o.gate)},
+                  {"seed", o.seed},
+                  {"test_points", o.test_every_point ? "all" : "chosen"}};
   for (int s = 0; s < 3; ++s) {
     const SplitStats& st = r.splits[s];
     j["splits"][SplitName(static_cast<Split>(s))] = {{"documents", st.documents},
@@ -79,8 +85,8 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                {"layers", p.layers},
                {"kv_fraction", p.kv_fraction},
                {"sent_fraction", p.sent_fraction},
-               {"validation", measured(p.validation)},
-               {"test", measured(p.test)}};
+               {"validation", measured(p.validation)}};
+    if (p.on_test()) pt["test"] = measured(p.test);
     if (!p.confirm.deltas.empty()) pt["confirm"] = measured(p.confirm);
     for (const GateResult& g : r.gates) {
       if (g.decision.passed.size() <= k) continue;

@@ -76,6 +76,8 @@ class CalibrateTiny : public ::testing::Test {
     o.noise_requests = 2;
     o.rule.group_size = 1;  // layers 1, 3 and 5 are the candidates
     o.exhaustive = true;
+    o.wire_forms = {WireForm::kPlain, WireForm::kInt8, WireForm::kInt4};
+    o.test_every_point = true;
     o.quiet = true;
     return o;
   }
@@ -260,6 +262,65 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   const std::string text((std::istreambuf_iterator<char>(text_in)), {});
   EXPECT_NE(text.find("predictor_bank_sha256: \"" + policy->predictor_bank_sha256),
             std::string::npos);
+}
+
+// By default the test split scores only the points a user reads the decision from, with the
+// same per-request figures as a run that scores every point.
+TEST_F(CalibrateTiny, TestSplitScoresTheChosenPointsAsTheFullRunDoes) {
+  CalibrateOptions o = Quick();
+  o.exhaustive = false;
+  o.noise_requests = 0;
+  o.epsilon = 10.0;
+  auto all = Calibrate(*model_, "tiny_llama_deep.gguf", o);
+  ASSERT_TRUE(all.ok()) << all.status();
+  const int n_points = static_cast<int>(all->path.size());
+  EXPECT_EQ(all->test_points.size(), static_cast<size_t>(n_points));
+  // A budget that the middle of the int8 path meets, so the choices fall inside the path.
+  o.epsilon = all->path[n_points / 2].validation.upper90;
+  o.test_every_point = false;
+  auto chosen = Calibrate(*model_, "tiny_llama_deep.gguf", o);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  const CalibrationResult& r = *chosen;
+  std::vector<bool> expected(n_points, false);
+  for (const GateResult& g : r.gates) {
+    if (g.decision.chosen >= 0) expected[g.decision.chosen] = true;
+  }
+  for (const BudgetResult& b : r.budgets) {
+    for (int k : {b.with_reconstruction, b.without_reconstruction}) {
+      if (k >= 0) expected[k] = true;
+    }
+  }
+  ASSERT_GE(r.chosen, 0);
+  int scored = 0;
+  for (int k = 0; k < n_points; ++k) {
+    const PathPointResult& p = r.path[k];
+    if (p.groups.empty()) expected[k] = true;  // FULL_KV in each quantized form
+    EXPECT_EQ(p.validation.deltas, all->path[k].validation.deltas) << k;
+    EXPECT_EQ(p.on_test(), expected[k]) << k;
+    if (expected[k]) {
+      ++scored;
+      EXPECT_EQ(p.test.deltas, all->path[k].test.deltas) << k;
+      EXPECT_EQ(p.test.ci95.mean, all->path[k].test.ci95.mean) << k;
+    } else {
+      EXPECT_TRUE(p.test.deltas.empty()) << k;
+    }
+  }
+  EXPECT_EQ(r.test_points.size(), static_cast<size_t>(scored));
+  EXPECT_LT(scored, n_points);
+  EXPECT_EQ(r.test_exact.exact_nll, all->test_exact.exact_nll);
+
+  // The outputs leave the unscored points' test figures out rather than print zeros.
+  const fs::path out = *dir_ / "chosen-test";
+  ASSERT_TRUE(WriteOutputs(r, out.string()).ok());
+  std::ifstream json_in(out / "calibration.json");
+  const auto j = nlohmann::json::parse(json_in);
+  EXPECT_EQ(j["options"]["test_points"], "chosen");
+  for (int k = 0; k < n_points; ++k) {
+    EXPECT_EQ(j["path"][k].contains("test"), expected[k]) << k;
+  }
+  std::ifstream html_in(out / "report.html");
+  const std::string html((std::istreambuf_iterator<char>(html_in)), {});
+  EXPECT_NE(html.find("not scored on the test split"), std::string::npos);
 }
 
 TEST_F(CalibrateTiny, ExactAnchorFitsServeEveryForm) {
