@@ -155,15 +155,19 @@ int CandidateTable(riskkv::Model& model, const std::vector<Tensor>& keys,
   std::vector<std::vector<double>> nll;
   if (!requests.empty()) {
     const int64_t moved = requests[0].moved_rows();
-    std::vector<float> buf(static_cast<size_t>(moved * c.kv_width()));
-    auto apply = [&](size_t k, size_t, const riskkv::KvCache&, riskkv::KvCache& work) {
+    // Requests are scored concurrently: each call has its own buffer and rotates on the backend
+    // its request is scored on.
+    auto apply = [&](size_t k, size_t, const riskkv::KvCache&, riskkv::KvCache& work,
+                     riskkv::Backend& backend) {
       if (k == 0) return absl::OkStatus();
+      std::vector<float> buf(static_cast<size_t>(moved * c.kv_width()));
+      const riskkv::bench::KeyRope own_rope{.backend = &backend, .params = rope.params};
       for (int64_t l = 0; l < c.n_layers; ++l) {
         for (const bool v : {false, true}) {
           absl::Status st =
               v ? work.ReadValues(l, 0, moved, buf.data()) : work.ReadKeys(l, 0, moved, buf.data());
           if (!st.ok()) return st;
-          riskkv::bench::Apply(cands[k - 1], v, buf.data(), moved, heads, dim, &rope);
+          riskkv::bench::Apply(cands[k - 1], v, buf.data(), moved, heads, dim, &own_rope);
           st = v ? work.WriteValues(l, 0, moved, buf.data())
                  : work.WriteKeys(l, 0, moved, buf.data());
           if (!st.ok()) return st;

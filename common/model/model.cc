@@ -113,7 +113,7 @@ void Model::ForwardBatch(std::span<const int32_t> tokens, KvCache& cache,
                          const ForwardOptions& options, const float* hidden, bool all_logits,
                          float* logits) {
   const ModelConfig& c = config_;
-  Backend& be = *backend_;
+  Backend& be = options.backend != nullptr ? *options.backend : *backend_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t pos0 = cache.n_tokens();
   const int64_t q_width = c.n_heads * c.head_dim;

@@ -46,6 +46,10 @@ struct ForwardOptions {
   // as they were. 0 (with first_hidden null) runs every layer.
   int64_t first_layer = 0;
   const float* first_hidden = nullptr;
+  // Runs the pass on this backend instead of the model's (null: the model's): calibration's
+  // request workers each drive a single-threaded one. It must use the model's activation
+  // precision; the CPU backend's results do not depend on its thread count.
+  Backend* backend = nullptr;
 };
 
 struct NllResult {

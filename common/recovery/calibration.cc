@@ -4,9 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 #include "common/recovery/features.h"
 #include "common/recovery/fold.h"
@@ -113,6 +117,40 @@ absl::Status CheckRequests(std::span<const Request> requests, const ModelConfig&
   return absl::OkStatus();
 }
 
+// The requests MeasureNllWith's workers share: each takes the next one until none is left or
+// one has failed (the first failure is kept), and progress counts configurations in order.
+class RequestQueue {
+ public:
+  explicit RequestQueue(size_t n) : n_(n) {}
+
+  std::optional<size_t> Next() {
+    absl::MutexLock lock(&mu_);
+    if (!status_.ok() || next_ == n_) return std::nullopt;
+    return next_++;
+  }
+  void Report(const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) status_ = s;
+  }
+  // One configuration scored: `report` gets the running count, under the lock so that counts
+  // arrive in order.
+  void Advance(const std::function<void(int64_t)>& report) {
+    absl::MutexLock lock(&mu_);
+    report(++done_);
+  }
+  absl::Status status() const {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  const size_t n_;
+  mutable absl::Mutex mu_;
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 std::vector<Request> MakeRequests(std::span<const int32_t> tokens, int64_t history, int64_t eval,
@@ -206,10 +244,10 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
     }
   }
   const ModelConfig& c = model.config();
-  auto apply = [&](size_t k, size_t r, const KvCache&, KvCache& work) -> absl::Status {
+  auto apply = [&](size_t k, size_t r, const KvCache&, KvCache& work,
+                   Backend& backend) -> absl::Status {
     for (int g : configs[k]) {
-      RETURN_IF_ERROR(
-          RebuildGroup(work, groups[g], c, model.backend(), 0, requests[r].moved_rows()));
+      RETURN_IF_ERROR(RebuildGroup(work, groups[g], c, backend, 0, requests[r].moved_rows()));
     }
     return absl::OkStatus();
   };
@@ -223,18 +261,39 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
                                                                 const Progress& progress) {
   RETURN_IF_ERROR(CheckRequests(requests, model.config()));
   std::vector<std::vector<double>> nll(n_configs, std::vector<double>(requests.size()));
-  int64_t done = 0;
   const int64_t total = static_cast<int64_t>(requests.size() * n_configs);
-  for (size_t r = 0; r < requests.size(); ++r) {
+  RequestQueue queue(requests.size());
+  // Request r's configurations, on `backend` (null: the model's).
+  auto score = [&](size_t r, Backend* backend) -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<RequestScorer> scorer,
-                     RequestScorer::Create(model, requests[r]));
+                     RequestScorer::Create(model, requests[r], backend));
     for (size_t k = 0; k < n_configs; ++k) {
       ASSIGN_OR_RETURN(KvCache * work, scorer->NextConfiguration());
-      RETURN_IF_ERROR(apply(k, r, scorer->exact(), *work));
+      RETURN_IF_ERROR(apply(k, r, scorer->exact(), *work, scorer->backend()));
       ASSIGN_OR_RETURN(nll[k][r], scorer->Score());
-      if (progress) progress(++done, total);
+      if (progress) queue.Advance([&](int64_t done) { progress(done, total); });
     }
+    return absl::OkStatus();
+  };
+  Backend& shared = model.backend();
+  const int workers =
+      shared.name() == "cpu"
+          ? static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(shared.threads(), 1)),
+                                              requests.size()))
+          : 1;
+  if (workers <= 1) {
+    for (size_t r = 0; r < requests.size(); ++r) RETURN_IF_ERROR(score(r, nullptr));
+    return nll;
   }
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&] {
+      const std::unique_ptr<Backend> own = MakeCpuBackend(1, shared.activation_precision());
+      while (const std::optional<size_t> r = queue.Next()) queue.Report(score(*r, own.get()));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  RETURN_IF_ERROR(queue.status());
   return nll;
 }
 

@@ -47,15 +47,20 @@ absl::StatusOr<std::vector<std::vector<GroupFit>>> FitGroupsForForms(
 // `groups` (the groups rebuilt over the history for that configuration; empty = exact KV).
 // Returns nll[c][r], the mean NLL over request r's eval tokens. Every configuration of a request
 // starts from the same exact prefill, so differences are paired; each pass starts at the lowest
-// layer the configuration changes (see RequestScorer), bit-identical to a full pass.
+// layer the configuration changes (see RequestScorer), bit-identical to a full pass. On the CPU
+// backend with T > 1 threads, T requests are scored at once, each on a single-threaded backend
+// of the same arithmetic: the same numbers as one request at a time on T threads, since no op's
+// result depends on the thread count, with less of the work waiting on the slowest thread.
 absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
     Model& model, std::span<const Request> requests, std::span<const FoldedGroup> groups,
     std::span<const std::vector<int>> configs, const Progress& progress = {});
 
 // Turns `work` (holding a copy of request `request`'s exact KV for its moved_rows()) into
-// configuration `config`'s cache; `exact` is the untouched original.
-using ApplyConfig =
-    std::function<absl::Status(size_t config, size_t request, const KvCache& exact, KvCache& work)>;
+// configuration `config`'s cache; `exact` is the untouched original and `backend` the one the
+// request is scored on (for any rebuild). Called for different requests at once: it must be safe
+// to run concurrently on different `work` caches.
+using ApplyConfig = std::function<absl::Status(size_t config, size_t request, const KvCache& exact,
+                                               KvCache& work, Backend& backend)>;
 
 // The general form of MeasureNll: n_configs configurations, each made by `apply`.
 absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,

@@ -11,18 +11,19 @@
 namespace riskkv {
 
 absl::StatusOr<std::unique_ptr<RequestScorer>> RequestScorer::Create(Model& model,
-                                                                     const Request& request) {
-  std::unique_ptr<RequestScorer> s(new RequestScorer(model, request));
+                                                                     const Request& request,
+                                                                     Backend* backend) {
+  std::unique_ptr<RequestScorer> s(new RequestScorer(model, request, backend));
   const ModelConfig& c = model.config();
   const auto size = static_cast<int64_t>(request.tokens.size());
   s->scored_ = size - request.moved_rows();
   ASSIGN_OR_RETURN(s->exact_, model.NewKvCache(size));
   if (request.moved_rows() > 0) {
+    ForwardOptions options;
+    options.backend = backend;
     RETURN_IF_ERROR(
-        model
-            .Prefill(std::span<const int32_t>(request.tokens).first(request.moved_rows()),
-                     *s->exact_)
-            .status());
+        model.Forward(std::span<const int32_t>(request.tokens).first(request.moved_rows()),
+                      *s->exact_, options, nullptr));
   }
   ASSIGN_OR_RETURN(s->work_, s->exact_->Clone());
   ASSIGN_OR_RETURN(s->previous_, s->exact_->Clone());
@@ -90,6 +91,7 @@ absl::StatusOr<double> RequestScorer::Run(KvCache& cache, int64_t first,
     return stream.data() + (layer * scored_ + (pos - moved)) * c.hidden;
   };
   ForwardOptions options;
+  options.backend = backend_;
   options.first_layer = first;
   options.residual_hook = [&](int64_t layer, int64_t pos0, int64_t n, const float* x) {
     std::copy(x, x + n * c.hidden, at(layer, pos0));
@@ -114,7 +116,7 @@ absl::StatusOr<double> RequestScorer::Run(KvCache& cache, int64_t first,
     if (first > 0) options.first_hidden = at(first, request_.history + start);
     RETURN_IF_ERROR(model_.Forward(eval.subspan(start, m), cache, options, &logits));
     const int64_t rows = std::min(m, n - 1 - start);
-    ParallelChunks(rows, model_.backend().threads(), [&](int64_t begin, int64_t end) {
+    ParallelChunks(rows, backend().threads(), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         nll[start + i + 1] = TokenNll(std::span<const float>(logits).subspan(i * c.vocab, c.vocab),
                                       eval[start + i + 1]);

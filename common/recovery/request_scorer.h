@@ -31,11 +31,14 @@ struct Request {
 
 class RequestScorer {
  public:
-  // Prefills the request's moved rows with exact KV. `model` and `request` must outlive the
-  // scorer; the request must have been checked (1 <= history < tokens, tokens within the
-  // context).
-  static absl::StatusOr<std::unique_ptr<RequestScorer>> Create(Model& model,
-                                                               const Request& request);
+  // Prefills the request's moved rows with exact KV. `model`, `request` and `backend` must
+  // outlive the scorer; the request must have been checked (1 <= history < tokens, tokens within
+  // the context). Every pass runs on `backend` (null: the model's; see ForwardOptions::backend).
+  static absl::StatusOr<std::unique_ptr<RequestScorer>> Create(Model& model, const Request& request,
+                                                               Backend* backend = nullptr);
+
+  // The backend the passes run on.
+  Backend& backend() { return backend_ != nullptr ? *backend_ : model_.backend(); }
 
   // The exact cache (moved rows only).
   const KvCache& exact() const { return *exact_; }
@@ -51,7 +54,8 @@ class RequestScorer {
   int64_t layers_run() const { return layers_run_; }
 
  private:
-  RequestScorer(Model& model, const Request& request) : model_(model), request_(request) {}
+  RequestScorer(Model& model, const Request& request, Backend* backend)
+      : model_(model), request_(request), backend_(backend) {}
   // Decodes the last history token over `cache` and scores the eval tokens, running layers
   // [first, n_layers) from stream[first] and saving each run layer's stream into `stream`.
   absl::StatusOr<double> Run(KvCache& cache, int64_t first, std::vector<float>& stream);
@@ -60,6 +64,7 @@ class RequestScorer {
 
   Model& model_;
   const Request& request_;
+  Backend* backend_;
   int64_t scored_ = 0;  // positions run per pass: the last history token and the eval tokens
   std::unique_ptr<KvCache> exact_, work_, previous_;
   // Residual streams entering each layer, [n_layers, scored_, hidden]: of the exact pass and of

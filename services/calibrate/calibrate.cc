@@ -210,14 +210,15 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   // through the wire form, as a target receives them, then the groups rebuilt from those
   // anchors).
   auto apply_points = [&](std::span<const Request> reqs, const std::vector<int>& configs) {
-    return [&, reqs](size_t config, size_t r, const KvCache&, KvCache& work) -> absl::Status {
+    return [&, reqs](size_t config, size_t r, const KvCache&, KvCache& work,
+                     Backend& backend) -> absl::Status {
       if (configs[config] < 0) return absl::OkStatus();
       const PathPointResult& p = res.path[configs[config]];
       const int64_t h = reqs[r].moved_rows();
       RETURN_IF_ERROR(ApplyWireForm(p.form, p.kept_layers, h, work));
       const auto& form_folded = folded_for(p.form);
       for (int g : p.groups) {
-        RETURN_IF_ERROR(RebuildGroup(work, form_folded[g], c, model.backend(), 0, h));
+        RETURN_IF_ERROR(RebuildGroup(work, form_folded[g], c, backend, 0, h));
       }
       return absl::OkStatus();
     };
@@ -334,20 +335,19 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   if (o.noise_requests > 0) {
     const auto reqs = val.first(o.noise_requests);
     const int draws = o.noise_draws;
-    std::vector<KvError> err_sum(G);
-    std::vector<int> err_count(G, 0);
-    auto apply = [&](size_t k, size_t r, const KvCache& exact, KvCache& work) -> absl::Status {
+    // Each request's rebuild errors per group and target layer, written by whichever worker
+    // scores the request and summed in request order afterwards.
+    std::vector<std::vector<std::vector<KvError>>> errors(reqs.size(),
+                                                          std::vector<std::vector<KvError>>(G));
+    auto apply = [&](size_t k, size_t r, const KvCache& exact, KvCache& work,
+                     Backend& backend) -> absl::Status {
       if (k == 0) return absl::OkStatus();
       const int g = static_cast<int>((k - 1) / draws), d = static_cast<int>((k - 1) % draws);
       const int64_t h = reqs[r].moved_rows();
-      RETURN_IF_ERROR(RebuildGroup(work, folded[g], c, model.backend(), 0, h));
+      RETURN_IF_ERROR(RebuildGroup(work, folded[g], c, backend, 0, h));
       for (int32_t layer : res.groups[g].targets) {
         ASSIGN_OR_RETURN(KvError e, LayerNrmse(exact, work, layer, h));
-        if (d == 0) {
-          err_sum[g].k += e.k;
-          err_sum[g].v += e.v;
-          ++err_count[g];
-        }
+        if (d == 0) errors[r][g].push_back(e);
         const uint64_t seed = o.seed * 0x9E3779B97F4A7C15ull ^ (r << 40) ^ (uint64_t(d) << 24) ^
                               (uint64_t(layer) << 8) ^ uint64_t(g);
         RETURN_IF_ERROR(ReplaceWithMatchedNoise(exact, work, layer, h, e, seed));
@@ -359,6 +359,17 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       auto b = bar("noise");
       ASSIGN_OR_RETURN(
           v, MeasureNllWith(model, reqs, 1 + static_cast<size_t>(G) * draws, apply, b->Callback()));
+    }
+    std::vector<KvError> err_sum(G);
+    std::vector<int> err_count(G, 0);
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      for (int g = 0; g < G; ++g) {
+        for (const KvError& e : errors[r][g]) {
+          err_sum[g].k += e.k;
+          err_sum[g].v += e.v;
+          ++err_count[g];
+        }
+      }
     }
     std::vector<double> rebuilt, noise;
     for (int g = 0; g < G; ++g) {

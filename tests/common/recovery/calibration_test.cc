@@ -177,7 +177,7 @@ double FullPassNll(Model& m, const Request& req, const std::vector<int64_t>& lay
 void ExpectFullPassResults(Model& m, const Request& req,
                            const std::vector<std::vector<int64_t>>& configs) {
   auto nll = MeasureNllWith(m, std::span<const Request>(&req, 1), configs.size(),
-                            [&](size_t k, size_t, const KvCache&, KvCache& work) {
+                            [&](size_t k, size_t, const KvCache&, KvCache& work, Backend&) {
                               return Perturb(configs[k], req.moved_rows(), work);
                             });
   ASSERT_TRUE(nll.ok()) << nll.status();
@@ -238,6 +238,57 @@ TEST(RequestScorer, SmolLM2ScoresAcrossMicroBatchesMatchFullPasses) {
   std::vector<int32_t> tokens(333);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 97 + 5) % 20000);
   ExpectFullPassResults(**model, MakeRequests(tokens, 33, 300, 1).at(0), {{}, {20}, {20, 9}, {28}});
+}
+
+// On the CPU backend, MeasureNllWith scores as many requests at once as the model has threads,
+// each on a single-threaded backend: the numbers are those of one request at a time, in both
+// arithmetics; progress still counts every configuration once, in order; and a configuration
+// that fails stops the measurement with its error.
+void ExpectConcurrentRequestsMatch(const std::string& path, ActivationPrecision activations,
+                                   int threads, int64_t history, int64_t eval, int n_requests,
+                                   const std::vector<std::vector<int64_t>>& configs) {
+  auto one = Model::Load(path, {.threads = 1, .activations = activations});
+  auto many = Model::Load(path, {.threads = threads, .activations = activations});
+  ASSERT_TRUE(one.ok() && many.ok());
+  std::vector<int32_t> tokens(n_requests * (history + eval));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % 500);
+  const auto requests = MakeRequests(tokens, history, eval, 0);
+  ASSERT_EQ(requests.size(), static_cast<size_t>(n_requests));
+  auto apply = [&](size_t k, size_t r, const KvCache&, KvCache& work, Backend&) {
+    return Perturb(configs[k], requests[r].moved_rows(), work);
+  };
+  auto sequential = MeasureNllWith(**one, requests, configs.size(), apply);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  int64_t last = 0;
+  auto concurrent =
+      MeasureNllWith(**many, requests, configs.size(), apply, [&](int64_t done, int64_t total) {
+        EXPECT_EQ(done, last + 1);
+        EXPECT_EQ(total, static_cast<int64_t>(n_requests * configs.size()));
+        last = done;
+      });
+  ASSERT_TRUE(concurrent.ok()) << concurrent.status();
+  EXPECT_EQ(last, static_cast<int64_t>(n_requests * configs.size()));
+  EXPECT_EQ(*concurrent, *sequential);
+  for (size_t k = 1; k < configs.size(); ++k) EXPECT_NE((*sequential)[k], (*sequential)[0]);
+
+  auto failing =
+      MeasureNllWith(**many, requests, configs.size(),
+                     [&](size_t k, size_t r, const KvCache& exact, KvCache& work, Backend& b) {
+                       if (r == 2 && k == 1)
+                         return absl::DataLossError("request 2 cannot be rebuilt");
+                       return apply(k, r, exact, work, b);
+                     });
+  EXPECT_EQ(failing.status(), absl::DataLossError("request 2 cannot be rebuilt"));
+}
+
+TEST(MeasureNllWith, ConcurrentRequestsMatchOneAtATime) {
+  ExpectConcurrentRequestsMatch((testing::TestdataDir() / "tiny_llama_deep.gguf").string(),
+                                ActivationPrecision::kF32, 3, 24, 12, 7, {{}, {1}, {5, 3}, {0}});
+}
+
+TEST(MeasureNllWith, SmolLM2ConcurrentRequestsMatchOneAtATimeInInt8) {
+  ExpectConcurrentRequestsMatch(testing::DefaultModelPath().string(), ActivationPrecision::kInt8, 2,
+                                40, 24, 3, {{}, {4, 5}, {0}});
 }
 
 }  // namespace
