@@ -358,7 +358,12 @@ TEST_F(Follower, RefusesAMalformedVersionBeforeFetchingItsBank) {
   const std::vector<std::function<void(RetentionPolicy&)>> malformations = {
       [](RetentionPolicy& p) { p.kept_layers.push_back(1); },
       [](RetentionPolicy& p) { p.wire_form = "int3"; },
-      [](RetentionPolicy& p) { p.path.push_back({.groups = 1, .wire_form = "bf8"}); },
+      [](RetentionPolicy& p) {
+        RetentionPolicy::PathPoint bad;
+        bad.groups = 1;
+        bad.wire_form = "bf8";
+        p.path.push_back(bad);
+      },
   };
   for (size_t i = 0; i < malformations.size(); ++i) {
     SCOPED_TRACE(i);
