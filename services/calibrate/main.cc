@@ -1,7 +1,7 @@
 // riskkv-calibrate: decides, for one model, which layers' KV a migration may omit and rebuild,
 // and writes the retention policy, the predictor bank it needs and a report (see
 // services/calibrate/calibrate.h for the method).
-//   riskkv-calibrate --model M --out DIR            (SmolLM2: about 20 min of 2 cores)
+//   riskkv-calibrate --model M --out DIR            (SmolLM2: about 22 min of 2 cores)
 //   riskkv-calibrate --model M --out DIR --quick    (a smoke run, about a minute)
 #include <cmath>
 #include <cstdio>
