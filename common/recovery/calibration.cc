@@ -118,7 +118,9 @@ absl::Status CheckRequests(std::span<const Request> requests, const ModelConfig&
 }
 
 // The requests MeasureNllWith's workers share: each takes the next one until none is left or
-// one has failed (the first failure is kept), and progress counts configurations in order.
+// one has failed, and progress counts configurations in order. Requests are handed out in
+// order, so every request before a failed one has run: the failure kept, the lowest request's,
+// is the one a sequential measurement returns.
 class RequestQueue {
  public:
   explicit RequestQueue(size_t n) : n_(n) {}
@@ -128,9 +130,12 @@ class RequestQueue {
     if (!status_.ok() || next_ == n_) return std::nullopt;
     return next_++;
   }
-  void Report(const absl::Status& s) {
+  void Report(size_t request, const absl::Status& s) {
     absl::MutexLock lock(&mu_);
-    if (status_.ok()) status_ = s;
+    if (!s.ok() && (status_.ok() || request < failed_)) {
+      status_ = s;
+      failed_ = request;
+    }
   }
   // One configuration scored: `report` gets the running count, under the lock so that counts
   // arrive in order.
@@ -147,6 +152,7 @@ class RequestQueue {
   const size_t n_;
   mutable absl::Mutex mu_;
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t failed_ ABSL_GUARDED_BY(mu_) = 0;  // the request status_ failed on
   int64_t done_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
@@ -276,23 +282,27 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
     return absl::OkStatus();
   };
   Backend& shared = model.backend();
+  const int threads = std::max(shared.threads(), 1);
   const int workers =
       shared.name() == "cpu"
-          ? static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(shared.threads(), 1)),
-                                              requests.size()))
+          ? static_cast<int>(std::min<size_t>(
+                {static_cast<size_t>(threads), requests.size(), kMaxRequestsAtOnce}))
           : 1;
   if (workers <= 1) {
     for (size_t r = 0; r < requests.size(); ++r) RETURN_IF_ERROR(score(r, nullptr));
     return nll;
   }
-  std::vector<std::thread> threads;
+  std::vector<std::thread> pool;
   for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&] {
-      const std::unique_ptr<Backend> own = MakeCpuBackend(1, shared.activation_precision());
-      while (const std::optional<size_t> r = queue.Next()) queue.Report(score(*r, own.get()));
+    // The backend's threads shared out among the workers.
+    const int own_threads = threads / workers + (w < threads % workers ? 1 : 0);
+    pool.emplace_back([&, own_threads] {
+      const std::unique_ptr<Backend> own =
+          MakeCpuBackend(own_threads, shared.activation_precision());
+      while (const std::optional<size_t> r = queue.Next()) queue.Report(*r, score(*r, own.get()));
     });
   }
-  for (std::thread& t : threads) t.join();
+  for (std::thread& t : pool) t.join();
   RETURN_IF_ERROR(queue.status());
   return nll;
 }

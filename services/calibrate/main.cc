@@ -40,7 +40,7 @@ ABSL_FLAG(int, train, 64, "training requests");
 ABSL_FLAG(int, validation, 24, "validation requests for ridge strength, risks, path and gates");
 ABSL_FLAG(int, confirm, 0,
           "Stable-split requests, from validation-split documents the selection requests do not "
-          "use (0: none; --full-report: 8)");
+          "use (0: none; --full-report or --gate stable-split: 8)");
 ABSL_FLAG(int, test, 24, "held-out test requests for the report");
 ABSL_FLAG(int, noise_requests, 0,
           "validation requests of the Gaussian-noise control (0: skip; --full-report: 8)");
@@ -129,6 +129,12 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
     }
   };
   diagnostic("confirm", absl::GetFlag(FLAGS_confirm), 8, &o.confirm);
+  // The Stable-split gate decides on confirmation requests: it gets --full-report's 8 when
+  // --confirm is not given.
+  if (absl::GetFlag(FLAGS_gate) == "stable-split" && !Given("confirm") &&
+      !absl::GetFlag(FLAGS_quick)) {
+    o.confirm = 8;
+  }
   take("test", absl::GetFlag(FLAGS_test), &o.test);
   diagnostic("noise_requests", absl::GetFlag(FLAGS_noise_requests), 8, &o.noise_requests);
   take("noise_draws", absl::GetFlag(FLAGS_noise_draws), &o.noise_draws);

@@ -46,8 +46,8 @@ std::string PathChart(const CalibrationResult& r) {
          p.left + p.w, p.Y(eps));
   s += F("<text x='%.1f' y='%.1f' class='eps-label'>&#949; = %g</text>", p.left + 4, p.Y(eps) - 4,
          eps);
-  // One line per wire form and split through the points it scored; the plain line starts at
-  // exact KV.
+  // One line per wire form and split through consecutive points it scored (a point after an
+  // unscored one starts a new line); the plain line starts at exact KV.
   auto series = [&](Measured PathPointResult::*field, const char* cls, double dx) {
     std::string line;
     const PathPointResult* last = nullptr;
@@ -57,6 +57,7 @@ std::string PathChart(const CalibrationResult& r) {
       if (m.requests == 0) continue;
       const double x = p.X(100 * pt.sent_fraction) + dx;
       const bool new_form = last == nullptr || pt.form != last->form;
+      const bool after_gap = !new_form && last != &r.path[k - 1];
       last = &pt;
       if (new_form) {
         if (!line.empty()) s += F("<path d='%s' class='%s-line'/>", line.c_str(), cls);
@@ -64,7 +65,7 @@ std::string PathChart(const CalibrationResult& r) {
         s += F("<text x='%.1f' y='%.1f' class='eps-label'>%s</text>", x + 6, p.Y(m.ci95.mean) - 6,
                std::string(WireFormName(pt.form)).c_str());
       } else {
-        line += " L";
+        line += after_gap ? " M" : " L";
       }
       line += F(" %.1f %.1f", x, p.Y(m.ci95.mean));
       s += F("<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' class='%s-ci'/>", x, p.Y(m.ci95.lo), x,

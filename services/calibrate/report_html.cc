@@ -1,5 +1,6 @@
 // The calibration report as one self-contained HTML page: the decision, the run, every table of
 // the selection and its charts inline.
+#include <algorithm>
 #include <cmath>
 
 #include "services/calibrate/report.h"
@@ -368,13 +369,20 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
          "omitted</th><th>best subset: layers omitted</th><th class='l'>best subset</th></tr>";
     for (double mult : {0.25, 0.5, 1.0, 2.0, 4.0}) {
       const double eps = o.epsilon * mult;
+      // The subsets rebuild from exact anchors: the plain path is what they compare with.
+      const bool plain_path =
+          std::any_of(r.path.begin(), r.path.end(),
+                      [](const PathPointResult& p) { return p.form == WireForm::kPlain; });
       for (bool upper : {false, true}) {
         const int pk = BestOnPath(r, upper, eps), bs = BestSubset(r, upper, eps);
-        h += F(
-            "<tr><td>%g</td><td class='l'>%s</td><td>%d</td><td>%d</td><td class='l'>%s</td></tr>",
-            eps, upper ? "upper90" : "mean", pk >= 0 ? r.path[pk].layers : 0,
-            bs >= 0 ? r.exhaustive[bs].layers : 0,
-            bs >= 0 ? Esc(SubsetName(r, r.exhaustive[bs].mask)).c_str() : "exact KV");
+        h +=
+            F("<tr><td>%g</td><td class='l'>%s</td><td>%s</td><td>%d</td><td class='l'>%s</td>"
+              "</tr>",
+              eps, upper ? "upper90" : "mean",
+              plain_path ? F("%d", pk >= 0 ? r.path[pk].layers : 0).c_str()
+                         : "not measured (--wire-forms without plain)",
+              bs >= 0 ? r.exhaustive[bs].layers : 0,
+              bs >= 0 ? Esc(SubsetName(r, r.exhaustive[bs].mask)).c_str() : "exact KV");
       }
     }
     h += "</table>";

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -276,7 +277,7 @@ TEST_F(CalibrateTiny, TestSplitScoresTheChosenPointsAsTheFullRunDoes) {
   const int n_points = static_cast<int>(all->path.size());
   EXPECT_EQ(all->test_points.size(), static_cast<size_t>(n_points));
   // A budget that the middle of the int8 path meets, so the choices fall inside the path.
-  o.epsilon = all->path[n_points / 2].validation.upper90;
+  o.epsilon = std::max(1e-6, all->path[n_points / 2].validation.upper90);
   o.test_every_point = false;
   auto chosen = Calibrate(*model_, "tiny_llama_deep.gguf", o);
   ASSERT_TRUE(chosen.ok()) << chosen.status();
@@ -321,6 +322,25 @@ TEST_F(CalibrateTiny, TestSplitScoresTheChosenPointsAsTheFullRunDoes) {
   std::ifstream html_in(out / "report.html");
   const std::string html((std::istreambuf_iterator<char>(html_in)), {});
   EXPECT_NE(html.find("not scored on the test split"), std::string::npos);
+  // The chart's test lines join consecutive scored points only (the plain line also joins its
+  // first point to exact KV): an unscored point in between starts a new line.
+  int joins = 0;
+  bool plain_scored = false;
+  for (int k = 0; k < n_points; ++k) {
+    plain_scored |= r.path[k].form == WireForm::kPlain && expected[k];
+    if (k > 0 && r.path[k].form == r.path[k - 1].form && expected[k] && expected[k - 1]) ++joins;
+  }
+  std::ifstream svg_in(out / "ordered-path.svg");
+  const std::string svg((std::istreambuf_iterator<char>(svg_in)), {});
+  int drawn = 0;
+  for (size_t at = svg.find("<path d='"); at != std::string::npos;
+       at = svg.find("<path d='", at + 1)) {
+    const size_t end = svg.find("'", at + 9);
+    if (svg.compare(end, 20, "' class='test-line'/") != 0) continue;
+    const std::string d = svg.substr(at + 9, end - at - 9);
+    drawn += static_cast<int>(std::count(d.begin(), d.end(), 'L'));
+  }
+  EXPECT_EQ(drawn, joins + (plain_scored ? 1 : 0));
 }
 
 TEST_F(CalibrateTiny, ExactAnchorFitsServeEveryForm) {
