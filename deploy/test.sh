@@ -35,11 +35,13 @@ for stage in ${stages[*]}; do
       timed deploy/build.sh release riskkv_proto riskkv_grpc_proto >/dev/null
       timed deploy/thread_safety.py build/release
       continue ;;
-    # The tsan test preset runs the service tests only (label "service").
+    # The tsan test preset runs the service tests and the calibration's concurrent scoring
+    # (labels "service" and "threads").
     tsan) targets=(node_test live_handover_test migration_test live_migration_test control_test
                    policy_follower_test session_table_test mode_planner_test rate_limiter_test
                    migration_outcomes_test kv_budget_test node_access_test access_list_test
-                   access_file_test authorizer_test client_token_test) ;;
+                   access_file_test authorizer_test client_token_test
+                   concurrent_requests_test) ;;
     # The fuzz preset builds and runs the fuzz targets only (label "fuzz").
     fuzz) targets=(gguf_fuzz safetensors_fuzz tokenizer_json_fuzz bank_fuzz policy_fuzz
                    session_codec_fuzz migration_receiver_fuzz) ;;

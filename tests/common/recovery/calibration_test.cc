@@ -14,10 +14,14 @@
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/rebuild.h"
 #include "common/recovery/wire_apply.h"
+#include "tests/common/recovery/concurrent_requests.h"
 #include "tests/test_paths.h"
 
 namespace riskkv {
 namespace {
+
+using testing::ExpectConcurrentRequestsMatch;
+using testing::Perturb;
 
 TEST(Calibration, MakeRequestsCutsDisjointWindows) {
   std::vector<int32_t> tokens(100);
@@ -146,22 +150,6 @@ TEST(Calibration, EachWireFormGetsPredictorsFittedOnItsDecodedAnchors) {
   }
 }
 
-// Configurations that change chosen layers' moved rows by a fixed perturbation.
-absl::Status Perturb(const std::vector<int64_t>& layers, int64_t rows, KvCache& cache) {
-  std::vector<float> k(rows * cache.width()), v(k.size());
-  for (int64_t l : layers) {
-    RETURN_IF_ERROR(cache.ReadKeys(l, 0, rows, k.data()));
-    RETURN_IF_ERROR(cache.ReadValues(l, 0, rows, v.data()));
-    for (size_t i = 0; i < k.size(); ++i) {
-      k[i] += 0.3f * std::sin(0.7f * i + l);
-      v[i] *= 1.0f + 0.2f * std::cos(0.3f * i);
-    }
-    RETURN_IF_ERROR(cache.WriteKeys(l, 0, rows, k.data()));
-    RETURN_IF_ERROR(cache.WriteValues(l, 0, rows, v.data()));
-  }
-  return absl::OkStatus();
-}
-
 // The full pass a migration target runs, every layer from the start.
 double FullPassNll(Model& m, const Request& req, const std::vector<int64_t>& layers) {
   auto cache = m.NewKvCache(req.tokens.size());
@@ -240,91 +228,6 @@ TEST(RequestScorer, SmolLM2ScoresAcrossMicroBatchesMatchFullPasses) {
   std::vector<int32_t> tokens(333);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 97 + 5) % 20000);
   ExpectFullPassResults(**model, MakeRequests(tokens, 33, 300, 1).at(0), {{}, {20}, {20, 9}, {28}});
-}
-
-// On the CPU backend, MeasureNllWith scores as many requests at once as the model has threads,
-// each on its own backend: the numbers are those of one request at a time, in both arithmetics;
-// progress still counts every configuration once, in order; and configurations that fail stop
-// the measurement with the error a sequential run returns (the lowest request's).
-void ExpectConcurrentRequestsMatch(const std::string& path, ActivationPrecision activations,
-                                   int threads, int64_t history, int64_t eval, int n_requests,
-                                   const std::vector<std::vector<int64_t>>& configs) {
-  auto one = Model::Load(path, {.threads = 1, .activations = activations});
-  auto many = Model::Load(path, {.threads = threads, .activations = activations});
-  ASSERT_TRUE(one.ok() && many.ok());
-  std::vector<int32_t> tokens(n_requests * (history + eval));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % 500);
-  const auto requests = MakeRequests(tokens, history, eval, 0);
-  ASSERT_EQ(requests.size(), static_cast<size_t>(n_requests));
-  auto apply = [&](size_t k, size_t r, const KvCache&, KvCache& work, Backend&) {
-    return Perturb(configs[k], requests[r].moved_rows(), work);
-  };
-  auto sequential = MeasureNllWith(**one, requests, configs.size(), apply);
-  ASSERT_TRUE(sequential.ok()) << sequential.status();
-  int64_t last = 0;
-  std::atomic<int> on_workers{0};
-  auto concurrent = MeasureNllWith(
-      **many, requests, configs.size(),
-      [&](size_t k, size_t r, const KvCache& exact, KvCache& work, Backend& b) {
-        if (&b != &(*many)->backend() && b.threads() == 1) ++on_workers;
-        return apply(k, r, exact, work, b);
-      },
-      [&](int64_t done, int64_t total) {
-        EXPECT_EQ(done, last + 1);
-        EXPECT_EQ(total, static_cast<int64_t>(n_requests * configs.size()));
-        last = done;
-      });
-  ASSERT_TRUE(concurrent.ok()) << concurrent.status();
-  EXPECT_EQ(last, static_cast<int64_t>(n_requests * configs.size()));
-  EXPECT_EQ(*concurrent, *sequential);
-  // Every configuration was made on a worker's single-threaded backend, not the model's.
-  EXPECT_EQ(on_workers.load(), n_requests * static_cast<int>(configs.size()));
-  for (size_t k = 1; k < configs.size(); ++k) EXPECT_NE((*sequential)[k], (*sequential)[0]);
-
-  for (int run = 0; run < 3; ++run) {
-    auto failing = MeasureNllWith(
-        **many, requests, configs.size(),
-        [&](size_t k, size_t r, const KvCache& exact, KvCache& work, Backend& b) {
-          if (k == 1 && (r == 1 || r == 2)) {
-            return absl::DataLossError(absl::StrCat("request ", r, " cannot be rebuilt"));
-          }
-          return apply(k, r, exact, work, b);
-        });
-    EXPECT_EQ(failing.status(), absl::DataLossError("request 1 cannot be rebuilt"));
-  }
-}
-
-// A real rebuild on the workers' backends (folded maps through the backend's MatMul and RoPE)
-// gives the sequential numbers.
-TEST(MeasureNll, RebuildsOnConcurrentRequestsMatchOneAtATime) {
-  const std::string path = (testing::TestdataDir() / "tiny_llama_deep.gguf").string();
-  auto one = Model::Load(path, {.threads = 1, .activations = ActivationPrecision::kF32});
-  auto many = Model::Load(path, {.threads = 3, .activations = ActivationPrecision::kF32});
-  ASSERT_TRUE(one.ok() && many.ok());
-  std::vector<int32_t> tokens(10 * 36);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 53 + 7) % 500);
-  const auto requests = MakeRequests(tokens, 24, 12, 0);
-  const std::span<const Request> all(requests);
-  auto groups = CandidateGroups(static_cast<int32_t>((*one)->config().n_layers), {});
-  ASSERT_TRUE(groups.ok() && !groups->empty());
-  auto fits = FitGroups(**one, all.first(4), all.subspan(4, 2), *groups);
-  ASSERT_TRUE(fits.ok()) << fits.status();
-  auto fingerprint = ModelFingerprint(**one);
-  ASSERT_TRUE(fingerprint.ok());
-  auto bank = PredictorBank::FromFits(*fingerprint, DType::kF16, *fits);
-  ASSERT_TRUE(bank.ok()) << bank.status();
-  std::vector<std::vector<int>> configs = {{}};
-  for (size_t g = 0; g < (*bank)->groups().size(); ++g) configs.push_back({static_cast<int>(g)});
-  auto sequential = MeasureNll(**one, all.subspan(6), (*bank)->groups(), configs);
-  auto concurrent = MeasureNll(**many, all.subspan(6), (*bank)->groups(), configs);
-  ASSERT_TRUE(sequential.ok() && concurrent.ok());
-  EXPECT_EQ(*concurrent, *sequential);
-  EXPECT_NE((*sequential)[1], (*sequential)[0]);
-}
-
-TEST(MeasureNllWith, ConcurrentRequestsMatchOneAtATime) {
-  ExpectConcurrentRequestsMatch((testing::TestdataDir() / "tiny_llama_deep.gguf").string(),
-                                ActivationPrecision::kF32, 3, 24, 12, 7, {{}, {1}, {5, 3}, {0}});
 }
 
 TEST(MeasureNllWith, SmolLM2ConcurrentRequestsMatchOneAtATimeInInt8) {
