@@ -125,6 +125,14 @@ class Model {
   std::vector<float> output_norm_;
   std::vector<Layer> layers_;
   int64_t weight_bytes_ = 0;
+  // Regroups w in panels for the CPU's 8-bit kernel when it is Q4_1 with whole panels.
+  void AddPanels(WeightMatrix& w);
+
+  // The Q4_1 matrices' panels (WeightMatrix::panels), for 8-bit arithmetic on CPUs that run them.
+  struct AlignedFree {
+    void operator()(uint8_t* p) const;
+  };
+  std::vector<std::unique_ptr<uint8_t[], AlignedFree>> panels_;
 };
 
 // -log softmax(logits)[target], computed stably in double.

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -257,9 +258,52 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   };
   std::vector<int> every_point(n_points);
   std::iota(every_point.begin(), every_point.end(), 0);
-  RETURN_IF_ERROR(measure_path(val, res.validation_kinds, "path", &PathPointResult::validation,
-                               every_point, true)
-                      .status());
+  const BootstrapOptions boot{o.bootstrap_resamples, o.seed};
+  auto gate_point = [&](const PathPointResult& p) {
+    return PathPoint{1.0 - p.sent_fraction, p.validation.deltas, p.confirm.deltas,
+                     res.validation_kinds, res.confirm_kinds};
+  };
+  if (o.path_every_point || o.confirm > 0 || o.exhaustive) {
+    RETURN_IF_ERROR(measure_path(val, res.validation_kinds, "path", &PathPointResult::validation,
+                                 every_point, true)
+                        .status());
+  } else {
+    // A point that passes the Mean and Upper-90 gates at the tightest reported budget is
+    // chosen, or beaten by one with fewer bytes, at every budget: points with more bytes are
+    // never chosen and are not measured. The most compact form goes first, as its points are the
+    // likeliest to set that bound low.
+    double tightest = o.epsilon;
+    for (double e : kReportBudgets) tightest = std::min(tightest, e);
+    std::vector<WireForm> forms = o.wire_forms;
+    std::stable_sort(forms.begin(), forms.end(), [&](WireForm a, WireForm b) {
+      return LayerWireBytes(a, moved, c.n_kv_heads, c.head_dim, o.kv_dtype) <
+             LayerWireBytes(b, moved, c.n_kv_heads, c.head_dim, o.kv_dtype);
+    });
+    double bound = std::numeric_limits<double>::infinity();
+    for (WireForm form : forms) {
+      std::vector<int> points;
+      for (int k = 0; k < n_points; ++k) {
+        if (res.path[k].form == form && res.path[k].sent_fraction <= bound) points.push_back(k);
+      }
+      if (points.empty()) continue;
+      RETURN_IF_ERROR(measure_path(val, res.validation_kinds, "path", &PathPointResult::validation,
+                                   points, true)
+                          .status());
+      for (int k : points) {
+        const PathPoint one[] = {gate_point(res.path[k])};
+        bool passes = true;
+        for (Gate gate : {Gate::kMean, Gate::kUpper90}) {
+          ASSIGN_OR_RETURN(GateDecision d, ApplyGate(gate, one, tightest, boot));
+          passes = passes && d.passed[0];
+        }
+        if (passes) bound = std::min(bound, res.path[k].sent_fraction);
+      }
+    }
+  }
+  std::vector<int> measured_points;
+  for (int k = 0; k < n_points; ++k) {
+    if (res.path[k].on_selection()) measured_points.push_back(k);
+  }
   clock.End("path");
   if (o.confirm > 0) {
     RETURN_IF_ERROR(measure_path(confirm, res.confirm_kinds, "confirm", &PathPointResult::confirm,
@@ -268,19 +312,30 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     clock.End("confirm");
   }
 
-  // 5. Gates.
-  std::vector<PathPoint> points;
-  for (const PathPointResult& p : res.path) {
-    // The gate keeps the point that sends the fewest bytes among those that pass.
-    points.push_back({1.0 - p.sent_fraction, p.validation.deltas, p.confirm.deltas,
-                      res.validation_kinds, res.confirm_kinds});
-  }
-  const BootstrapOptions boot{o.bootstrap_resamples, o.seed};
+  // 5. Gates, over the measured points; a point left unmeasured reads as failing.
+  // The gate keeps the point that sends the fewest bytes among those that pass.
+  auto apply_gate = [&](Gate gate, double epsilon,
+                        const std::vector<int>& subset) -> absl::StatusOr<GateDecision> {
+    std::vector<PathPoint> points;
+    for (int k : subset) points.push_back(gate_point(res.path[k]));
+    ASSIGN_OR_RETURN(GateDecision d, ApplyGate(gate, points, epsilon, boot));
+    GateDecision out;
+    out.chosen = d.chosen < 0 ? -1 : subset[d.chosen];
+    out.statistic.assign(n_points, std::numeric_limits<double>::quiet_NaN());
+    out.passed.assign(n_points, false);
+    out.worst_kind.assign(n_points, -1);
+    for (size_t i = 0; i < subset.size(); ++i) {
+      out.statistic[subset[i]] = d.statistic[i];
+      out.passed[subset[i]] = d.passed[i];
+      out.worst_kind[subset[i]] = d.worst_kind[i];
+    }
+    return out;
+  };
   for (Gate gate : {Gate::kMean, Gate::kUpper90, Gate::kStableSplit}) {
     GateResult& gr = res.gates[static_cast<int>(gate)];
     gr.gate = gate;
     if (gate == Gate::kStableSplit && o.confirm == 0) continue;  // nothing to confirm on
-    ASSIGN_OR_RETURN(gr.decision, ApplyGate(gate, points, o.epsilon, boot));
+    ASSIGN_OR_RETURN(gr.decision, apply_gate(gate, o.epsilon, measured_points));
   }
   res.chosen = res.gates[static_cast<int>(o.gate)].decision.chosen;
   if (o.gate != Gate::kStableSplit || o.confirm > 0) {
@@ -288,20 +343,17 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     for (double e : kReportBudgets) {
       if (e != o.epsilon) budgets.push_back(e);
     }
-    std::vector<PathPoint> no_omission;
-    std::vector<int> no_omission_index;
-    for (int k = 0; k < n_points; ++k) {
-      if (!res.path[k].groups.empty()) continue;
-      no_omission.push_back(points[k]);
-      no_omission_index.push_back(k);
+    std::vector<int> no_omission;
+    for (int k : measured_points) {
+      if (res.path[k].groups.empty()) no_omission.push_back(k);
     }
     for (double e : budgets) {
       BudgetResult b{.epsilon = e};
-      ASSIGN_OR_RETURN(GateDecision all, ApplyGate(o.gate, points, e, boot));
+      ASSIGN_OR_RETURN(GateDecision all, apply_gate(o.gate, e, measured_points));
       b.with_reconstruction = all.chosen;
       if (!no_omission.empty()) {
-        ASSIGN_OR_RETURN(GateDecision none, ApplyGate(o.gate, no_omission, e, boot));
-        b.without_reconstruction = none.chosen < 0 ? -1 : no_omission_index[none.chosen];
+        ASSIGN_OR_RETURN(GateDecision none, apply_gate(o.gate, e, no_omission));
+        b.without_reconstruction = none.chosen;
       }
       res.budgets.push_back(b);
     }

@@ -69,6 +69,12 @@ struct CalibrateOptions {
   // from: each gate's choice, the choices with and without reconstruction at every reported
   // budget, and each quantized form's FULL_KV point (k = 0).
   bool test_every_point = false;
+  // Path points measured on the selection requests: every one, or (false, without confirmation
+  // requests or the exhaustive search, which read every point) the wire forms in turn, the most
+  // compact first, skipping each point that sends more bytes than one already measured that passes
+  // the Mean and Upper-90 gates at every reported budget: no gate at any of those budgets can
+  // choose it.
+  bool path_every_point = false;
   std::string policy_id;
   uint64_t policy_version = 1;
   bool quiet = false;  // no progress bars
@@ -102,11 +108,14 @@ struct Measured : DeltaSummary {
 struct PathPointResult {
   WireForm form = WireForm::kPlain;  // of the kept layers
   std::vector<int> groups;  // indices into CalibrationResult::groups: the ranking's first k
-  std::vector<int32_t> kept_layers;    // the others, ascending
-  int layers = 0;                      // rebuilt layers
-  double kv_fraction = 0.0;            // of the layers, rebuilt
-  double sent_fraction = 1.0;          // bytes sent, as a share of FULL_KV plain at kv_dtype
-  Measured validation, confirm, test;  // test.requests == 0: not scored on the test requests
+  std::vector<int32_t> kept_layers;  // the others, ascending
+  int layers = 0;                    // rebuilt layers
+  double kv_fraction = 0.0;          // of the layers, rebuilt
+  double sent_fraction = 1.0;        // bytes sent, as a share of FULL_KV plain at kv_dtype
+  // validation.requests == 0: not measured (dominated, see path_every_point);
+  // test.requests == 0: not scored on the test requests.
+  Measured validation, confirm, test;
+  bool on_selection() const { return validation.requests > 0; }
   bool on_test() const { return test.requests > 0; }
 };
 

@@ -68,10 +68,14 @@ ABSL_FLAG(std::string, wire_forms, "int8,int4",
 ABSL_FLAG(std::string, test_points, "chosen",
           "path points scored on the held-out test split: chosen (each gate's and budget's "
           "choice and each form's FULL_KV point) or all (--full-report)");
+ABSL_FLAG(std::string, path_points, "needed",
+          "path points measured on the selection requests: needed (the wire forms in turn, "
+          "skipping points that send more bytes than one that passes every gate at every reported "
+          "budget) or all (--full-report, and whenever --confirm or --exhaustive is on)");
 ABSL_FLAG(bool, full_report, false,
           "also measure what only the report reads: the plain form's path, 8 confirmation "
           "requests (the Stable-split gate), the noise control on 8 requests and every path "
-          "point on the test split (explicit flags still win)");
+          "point on the selection and the test split (explicit flags still win)");
 ABSL_FLAG(std::string, fit_anchors, "wire",
           "wire: each quantized form's predictors fitted on its decoded anchors (joint "
           "calibration); exact: one fit on exact anchors for every form");
@@ -187,6 +191,13 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
                                       "'");
   }
   o.test_every_point = test_points == "all";
+  const std::string path_points =
+      full && !Given("path_points") ? "all" : absl::GetFlag(FLAGS_path_points);
+  if (path_points != "needed" && path_points != "all") {
+    return absl::InvalidArgumentError("--path-points must be needed or all, not '" + path_points +
+                                      "'");
+  }
+  o.path_every_point = path_points == "all";
   o.policy_id = absl::GetFlag(FLAGS_policy_id);
   o.policy_version = absl::GetFlag(FLAGS_policy_version);
   o.seed = absl::GetFlag(FLAGS_seed);

@@ -49,6 +49,7 @@ RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank
   for (int g : res.ranking) p.singleton_risks.push_back({res.groups[g], delta(res.singleton[g])});
   const GateDecision& d = res.gates[static_cast<int>(o.gate)].decision;
   for (size_t k = 0; k < res.path.size(); ++k) {
+    if (!res.path[k].on_selection()) continue;  // dominated, never measured
     RetentionPolicy::PathPoint pt;
     pt.groups = static_cast<int32_t>(res.path[k].groups.size());
     pt.kv_omitted_fraction = res.path[k].kv_fraction;

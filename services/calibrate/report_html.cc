@@ -31,7 +31,7 @@ td.l,th.l{text-align:left}tr.chosen td{background:#fff3d6;font-weight:600}
 
 std::string GateMark(const CalibrationResult& r, Gate g, size_t k) {
   const GateDecision& d = r.gates[static_cast<int>(g)].decision;
-  if (k >= d.passed.size()) return "&ndash;";
+  if (k >= d.passed.size() || !r.path[k].on_selection()) return "&ndash;";
   std::string s = d.passed[k] ? "pass" : "fail";
   if (d.chosen == static_cast<int>(k)) s = "<b>chosen</b>";
   return s;
@@ -58,7 +58,8 @@ int BestOnPath(const CalibrationResult& r, bool upper, double eps) {
   int best = -1;
   for (size_t k = 0; k < r.path.size(); ++k) {
     const Measured& m = r.path[k].validation;
-    if (r.path[k].form == WireForm::kPlain && (upper ? m.upper90 : m.ci95.mean) <= eps &&
+    if (r.path[k].form == WireForm::kPlain && r.path[k].on_selection() &&
+        (upper ? m.upper90 : m.ci95.mean) <= eps &&
         (best < 0 || r.path[k].layers > r.path[best].layers)) {
       best = static_cast<int>(k);
     }
@@ -216,7 +217,10 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
            p.groups.empty() ? "none (FULL_KV)" : Esc(r.groups[p.groups.back()].ToString()).c_str(),
            p.layers, 100 * p.kv_fraction, 100 * p.sent_fraction) +
          test_cells +
-         F("<td>%+.5f</td><td>%+.5f</td>", p.validation.ci95.mean, p.validation.upper90);
+         (p.on_selection()
+              ? F("<td>%+.5f</td><td>%+.5f</td>", p.validation.ci95.mean, p.validation.upper90)
+              : "<td class='l' colspan='2'>not measured: a point with fewer bytes passes "
+                "(--path-points all)</td>");
     for (Gate g : {Gate::kMean, Gate::kUpper90, Gate::kStableSplit}) {
       h += "<td>" + GateMark(r, g, k) + "</td>";
     }
@@ -241,14 +245,15 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
     h += F("<tr%s><td>%zu</td><td class='l'>%s</td><td>%d</td><td class='l'>",
            static_cast<int>(k) == r.chosen ? " class='chosen'" : "", p.groups.size(),
            std::string(WireFormName(p.form)).c_str(), p.layers);
-    if (k < upper.worst_kind.size()) {
+    if (k < upper.worst_kind.size() && p.on_selection()) {
       h += Esc(r.kinds[upper.worst_kind[k]].kind.name) + F(" %+.5f", upper.statistic[k]);
     }
     h += "</td>";
     for (size_t kind = 0; kind < r.kinds.size(); ++kind) {
-      h += "<td>" + Ci(p.validation.by_kind[kind]) + "</td>" +
-           F("<td>%+.5f</td>", p.validation.by_kind[kind].upper90) + "<td>" +
-           (p.on_test() ? Ci(p.test.by_kind[kind]) : "not scored") + "</td>";
+      h += p.on_selection() ? "<td>" + Ci(p.validation.by_kind[kind]) + "</td>" +
+                                  F("<td>%+.5f</td>", p.validation.by_kind[kind].upper90)
+                            : std::string("<td class='l' colspan='2'>not measured</td>");
+      h += "<td>" + (p.on_test() ? Ci(p.test.by_kind[kind]) : "not scored") + "</td>";
     }
     h += "</tr>";
   }

@@ -66,7 +66,8 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                   {"epsilon", o.epsilon},
                   {"gate", GateName(o.gate)},
                   {"seed", o.seed},
-                  {"test_points", o.test_every_point ? "all" : "chosen"}};
+                  {"test_points", o.test_every_point ? "all" : "chosen"},
+                  {"path_points", o.path_every_point ? "all" : "needed"}};
   for (int s = 0; s < 3; ++s) {
     const SplitStats& st = r.splits[s];
     j["splits"][SplitName(static_cast<Split>(s))] = {{"documents", st.documents},
@@ -84,12 +85,12 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                {"wire_form", std::string(WireFormName(p.form))},
                {"layers", p.layers},
                {"kv_fraction", p.kv_fraction},
-               {"sent_fraction", p.sent_fraction},
-               {"validation", measured(p.validation)}};
+               {"sent_fraction", p.sent_fraction}};
+    if (p.on_selection()) pt["validation"] = measured(p.validation);
     if (p.on_test()) pt["test"] = measured(p.test);
     if (!p.confirm.deltas.empty()) pt["confirm"] = measured(p.confirm);
     for (const GateResult& g : r.gates) {
-      if (g.decision.passed.size() <= k) continue;
+      if (g.decision.passed.size() <= k || !p.on_selection()) continue;
       pt["gates"][GateName(g.gate)] = {{"statistic", g.decision.statistic[k]},
                                        {"passed", static_cast<bool>(g.decision.passed[k])},
                                        {"worst_kind", r.kinds[g.decision.worst_kind[k]].kind.name}};

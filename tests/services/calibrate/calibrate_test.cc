@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -341,6 +342,91 @@ TEST_F(CalibrateTiny, TestSplitScoresTheChosenPointsAsTheFullRunDoes) {
     drawn += static_cast<int>(std::count(d.begin(), d.end(), 'L'));
   }
   EXPECT_EQ(drawn, joins + (plain_scored ? 1 : 0));
+}
+
+// Without confirmation requests or the exhaustive search, the selection requests skip the points
+// that send more bytes than a measured point passing the Mean and Upper-90 gates at every
+// reported budget. Every decision equals the run that measures every point, every measured point
+// has the same numbers, and the outputs leave the skipped points' selection figures out.
+TEST_F(CalibrateTiny, PathSkipsOnlyPointsNoGateCanChoose) {
+  CalibrateOptions o = Quick();
+  o.exhaustive = false;
+  o.noise_requests = 0;
+  o.confirm = 0;
+  o.path_every_point = true;
+  o.epsilon = 10.0;
+  auto probe = Calibrate(*model_, "tiny_llama_deep.gguf", o);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const int n_points = static_cast<int>(probe->path.size());
+  // The budget: the lowest statistic of both gates at any point, so that point passes every
+  // budget the run reports (the gates' statistics do not depend on the budget).
+  const GateDecision& mean = probe->gates[static_cast<int>(Gate::kMean)].decision;
+  const GateDecision& upper = probe->gates[static_cast<int>(Gate::kUpper90)].decision;
+  double eps = std::numeric_limits<double>::infinity();
+  for (int k = 0; k < n_points; ++k) {
+    eps = std::min(eps, std::max({mean.statistic[k], upper.statistic[k], 0.0}));
+  }
+  o.epsilon = eps;
+  auto all = Calibrate(*model_, "tiny_llama_deep.gguf", o);
+  ASSERT_TRUE(all.ok()) << all.status();
+  o.path_every_point = false;
+  auto needed = Calibrate(*model_, "tiny_llama_deep.gguf", o);
+  ASSERT_TRUE(needed.ok()) << needed.status();
+  const CalibrationResult& r = *needed;
+
+  EXPECT_EQ(r.chosen, all->chosen);
+  for (Gate g : {Gate::kMean, Gate::kUpper90}) {
+    EXPECT_EQ(r.gates[static_cast<int>(g)].decision.chosen,
+              all->gates[static_cast<int>(g)].decision.chosen)
+        << GateName(g);
+  }
+  ASSERT_EQ(r.budgets.size(), all->budgets.size());
+  for (size_t b = 0; b < r.budgets.size(); ++b) {
+    EXPECT_EQ(r.budgets[b].with_reconstruction, all->budgets[b].with_reconstruction) << b;
+    EXPECT_EQ(r.budgets[b].without_reconstruction, all->budgets[b].without_reconstruction) << b;
+  }
+  // The bound: the fewest bytes of a point that passes both gates at the tightest budget.
+  double tightest = eps;
+  for (double e : kReportBudgets) tightest = std::min(tightest, e);
+  double bound = std::numeric_limits<double>::infinity();
+  for (int k = 0; k < n_points; ++k) {
+    if (mean.statistic[k] <= tightest && upper.statistic[k] <= tightest) {
+      bound = std::min(bound, all->path[k].sent_fraction);
+    }
+  }
+  ASSERT_LT(bound, 1.0);
+  int skipped = 0;
+  for (int k = 0; k < n_points; ++k) {
+    const PathPointResult& p = r.path[k];
+    if (p.on_selection()) {
+      EXPECT_EQ(p.validation.deltas, all->path[k].validation.deltas) << k;
+    } else {
+      ++skipped;
+      EXPECT_GT(p.sent_fraction, bound) << k;
+      EXPECT_TRUE(std::isnan(r.gates[static_cast<int>(Gate::kUpper90)].decision.statistic[k]));
+    }
+    // Whatever sends no more than the bound is measured: the gates need it.
+    if (p.sent_fraction <= bound) {
+      EXPECT_TRUE(p.on_selection()) << k;
+    }
+  }
+  EXPECT_GT(skipped, 0);
+
+  const fs::path out = *dir_ / "needed-path";
+  ASSERT_TRUE(WriteOutputs(r, out.string()).ok());
+  std::ifstream json_in(out / "calibration.json");
+  const auto j = nlohmann::json::parse(json_in);
+  EXPECT_EQ(j["options"]["path_points"], "needed");
+  for (int k = 0; k < n_points; ++k) {
+    EXPECT_EQ(j["path"][k].contains("validation"), r.path[k].on_selection()) << k;
+    EXPECT_EQ(j["path"][k].contains("gates"), r.path[k].on_selection()) << k;
+  }
+  std::ifstream html_in(out / "report.html");
+  const std::string html((std::istreambuf_iterator<char>(html_in)), {});
+  EXPECT_NE(html.find("not measured: a point with fewer bytes passes"), std::string::npos);
+  auto policy = ReadPolicy((out / "policy.pb").string(), 0, "");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ(policy->path.size(), static_cast<size_t>(n_points - skipped));
 }
 
 TEST_F(CalibrateTiny, ExactAnchorFitsServeEveryForm) {

@@ -1,0 +1,144 @@
+// The Q4_1 panel kernel (kernels/cpu/q4_1_panels.h) against the row kernel it restates,
+// DotRowsQ8 (itself checked against a scalar statement of the arithmetic in quant_dot_test): every
+// output bit for bit, for one and two tokens at a time, random and extreme codes; and the CPU
+// backend's MatMul with panels against the same matrix without them, for batches of every shape
+// and several thread counts.
+#include "kernels/cpu/q4_1_panels.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+#include "tests/kernels/op_reference.h"
+
+namespace riskkv::cpu {
+namespace {
+
+struct AlignedFree {
+  void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+using Panels = std::unique_ptr<uint8_t[], AlignedFree>;
+
+Panels Pack(const std::vector<uint8_t>& rows, int64_t n_rows, int64_t cols) {
+  Panels out(new (std::align_val_t(64)) uint8_t[n_rows / kPanelRows * PanelBytes(cols)]);
+  PackQ4_1Panels(rows.data(), n_rows, cols, out.get());
+  return out;
+}
+
+std::vector<uint8_t> RandomRows(int64_t n_rows, int64_t cols, uint32_t seed) {
+  const auto values = testing::RandomVector(n_rows * cols, seed, 0.05f);
+  std::vector<uint8_t> rows;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const auto q = testing::QuantizeRow(DType::kQ4_1, values.data() + r * cols, cols);
+    rows.insert(rows.end(), q.begin(), q.end());
+  }
+  return rows;
+}
+
+std::vector<Q8Block> Activations(int tokens, int64_t cols, uint32_t seed) {
+  const auto x = testing::RandomVector(tokens * cols, seed);
+  std::vector<Q8Block> xq(tokens * cols / 32);
+  for (int t = 0; t < tokens; ++t) QuantizeQ8(x.data() + t * cols, cols, xq.data() + t * cols / 32);
+  return xq;
+}
+
+// Every output of panels against DotRowsQ8 on the same rows, one and two tokens a call.
+void ExpectSameAsRows(const std::vector<uint8_t>& rows, int64_t n_rows, int64_t cols,
+                      const std::vector<Q8Block>& xq, int tokens) {
+  const Panels panels = Pack(rows, n_rows, cols);
+  const int64_t row_bytes = RowBytes(DType::kQ4_1, cols), blocks = cols / 32;
+  for (int count = 1; count <= 2; ++count) {
+    std::vector<float> y(tokens * n_rows, -1.0f);
+    for (int64_t p = 0; p < n_rows / kPanelRows; ++p) {
+      for (int t = 0; t < tokens; t += count) {
+        DotPanelQ8(panels.get() + p * PanelBytes(cols), xq.data() + t * blocks, blocks,
+                   std::min(count, tokens - t), cols, y.data() + t * n_rows + p * kPanelRows,
+                   n_rows);
+      }
+    }
+    for (int64_t r = 0; r < n_rows; ++r) {
+      for (int t = 0; t < tokens; ++t) {
+        float want = 0.0f;
+        DotRowsQ8(DType::kQ4_1, rows.data() + r * row_bytes, row_bytes, 1, xq.data() + t * blocks,
+                  blocks, 1, cols, &want);
+        EXPECT_EQ(y[t * n_rows + r], want)
+            << "cols=" << cols << " tokens per call=" << count << " row " << r << " token " << t;
+      }
+    }
+  }
+}
+
+class PanelTest : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override {
+    if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
+  }
+};
+
+TEST_P(PanelTest, EveryOutputEqualsTheRowKernel) {
+  const int64_t cols = GetParam(), n_rows = 3 * kPanelRows;
+  constexpr int kTokens = 5;
+  ExpectSameAsRows(RandomRows(n_rows, cols, 11), n_rows, cols, Activations(kTokens, cols, 12),
+                   kTokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, PanelTest, ::testing::Values<int64_t>(32, 576, 1536));
+
+// Weights of 15 and 0 against activations of +127 and -127, with scales and offsets of both
+// signs: the largest integer dots the format allows, and rows whose outputs cancel.
+TEST(Panels, ExtremeCodesEqualTheRowKernel) {
+  if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
+  constexpr int64_t kCols = 64, kRows = kPanelRows;
+  std::vector<uint8_t> rows(kRows * RowBytes(DType::kQ4_1, kCols));
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t b = 0; b < kCols / 32; ++b) {
+      uint8_t* blk = rows.data() + (r * kCols / 32 + b) * 20;
+      const uint16_t d = F32ToF16(r % 2 ? -1.0f : 0.5f), m = F32ToF16(r % 3 ? 0.25f : -2.0f);
+      std::memcpy(blk, &d, 2);
+      std::memcpy(blk + 2, &m, 2);
+      for (int j = 0; j < 16; ++j)
+        blk[4 + j] = static_cast<uint8_t>(r % 4 == 0 ? 0xff : 0x0f * (j % 2) + 0xf0 * (b % 2));
+    }
+  }
+  std::vector<Q8Block> xq(2 * kCols / 32);
+  for (size_t i = 0; i < xq.size(); ++i) {
+    xq[i].d = i % 2 ? 0.001f : 3.0f;
+    xq[i].s = i % 2 ? -0.5f : 7.0f;
+    for (int j = 0; j < 32; ++j) xq[i].q[j] = static_cast<int8_t>(i < 2 ? 127 : -127);
+  }
+  ExpectSameAsRows(rows, kRows, kCols, xq, 2);
+}
+
+// MatMul over a matrix with panels and the same matrix without: the same bits for every batch
+// size (one, the small-batch sizes, a token block and a remainder) and thread count.
+TEST(Panels, MatMulEqualsTheRowPath) {
+  if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
+  constexpr int64_t kRows = 5 * kPanelRows, kCols = 576;
+  const std::vector<uint8_t> rows = RandomRows(kRows, kCols, 21);
+  const Panels panels = Pack(rows, kRows, kCols);
+  const WeightMatrix plain{DType::kQ4_1, rows.data(), kRows, kCols};
+  WeightMatrix packed = plain;
+  packed.panels = panels.get();
+  const auto bias = testing::RandomVector(kRows, 22);
+  for (const int threads : {1, 3}) {
+    auto backend = MakeCpuBackend(threads, ActivationPrecision::kInt8);
+    for (const int64_t n : {1, 2, 3, 4, 5, 64, 67, 130}) {
+      const auto x = testing::RandomVector(n * kCols, 23 + static_cast<uint32_t>(n));
+      std::vector<float> want(n * kRows), got(n * kRows);
+      backend->MatMul(x.data(), n, plain, bias.data(), want.data());
+      backend->MatMul(x.data(), n, packed, bias.data(), got.data());
+      ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+          << "n=" << n << " threads=" << threads;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace riskkv::cpu
