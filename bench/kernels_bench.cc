@@ -3,19 +3,24 @@
 // of one layer's attention over an f16 or f32 cache for a decode step and a prefill block, at
 // the history lengths a migration moves.
 //   build/release/bench/riskkv-kernels-bench --benchmark_filter=Q4_1
+//   build/release/bench/riskkv-kernels-bench --benchmark_filter=Q4_1_int8   (rows and panels)
 //   build/release/bench/riskkv-kernels-bench --benchmark_filter=Attention
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <random>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/q4_1_panels.h"
 #include "tests/kernels/op_reference.h"
 
 namespace riskkv {
 namespace {
 
-void BM_MatMul(benchmark::State& state, DType dtype, ActivationPrecision precision) {
+// panels: Q4_1 weights also regrouped for the AVX-512 VNNI kernel (cpu/q4_1_panels.h), as the
+// model loader does for 8-bit arithmetic; the same products bit for bit.
+void MatMulBench(benchmark::State& state, DType dtype, ActivationPrecision precision, bool panels) {
   const int64_t n = state.range(0), rows = state.range(1), cols = state.range(2);
   const auto values = testing::RandomVector(rows * cols, 1, 0.05f);
   std::vector<uint8_t> bytes;
@@ -23,7 +28,19 @@ void BM_MatMul(benchmark::State& state, DType dtype, ActivationPrecision precisi
     const auto q = testing::QuantizeRow(dtype, values.data() + r * cols, cols);
     bytes.insert(bytes.end(), q.begin(), q.end());
   }
-  const WeightMatrix w{dtype, bytes.data(), rows, cols};
+  WeightMatrix w{dtype, bytes.data(), rows, cols};
+  std::vector<uint8_t> packed;
+  if (panels) {
+    if (!cpu::PanelsSupported()) {
+      state.SkipWithError("this CPU lacks AVX-512 VNNI");
+      return;
+    }
+    packed.resize(rows / cpu::kPanelRows * cpu::PanelBytes(cols) + 64);
+    auto* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(packed.data()) + 63) &
+                                               ~static_cast<uintptr_t>(63));
+    cpu::PackQ4_1Panels(bytes.data(), rows, cols, aligned);
+    w.panels = aligned;
+  }
   const auto x = testing::RandomVector(n * cols, 2);
   std::vector<float> y(n * rows);
   auto backend = MakeCpuBackend(static_cast<int>(state.range(3)), precision);
@@ -33,6 +50,14 @@ void BM_MatMul(benchmark::State& state, DType dtype, ActivationPrecision precisi
   }
   state.SetItemsProcessed(state.iterations() * n * rows * cols);  // multiply-adds
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes.size()));
+}
+
+void BM_MatMul(benchmark::State& state, DType dtype, ActivationPrecision precision) {
+  MatMulBench(state, dtype, precision, false);
+}
+
+void BM_MatMulPanels(benchmark::State& state) {
+  MatMulBench(state, DType::kQ4_1, ActivationPrecision::kInt8, true);
 }
 
 // {n, rows, cols, threads}: SmolLM2 FFN up-projection (1536 x 576) and down (576 x 1536).
@@ -81,6 +106,7 @@ BENCHMARK_CAPTURE(BM_Attention, F16, DType::kF16)->Apply(AttentionShapes);
 BENCHMARK_CAPTURE(BM_Attention, F32, DType::kF32)->Apply(AttentionShapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q4_1_f32, DType::kQ4_1, ActivationPrecision::kF32)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q4_1_int8, DType::kQ4_1, ActivationPrecision::kInt8)->Apply(Shapes);
+BENCHMARK(BM_MatMulPanels)->Name("BM_MatMul/Q4_1_int8_panels")->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q8_0_f32, DType::kQ8_0, ActivationPrecision::kF32)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q8_0_int8, DType::kQ8_0, ActivationPrecision::kInt8)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q4_0_int8, DType::kQ4_0, ActivationPrecision::kInt8)->Apply(Shapes);

@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/model/model.h"
 #include "services/calibrate/calibrate.h"
@@ -178,26 +179,28 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
     if (!form.ok()) return form.status();
     o.wire_forms.push_back(*form);
   }
-  const std::string fit_anchors = absl::GetFlag(FLAGS_fit_anchors);
-  if (fit_anchors != "wire" && fit_anchors != "exact") {
-    return absl::InvalidArgumentError("--fit-anchors must be wire or exact, not '" + fit_anchors +
-                                      "'");
-  }
-  o.fit_on_wire = fit_anchors == "wire";
-  const std::string test_points =
-      full && !Given("test_points") ? "all" : absl::GetFlag(FLAGS_test_points);
-  if (test_points != "chosen" && test_points != "all") {
-    return absl::InvalidArgumentError("--test-points must be chosen or all, not '" + test_points +
-                                      "'");
-  }
-  o.test_every_point = test_points == "all";
-  const std::string path_points =
-      full && !Given("path_points") ? "all" : absl::GetFlag(FLAGS_path_points);
-  if (path_points != "needed" && path_points != "all") {
-    return absl::InvalidArgumentError("--path-points must be needed or all, not '" + path_points +
-                                      "'");
-  }
-  o.path_every_point = path_points == "all";
+  // A two-valued flag: whether it holds `first` (else `second`), or an error naming it.
+  auto either = [](const char* flag, const std::string& value, const char* first,
+                   const char* second) -> absl::StatusOr<bool> {
+    if (value != first && value != second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " must be ", first, " or ", second, ", not '", value, "'"));
+    }
+    return value == first;
+  };
+  auto fit_on_wire = either("fit-anchors", absl::GetFlag(FLAGS_fit_anchors), "wire", "exact");
+  if (!fit_on_wire.ok()) return fit_on_wire.status();
+  o.fit_on_wire = *fit_on_wire;
+  auto test_chosen = either(
+      "test-points", full && !Given("test_points") ? "all" : absl::GetFlag(FLAGS_test_points),
+      "chosen", "all");
+  if (!test_chosen.ok()) return test_chosen.status();
+  o.test_every_point = !*test_chosen;
+  auto path_needed = either(
+      "path-points", full && !Given("path_points") ? "all" : absl::GetFlag(FLAGS_path_points),
+      "needed", "all");
+  if (!path_needed.ok()) return path_needed.status();
+  o.path_every_point = !*path_needed;
   o.policy_id = absl::GetFlag(FLAGS_policy_id);
   o.policy_version = absl::GetFlag(FLAGS_policy_version);
   o.seed = absl::GetFlag(FLAGS_seed);
