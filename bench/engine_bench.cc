@@ -29,6 +29,8 @@ ABSL_FLAG(
 ABSL_FLAG(int, repetitions, 3, "runs; medians are reported");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
 ABSL_FLAG(bool, json, true, "print the JSON result on stdout");
+ABSL_FLAG(bool, cpu_panels, true,
+          "Q4_1 weights also regrouped for the AVX-512 VNNI kernel (int8; the same bits)");
 
 namespace {
 
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   auto options =
       riskkv::ModelOptionsFromFlags(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_activations));
   if (!options.ok()) return Fail(options.status().ToString());
+  options->cpu_panels = absl::GetFlag(FLAGS_cpu_panels);
   auto model = riskkv::Model::Load(absl::GetFlag(FLAGS_model), *options);
   if (!model.ok()) return Fail(model.status().ToString());
 
@@ -119,6 +122,7 @@ int main(int argc, char** argv) {
       {"all_prefill_seconds", prefill_s},
       {"all_decode_seconds", decode_s},
       {"activations", absl::GetFlag(FLAGS_activations)},
+      {"cpu_panels", absl::GetFlag(FLAGS_cpu_panels)},
   };
   std::fprintf(
       stderr,

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/q4_1_panels.h"
+#include "kernels/cpu/panels.h"
 #include "tests/kernels/op_reference.h"
 
 namespace riskkv {
 namespace {
 
-// panels: Q4_1 weights also regrouped for the AVX-512 VNNI kernel (cpu/q4_1_panels.h), as the
+// panels: the weights also regrouped for the AVX-512 VNNI kernel (cpu/panels.h), as the
 // model loader does for 8-bit arithmetic; the same products bit for bit.
 void MatMulBench(benchmark::State& state, DType dtype, ActivationPrecision precision, bool panels) {
   const int64_t n = state.range(0), rows = state.range(1), cols = state.range(2);
@@ -35,10 +35,10 @@ void MatMulBench(benchmark::State& state, DType dtype, ActivationPrecision preci
       state.SkipWithError("this CPU lacks AVX-512 VNNI");
       return;
     }
-    packed.resize(rows / cpu::kPanelRows * cpu::PanelBytes(cols) + 64);
+    packed.resize(rows / cpu::kPanelRows * cpu::PanelBytes(dtype, cols) + 64);
     auto* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(packed.data()) + 63) &
                                                ~static_cast<uintptr_t>(63));
-    cpu::PackQ4_1Panels(bytes.data(), rows, cols, aligned);
+    cpu::PackPanels(dtype, bytes.data(), rows, cols, aligned);
     w.panels = aligned;
   }
   const auto x = testing::RandomVector(n * cols, 2);
@@ -56,8 +56,8 @@ void BM_MatMul(benchmark::State& state, DType dtype, ActivationPrecision precisi
   MatMulBench(state, dtype, precision, false);
 }
 
-void BM_MatMulPanels(benchmark::State& state) {
-  MatMulBench(state, DType::kQ4_1, ActivationPrecision::kInt8, true);
+void BM_MatMulPanels(benchmark::State& state, DType dtype) {
+  MatMulBench(state, dtype, ActivationPrecision::kInt8, true);
 }
 
 // {n, rows, cols, threads}: SmolLM2 FFN up-projection (1536 x 576) and down (576 x 1536).
@@ -106,9 +106,10 @@ BENCHMARK_CAPTURE(BM_Attention, F16, DType::kF16)->Apply(AttentionShapes);
 BENCHMARK_CAPTURE(BM_Attention, F32, DType::kF32)->Apply(AttentionShapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q4_1_f32, DType::kQ4_1, ActivationPrecision::kF32)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q4_1_int8, DType::kQ4_1, ActivationPrecision::kInt8)->Apply(Shapes);
-BENCHMARK(BM_MatMulPanels)->Name("BM_MatMul/Q4_1_int8_panels")->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_MatMulPanels, Q4_1_int8_panels, DType::kQ4_1)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q8_0_f32, DType::kQ8_0, ActivationPrecision::kF32)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q8_0_int8, DType::kQ8_0, ActivationPrecision::kInt8)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_MatMulPanels, Q8_0_int8_panels, DType::kQ8_0)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatMul, Q4_0_int8, DType::kQ4_0, ActivationPrecision::kInt8)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatMul, F16_f32, DType::kF16, ActivationPrecision::kF32)->Apply(Shapes);
 

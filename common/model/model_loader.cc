@@ -9,7 +9,7 @@
 #include "common/base/status_macros.h"
 #include "common/model/arch/arch.h"
 #include "common/model/model_internal.h"
-#include "kernels/cpu/q4_1_panels.h"
+#include "kernels/cpu/panels.h"
 
 namespace riskkv {
 namespace {
@@ -187,7 +187,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    model->tokenizer_->vocab_size(),
                                                    " tokens but the model only ", c.vocab));
   }
-  if (options.activations == ActivationPrecision::kInt8 && cpu::PanelsSupported()) {
+  if (options.cpu_panels && options.activations == ActivationPrecision::kInt8 &&
+      cpu::PanelsSupported()) {
     model->AddPanels(model->lm_head_);
     for (Layer& layer : model->layers_) {
       for (WeightMatrix* w : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate,
@@ -201,10 +202,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
 }
 
 void Model::AddPanels(WeightMatrix& w) {
-  if (w.dtype != DType::kQ4_1 || w.rows % cpu::kPanelRows != 0) return;
-  const size_t bytes = static_cast<size_t>(w.rows / cpu::kPanelRows * cpu::PanelBytes(w.cols));
+  if (!cpu::HasPanels(w.dtype) || w.rows % cpu::kPanelRows != 0) return;
+  const size_t bytes =
+      static_cast<size_t>(w.rows / cpu::kPanelRows * cpu::PanelBytes(w.dtype, w.cols));
   panels_.emplace_back(new (std::align_val_t(64)) uint8_t[bytes]);
-  cpu::PackQ4_1Panels(w.data, w.rows, w.cols, panels_.back().get());
+  cpu::PackPanels(w.dtype, w.data, w.rows, w.cols, panels_.back().get());
   w.panels = panels_.back().get();
 }
 

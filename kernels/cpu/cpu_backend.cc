@@ -11,7 +11,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/fixed_order.h"
-#include "kernels/cpu/q4_1_panels.h"
+#include "kernels/cpu/panels.h"
 #include "kernels/cpu/quant_dot.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -238,14 +238,14 @@ class CpuBackend final : public Backend {
     constexpr int64_t kTokenBlock = 64;
     if (w.panels != nullptr && cpu::PanelsSupported()) {
       // 16 rows at a time, two tokens at a time; the same bits as the row kernel below.
-      const int64_t panel_bytes = cpu::PanelBytes(w.cols);
+      const int64_t panel_bytes = cpu::PanelBytes(w.dtype, w.cols);
       pool_.ParallelFor(
           w.rows / cpu::kPanelRows, n <= kSmallBatch ? 2 : 1, [&](int64_t begin, int64_t end) {
             for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
               const int64_t t1 = std::min(n, t0 + kTokenBlock);
               for (int64_t p = begin; p < end; ++p) {
                 for (int64_t i = t0; i < t1; i += 2) {
-                  cpu::DotPanelQ8(w.panels + p * panel_bytes, xq_data + i * blocks, blocks,
+                  cpu::DotPanelQ8(w.dtype, w.panels + p * panel_bytes, xq_data + i * blocks, blocks,
                                   static_cast<int>(std::min<int64_t>(2, t1 - i)), w.cols,
                                   y + i * w.rows + p * cpu::kPanelRows, w.rows);
                 }

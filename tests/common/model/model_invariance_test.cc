@@ -1,7 +1,8 @@
 // The engine is batch-invariant: a token's logits and KV rows are the same bits whether its
 // history was prefilled at once, in a shorter prefill followed by decode steps, or with another
-// thread count, in both activation precisions and with either KV dtype. This is what makes a
-// FULL_KV or TOKEN_REPLAY migration exact.
+// thread count, in both activation precisions and with either KV dtype, and whether the CPU's
+// Q4_1 panel kernel or its row kernel multiplies (int8 on an AVX-512 VNNI CPU). This is what
+// makes a FULL_KV or TOKEN_REPLAY migration exact.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -82,7 +83,9 @@ TEST_P(ModelInvarianceTest, PrefillEqualsShorterPrefillPlusDecodeSteps) {
   std::vector<Outcome> runs;  // the first: one prefill of the whole history on 2 threads
   std::vector<std::string> labels;
   for (int threads : {2, 1}) {
-    auto model = Model::Load(path.string(), {.threads = threads, .activations = precision});
+    // The one-thread model multiplies with the row kernel only (no panels).
+    auto model = Model::Load(
+        path.string(), {.threads = threads, .activations = precision, .cpu_panels = threads == 2});
     ASSERT_TRUE(model.ok()) << model.status();
     const auto tokens = RandomTokens(n, (*model)->config().vocab, 7);
     const auto continuation = RandomTokens(20, (*model)->config().vocab, 8);
@@ -93,7 +96,8 @@ TEST_P(ModelInvarianceTest, PrefillEqualsShorterPrefillPlusDecodeSteps) {
                                               : std::vector<int64_t>{n - 3};
     for (int64_t prefill : prefills) {
       runs.push_back(Drive(**model, tokens, prefill, continuation, kv_dtype));
-      labels.push_back("threads=" + std::to_string(threads) + " prefill " +
+      labels.push_back("threads=" + std::to_string(threads) +
+                       (threads == 2 ? "" : " without panels") + " prefill " +
                        std::to_string(prefill) + " + " + std::to_string(n - prefill) + " decodes");
     }
   }

@@ -1,9 +1,9 @@
-// The Q4_1 panel kernel (kernels/cpu/q4_1_panels.h) against the row kernel it restates,
+// The Q4_1 and Q8_0 panel kernels (kernels/cpu/panels.h) against the row kernel they restate,
 // DotRowsQ8 (itself checked against a scalar statement of the arithmetic in quant_dot_test): every
 // output bit for bit, for one and two tokens at a time, random and extreme codes; and the CPU
 // backend's MatMul with panels against the same matrix without them, for batches of every shape
 // and several thread counts.
-#include "kernels/cpu/q4_1_panels.h"
+#include "kernels/cpu/panels.h"
 
 #include <gtest/gtest.h>
 
@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -26,17 +27,17 @@ struct AlignedFree {
 };
 using Panels = std::unique_ptr<uint8_t[], AlignedFree>;
 
-Panels Pack(const std::vector<uint8_t>& rows, int64_t n_rows, int64_t cols) {
-  Panels out(new (std::align_val_t(64)) uint8_t[n_rows / kPanelRows * PanelBytes(cols)]);
-  PackQ4_1Panels(rows.data(), n_rows, cols, out.get());
+Panels Pack(DType t, const std::vector<uint8_t>& rows, int64_t n_rows, int64_t cols) {
+  Panels out(new (std::align_val_t(64)) uint8_t[n_rows / kPanelRows * PanelBytes(t, cols)]);
+  PackPanels(t, rows.data(), n_rows, cols, out.get());
   return out;
 }
 
-std::vector<uint8_t> RandomRows(int64_t n_rows, int64_t cols, uint32_t seed) {
+std::vector<uint8_t> RandomRows(DType t, int64_t n_rows, int64_t cols, uint32_t seed) {
   const auto values = testing::RandomVector(n_rows * cols, seed, 0.05f);
   std::vector<uint8_t> rows;
   for (int64_t r = 0; r < n_rows; ++r) {
-    const auto q = testing::QuantizeRow(DType::kQ4_1, values.data() + r * cols, cols);
+    const auto q = testing::QuantizeRow(t, values.data() + r * cols, cols);
     rows.insert(rows.end(), q.begin(), q.end());
   }
   return rows;
@@ -50,32 +51,33 @@ std::vector<Q8Block> Activations(int tokens, int64_t cols, uint32_t seed) {
 }
 
 // Every output of panels against DotRowsQ8 on the same rows, one and two tokens a call.
-void ExpectSameAsRows(const std::vector<uint8_t>& rows, int64_t n_rows, int64_t cols,
+void ExpectSameAsRows(DType t, const std::vector<uint8_t>& rows, int64_t n_rows, int64_t cols,
                       const std::vector<Q8Block>& xq, int tokens) {
-  const Panels panels = Pack(rows, n_rows, cols);
-  const int64_t row_bytes = RowBytes(DType::kQ4_1, cols), blocks = cols / 32;
+  const Panels panels = Pack(t, rows, n_rows, cols);
+  const int64_t row_bytes = RowBytes(t, cols), blocks = cols / 32;
   for (int count = 1; count <= 2; ++count) {
     std::vector<float> y(tokens * n_rows, -1.0f);
     for (int64_t p = 0; p < n_rows / kPanelRows; ++p) {
-      for (int t = 0; t < tokens; t += count) {
-        DotPanelQ8(panels.get() + p * PanelBytes(cols), xq.data() + t * blocks, blocks,
-                   std::min(count, tokens - t), cols, y.data() + t * n_rows + p * kPanelRows,
+      for (int i = 0; i < tokens; i += count) {
+        DotPanelQ8(t, panels.get() + p * PanelBytes(t, cols), xq.data() + i * blocks, blocks,
+                   std::min(count, tokens - i), cols, y.data() + i * n_rows + p * kPanelRows,
                    n_rows);
       }
     }
     for (int64_t r = 0; r < n_rows; ++r) {
-      for (int t = 0; t < tokens; ++t) {
+      for (int i = 0; i < tokens; ++i) {
         float want = 0.0f;
-        DotRowsQ8(DType::kQ4_1, rows.data() + r * row_bytes, row_bytes, 1, xq.data() + t * blocks,
-                  blocks, 1, cols, &want);
-        EXPECT_EQ(y[t * n_rows + r], want)
-            << "cols=" << cols << " tokens per call=" << count << " row " << r << " token " << t;
+        DotRowsQ8(t, rows.data() + r * row_bytes, row_bytes, 1, xq.data() + i * blocks, blocks, 1,
+                  cols, &want);
+        EXPECT_EQ(y[i * n_rows + r], want)
+            << DTypeName(t) << " cols=" << cols << " tokens per call=" << count << " row " << r
+            << " token " << i;
       }
     }
   }
 }
 
-class PanelTest : public ::testing::TestWithParam<int64_t> {
+class PanelTest : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {
  protected:
   void SetUp() override {
     if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
@@ -83,15 +85,18 @@ class PanelTest : public ::testing::TestWithParam<int64_t> {
 };
 
 TEST_P(PanelTest, EveryOutputEqualsTheRowKernel) {
-  const int64_t cols = GetParam(), n_rows = 3 * kPanelRows;
+  const auto [t, cols] = GetParam();
+  const int64_t n_rows = 3 * kPanelRows;
   constexpr int kTokens = 5;
-  ExpectSameAsRows(RandomRows(n_rows, cols, 11), n_rows, cols, Activations(kTokens, cols, 12),
+  ExpectSameAsRows(t, RandomRows(t, n_rows, cols, 11), n_rows, cols, Activations(kTokens, cols, 12),
                    kTokens);
 }
 
-INSTANTIATE_TEST_SUITE_P(Widths, PanelTest, ::testing::Values<int64_t>(32, 576, 1536));
+INSTANTIATE_TEST_SUITE_P(TypesAndWidths, PanelTest,
+                         ::testing::Combine(::testing::Values(DType::kQ4_1, DType::kQ8_0),
+                                            ::testing::Values<int64_t>(32, 576, 1536)));
 
-// Weights of 15 and 0 against activations of +127 and -127, with scales and offsets of both
+// Q4_1 weights of 15 and 0 against activations of +127 and -127, with scales and offsets of both
 // signs: the largest integer dots the format allows, and rows whose outputs cancel.
 TEST(Panels, ExtremeCodesEqualTheRowKernel) {
   if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
@@ -113,17 +118,36 @@ TEST(Panels, ExtremeCodesEqualTheRowKernel) {
     xq[i].s = i % 2 ? -0.5f : 7.0f;
     for (int j = 0; j < 32; ++j) xq[i].q[j] = static_cast<int8_t>(i < 2 ? 127 : -127);
   }
-  ExpectSameAsRows(rows, kRows, kCols, xq, 2);
+  ExpectSameAsRows(DType::kQ4_1, rows, kRows, kCols, xq, 2);
+
+  // Q8_0 codes of -128 (whose magnitude only fits an unsigned byte), +127 and 0, so the offset
+  // of 128 the panels add to each code spans the whole byte.
+  std::vector<uint8_t> q8(kRows * RowBytes(DType::kQ8_0, kCols));
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t b = 0; b < kCols / 32; ++b) {
+      uint8_t* blk = q8.data() + (r * kCols / 32 + b) * 34;
+      const uint16_t d = F32ToF16(r % 2 ? -1.0f : 0.5f);
+      std::memcpy(blk, &d, 2);
+      for (int j = 0; j < 32; ++j) {
+        const int code = (r + j) % 3 == 0 ? -128 : (r + j) % 3 == 1 ? 127 : 0;
+        blk[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(code));
+      }
+    }
+  }
+  ExpectSameAsRows(DType::kQ8_0, q8, kRows, kCols, xq, 2);
 }
 
 // MatMul over a matrix with panels and the same matrix without: the same bits for every batch
 // size (one, the small-batch sizes, a token block and a remainder) and thread count.
-TEST(Panels, MatMulEqualsTheRowPath) {
+class PanelMatMulTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(PanelMatMulTest, EqualsTheRowPath) {
   if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
+  const DType t = GetParam();
   constexpr int64_t kRows = 5 * kPanelRows, kCols = 576;
-  const std::vector<uint8_t> rows = RandomRows(kRows, kCols, 21);
-  const Panels panels = Pack(rows, kRows, kCols);
-  const WeightMatrix plain{DType::kQ4_1, rows.data(), kRows, kCols};
+  const std::vector<uint8_t> rows = RandomRows(t, kRows, kCols, 21);
+  const Panels panels = Pack(t, rows, kRows, kCols);
+  const WeightMatrix plain{t, rows.data(), kRows, kCols};
   WeightMatrix packed = plain;
   packed.panels = panels.get();
   const auto bias = testing::RandomVector(kRows, 22);
@@ -135,10 +159,12 @@ TEST(Panels, MatMulEqualsTheRowPath) {
       backend->MatMul(x.data(), n, plain, bias.data(), want.data());
       backend->MatMul(x.data(), n, packed, bias.data(), got.data());
       ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
-          << "n=" << n << " threads=" << threads;
+          << DTypeName(t) << " n=" << n << " threads=" << threads;
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, PanelMatMulTest, ::testing::Values(DType::kQ4_1, DType::kQ8_0));
 
 }  // namespace
 }  // namespace riskkv::cpu

@@ -1,0 +1,41 @@
+// Q4_1 and Q8_0 weight matrices regrouped in panels of 16 rows for AVX-512 VNNI: each output row
+// is one vector lane, so a block of 32 values takes eight vertical integer dots per 16 rows
+// instead of one horizontal dot per row. The arithmetic of every output is DotRowsQ8's
+// (quant_dot.h), operation for operation: the same integer sums of four values, each converted
+// and fused into its own accumulator with the same scale, summed at the end in HorizontalSum's
+// order, then (Q4_1) the same offsets. So a MatMul over panels gives the same bits as one over
+// the GGUF rows.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/quant_dot.h"
+#include "kernels/dtype.h"
+
+namespace riskkv::cpu {
+
+inline constexpr int64_t kPanelRows = 16;
+
+// Whether this CPU runs the panel kernel (AVX-512 F, BW and VNNI; checked at run time, the
+// kernel is compiled for them whatever the build's -march).
+bool PanelsSupported();
+
+// Whether t has a panel layout (Q4_1, Q8_0).
+bool HasPanels(DType t);
+
+// Bytes of one panel of 16 rows of `cols` values (cols % 32 == 0): per block of 32 columns the
+// same bytes the 16 rows' blocks hold in GGUF (320 for Q4_1, 544 for Q8_0).
+int64_t PanelBytes(DType t, int64_t cols);
+
+// Writes n_rows / 16 panels (n_rows % 16 == 0) of the rows at `rows` (GGUF layout, row after row,
+// type t with HasPanels(t)) to out, which holds n_rows / 16 * PanelBytes(t, cols) bytes, 64-byte
+// aligned.
+void PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols, uint8_t* out);
+
+// y[i * y_stride + r] = dot(row r of the panel, activation row i) for r < 16 and i < count (1
+// or 2), activation row i's blocks starting at x + i * stride; bit for bit DotRowsQ8's value.
+// Only where PanelsSupported().
+void DotPanelQ8(DType t, const uint8_t* panel, const Q8Block* x, int64_t stride, int count,
+                int64_t cols, float* y, int64_t y_stride);
+
+}  // namespace riskkv::cpu
