@@ -30,7 +30,7 @@ ABSL_FLAG(int, repetitions, 3, "runs; medians are reported");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
 ABSL_FLAG(bool, json, true, "print the JSON result on stdout");
 ABSL_FLAG(bool, cpu_panels, true,
-          "Q4_1 weights also regrouped for the AVX-512 VNNI kernel (int8; the same bits)");
+          "Q4_1 and Q8_0 weights also regrouped for the AVX-512 VNNI kernel (int8; the same bits)");
 
 namespace {
 

@@ -23,8 +23,8 @@ struct ModelOptions {
   // kInt8 (llama.cpp's arithmetic, faster) or kF32 (exact: the oracle the golden tests and
   // other backends are checked against). Only quantized weights are affected.
   ActivationPrecision activations = ActivationPrecision::kInt8;
-  // With kInt8 on a CPU with AVX-512 VNNI: a second copy of the Q4_1 matrices regrouped for the
-  // panel kernel (kernels/cpu/q4_1_panels.h), as many bytes again (84 MB for SmolLM2) for about
+  // With kInt8 on a CPU with AVX-512 VNNI: a second copy of the Q4_1 and Q8_0 matrices regrouped
+  // for the panel kernel (kernels/cpu/panels.h), as many bytes again (96 MB for SmolLM2) for about
   // twice the speed of their products, with the same bits. Off: the row kernel alone.
   bool cpu_panels = true;
 };
@@ -129,10 +129,12 @@ class Model {
   std::vector<float> output_norm_;
   std::vector<Layer> layers_;
   int64_t weight_bytes_ = 0;
-  // Regroups w in panels for the CPU's 8-bit kernel when it is Q4_1 with whole panels.
+  // Regroups w in panels for the CPU's 8-bit kernel when its type has them and its rows fill
+  // whole panels.
   void AddPanels(WeightMatrix& w);
 
-  // The Q4_1 matrices' panels (WeightMatrix::panels), for 8-bit arithmetic on CPUs that run them.
+  // The Q4_1 and Q8_0 matrices' panels (WeightMatrix::panels), for 8-bit arithmetic on CPUs that
+  // run them.
   struct AlignedFree {
     void operator()(uint8_t* p) const;
   };

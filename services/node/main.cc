@@ -56,8 +56,8 @@ ABSL_FLAG(std::string, backend, "auto",
 ABSL_FLAG(int, gpu_device, 0, "CUDA device index for --backend auto|cuda");
 ABSL_FLAG(std::string, activations, "int8", "int8 (llama.cpp's arithmetic) or f32 (exact)");
 ABSL_FLAG(bool, cpu_panels, true,
-          "with int8 on an AVX-512 VNNI CPU, a second copy of the Q4_1 weights regrouped for a "
-          "kernel about twice as fast, with the same results (84 MB for SmolLM2; never with "
+          "with int8 on an AVX-512 VNNI CPU, a second copy of the Q4_1 and Q8_0 weights regrouped "
+          "for a kernel about twice as fast, with the same results (96 MB for SmolLM2; never with "
           "--backend cuda)");
 ABSL_FLAG(std::string, kv_dtype, "f16", "KV cache storage and wire dtype: f16 or f32");
 ABSL_FLAG(int64_t, capacity, 0, "KV rows per session (0: the model's context)");

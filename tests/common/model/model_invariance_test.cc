@@ -1,8 +1,8 @@
 // The engine is batch-invariant: a token's logits and KV rows are the same bits whether its
 // history was prefilled at once, in a shorter prefill followed by decode steps, or with another
 // thread count, in both activation precisions and with either KV dtype, and whether the CPU's
-// Q4_1 panel kernel or its row kernel multiplies (int8 on an AVX-512 VNNI CPU). This is what
-// makes a FULL_KV or TOKEN_REPLAY migration exact.
+// Q4_1 and Q8_0 panel kernels or the row kernel multiply (int8 on an AVX-512 VNNI CPU). This is
+// what makes a FULL_KV or TOKEN_REPLAY migration exact.
 #include <gtest/gtest.h>
 
 #include <cstring>
