@@ -205,9 +205,10 @@ void Model::AddPanels(WeightMatrix& w) {
   if (!cpu::HasPanels(w.dtype) || w.rows % cpu::kPanelRows != 0) return;
   const size_t bytes =
       static_cast<size_t>(w.rows / cpu::kPanelRows * cpu::PanelBytes(w.dtype, w.cols));
-  panels_.emplace_back(new (std::align_val_t(64)) uint8_t[bytes]);
-  cpu::PackPanels(w.dtype, w.data, w.rows, w.cols, panels_.back().get());
-  w.panels = panels_.back().get();
+  std::unique_ptr<uint8_t[], AlignedFree> panels(new (std::align_val_t(64)) uint8_t[bytes]);
+  cpu::PackPanels(w.dtype, w.data, w.rows, w.cols, panels.get());
+  w.panels = panels.get();
+  panels_.push_back(std::move(panels));
 }
 
 void Model::AlignedFree::operator()(uint8_t* p) const {

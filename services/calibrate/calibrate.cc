@@ -270,8 +270,9 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   } else {
     // A point that passes the Mean and Upper-90 gates at the tightest reported budget is
     // chosen, or beaten by one with fewer bytes, at every budget: points with more bytes are
-    // never chosen and are not measured. The most compact form goes first, as its points are the
-    // likeliest to set that bound low.
+    // never chosen and are not measured. FULL_KV points have a bound of their own, set by FULL_KV
+    // points only, since the choice without reconstruction is made among them alone. The most
+    // compact form goes first, as its points are the likeliest to set the bounds low.
     double tightest = o.epsilon;
     for (double e : kReportBudgets) tightest = std::min(tightest, e);
     std::vector<WireForm> forms = o.wire_forms;
@@ -279,11 +280,14 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       return LayerWireBytes(a, moved, c.n_kv_heads, c.head_dim, o.kv_dtype) <
              LayerWireBytes(b, moved, c.n_kv_heads, c.head_dim, o.kv_dtype);
     });
-    double bound = std::numeric_limits<double>::infinity();
+    double bound = std::numeric_limits<double>::infinity(), full_kv_bound = bound;
     for (WireForm form : forms) {
       std::vector<int> points;
       for (int k = 0; k < n_points; ++k) {
-        if (res.path[k].form == form && res.path[k].sent_fraction <= bound) points.push_back(k);
+        const PathPointResult& p = res.path[k];
+        if (p.form == form && p.sent_fraction <= (p.groups.empty() ? full_kv_bound : bound)) {
+          points.push_back(k);
+        }
       }
       if (points.empty()) continue;
       RETURN_IF_ERROR(measure_path(val, res.validation_kinds, "path", &PathPointResult::validation,
@@ -296,7 +300,11 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
           ASSIGN_OR_RETURN(GateDecision d, ApplyGate(gate, one, tightest, boot));
           passes = passes && d.passed[0];
         }
-        if (passes) bound = std::min(bound, res.path[k].sent_fraction);
+        if (!passes) continue;
+        bound = std::min(bound, res.path[k].sent_fraction);
+        if (res.path[k].groups.empty()) {
+          full_kv_bound = std::min(full_kv_bound, res.path[k].sent_fraction);
+        }
       }
     }
   }

@@ -72,8 +72,9 @@ struct CalibrateOptions {
   // Path points measured on the selection requests: every one, or (false, without confirmation
   // requests or the exhaustive search, which read every point) the wire forms in turn, the most
   // compact first, skipping each point that sends more bytes than one already measured that passes
-  // the Mean and Upper-90 gates at every reported budget: no gate at any of those budgets can
-  // choose it.
+  // the Mean and Upper-90 gates at every reported budget (a FULL_KV point: than a FULL_KV point
+  // that passes, as the choice without reconstruction is made among those alone): no gate at
+  // any of those budgets can choose it.
   bool path_every_point = false;
   std::string policy_id;
   uint64_t policy_version = 1;
