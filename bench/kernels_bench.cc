@@ -29,17 +29,14 @@ void MatMulBench(benchmark::State& state, DType dtype, ActivationPrecision preci
     bytes.insert(bytes.end(), q.begin(), q.end());
   }
   WeightMatrix w{dtype, bytes.data(), rows, cols};
-  std::vector<uint8_t> packed;
+  cpu::Panels packed;
   if (panels) {
     if (!cpu::PanelsSupported()) {
       state.SkipWithError("this CPU lacks AVX-512 VNNI");
       return;
     }
-    packed.resize(rows / cpu::kPanelRows * cpu::PanelBytes(dtype, cols) + 64);
-    auto* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(packed.data()) + 63) &
-                                               ~static_cast<uintptr_t>(63));
-    cpu::PackPanels(dtype, bytes.data(), rows, cols, aligned);
-    w.panels = aligned;
+    packed = cpu::PackPanels(dtype, bytes.data(), rows, cols);
+    w.panels = packed.get();
   }
   const auto x = testing::RandomVector(n * cols, 2);
   std::vector<float> y(n * rows);

@@ -15,6 +15,7 @@
 #include "common/model/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/panels.h"
 
 namespace riskkv {
 
@@ -135,10 +136,7 @@ class Model {
 
   // The Q4_1 and Q8_0 matrices' panels (WeightMatrix::panels), for 8-bit arithmetic on CPUs that
   // run them.
-  struct AlignedFree {
-    void operator()(uint8_t* p) const;
-  };
-  std::vector<std::unique_ptr<uint8_t[], AlignedFree>> panels_;
+  std::vector<cpu::Panels> panels_;
 };
 
 // -log softmax(logits)[target], computed stably in double.

@@ -203,16 +203,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
 
 void Model::AddPanels(WeightMatrix& w) {
   if (!cpu::HasPanels(w.dtype) || w.rows % cpu::kPanelRows != 0) return;
-  const size_t bytes =
-      static_cast<size_t>(w.rows / cpu::kPanelRows * cpu::PanelBytes(w.dtype, w.cols));
-  std::unique_ptr<uint8_t[], AlignedFree> panels(new (std::align_val_t(64)) uint8_t[bytes]);
-  cpu::PackPanels(w.dtype, w.data, w.rows, w.cols, panels.get());
-  w.panels = panels.get();
-  panels_.push_back(std::move(panels));
-}
-
-void Model::AlignedFree::operator()(uint8_t* p) const {
-  ::operator delete[](p, std::align_val_t(64));
+  panels_.push_back(cpu::PackPanels(w.dtype, w.data, w.rows, w.cols));
+  w.panels = panels_.back().get();
 }
 
 }  // namespace riskkv

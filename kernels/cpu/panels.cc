@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <new>
 
 namespace riskkv::cpu {
 namespace {
@@ -93,9 +94,9 @@ RISKKV_PANEL_TARGET void PanelTokens(const uint8_t* panel, const Q8Block* x, int
 }  // namespace
 
 bool PanelsSupported() {
-  static const bool supported = __builtin_cpu_supports("avx512f") &&
-                                __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512vnni");
+  static const bool supported =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   return supported;
 }
 
@@ -106,7 +107,11 @@ int64_t PanelBytes(DType t, int64_t cols) {
          static_cast<int64_t>(t == DType::kQ4_1 ? sizeof(Q4_1Block) : sizeof(Q8_0Block));
 }
 
-void PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols, uint8_t* out) {
+void PanelsFree::operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+
+Panels PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols) {
+  Panels panels(new (std::align_val_t(64)) uint8_t[n_rows / kPanelRows * PanelBytes(t, cols)]);
+  uint8_t* out = panels.get();
   const auto* src = static_cast<const uint8_t*>(rows);
   const int64_t blocks = cols / 32, block_bytes = BlockBytes(t), row_bytes = blocks * block_bytes;
   for (int64_t p = 0; p < n_rows / kPanelRows; ++p) {
@@ -128,6 +133,7 @@ void PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols, uint8_t
       }
     }
   }
+  return panels;
 }
 
 void DotPanelQ8(DType t, const uint8_t* panel, const Q8Block* x, int64_t stride, int count,

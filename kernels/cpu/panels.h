@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "kernels/cpu/quant_dot.h"
 #include "kernels/dtype.h"
@@ -27,10 +28,15 @@ bool HasPanels(DType t);
 // same bytes the 16 rows' blocks hold in GGUF (320 for Q4_1, 544 for Q8_0).
 int64_t PanelBytes(DType t, int64_t cols);
 
-// Writes n_rows / 16 panels (n_rows % 16 == 0) of the rows at `rows` (GGUF layout, row after row,
-// type t with HasPanels(t)) to out, which holds n_rows / 16 * PanelBytes(t, cols) bytes, 64-byte
-// aligned.
-void PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols, uint8_t* out);
+// A 64-byte-aligned buffer of panels.
+struct PanelsFree {
+  void operator()(uint8_t* p) const;
+};
+using Panels = std::unique_ptr<uint8_t[], PanelsFree>;
+
+// The n_rows / 16 panels (n_rows % 16 == 0) of the rows at `rows` (GGUF layout, row after row,
+// type t with HasPanels(t)): n_rows / 16 * PanelBytes(t, cols) bytes.
+Panels PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols);
 
 // y[i * y_stride + r] = dot(row r of the panel, activation row i) for r < 16 and i < count (1
 // or 2), activation row i's blocks starting at x + i * stride; bit for bit DotRowsQ8's value.

@@ -22,15 +22,8 @@
 namespace riskkv::cpu {
 namespace {
 
-struct AlignedFree {
-  void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
-};
-using Panels = std::unique_ptr<uint8_t[], AlignedFree>;
-
 Panels Pack(DType t, const std::vector<uint8_t>& rows, int64_t n_rows, int64_t cols) {
-  Panels out(new (std::align_val_t(64)) uint8_t[n_rows / kPanelRows * PanelBytes(t, cols)]);
-  PackPanels(t, rows.data(), n_rows, cols, out.get());
-  return out;
+  return PackPanels(t, rows.data(), n_rows, cols);
 }
 
 std::vector<uint8_t> RandomRows(DType t, int64_t n_rows, int64_t cols, uint32_t seed) {
