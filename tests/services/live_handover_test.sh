@@ -43,7 +43,8 @@ wait_generating() {  # node session
 sessions() { ctl "$1" list | json ".get('sessions', []).__len__()"; }
 
 prompt="The old lighthouse keeper climbed the stairs every evening and"
-n=120
+# Long enough that the generation outlasts a live migration on the fastest CPU kernels.
+n=400
 for run in "full_kv" "token_replay --temperature 0.8 --seed 5"; do
   read -r mode sampling <<<"$run"
   ref=$(start a "$prompt" $sampling)
