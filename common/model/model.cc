@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/model/model_internal.h"
+#include "kernels/cpu/fixed_order.h"
 
 namespace riskkv {
 namespace {
@@ -21,11 +22,7 @@ Model::Model() = default;
 Model::~Model() = default;
 
 double TokenNll(std::span<const float> logits, int32_t target) {
-  float mx = logits[0];
-  for (float v : logits) mx = std::max(mx, v);
-  double sum = 0.0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
-  return std::log(sum) + mx - logits[target];
+  return cpu::LogSumExp(logits.data(), static_cast<int64_t>(logits.size())) - logits[target];
 }
 
 Model::KvProjection Model::kv_projection(int64_t layer) const {

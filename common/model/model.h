@@ -139,7 +139,7 @@ class Model {
   std::vector<cpu::Panels> panels_;
 };
 
-// -log softmax(logits)[target], computed stably in double.
+// -log softmax(logits)[target] in double: cpu::LogSumExp of the row minus the target's logit.
 double TokenNll(std::span<const float> logits, int32_t target);
 
 // The scoring half of a teacher-forced NLL, shared by every engine: runs `continuation` through

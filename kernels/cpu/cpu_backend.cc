@@ -112,10 +112,7 @@ class CpuBackend final : public Backend {
 
   void SwiGlu(const float* gate, const float* up, int64_t n, float* out) override {
     pool_.ParallelFor(n, 16384, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + std::exp(-g)) * up[i];
-      }
+      cpu::SwiGluRow(gate + begin, up + begin, end - begin, out + begin);
     });
   }
 
@@ -237,16 +234,16 @@ class CpuBackend final : public Backend {
     });
     constexpr int64_t kTokenBlock = 64;
     if (w.panels != nullptr && cpu::PanelsSupported()) {
-      // 16 rows at a time, two tokens at a time; the same bits as the row kernel below.
+      // 16 rows at a time, four tokens at a time; the same bits as the row kernel below.
       const int64_t panel_bytes = cpu::PanelBytes(w.dtype, w.cols);
       pool_.ParallelFor(
           w.rows / cpu::kPanelRows, n <= kSmallBatch ? 2 : 1, [&](int64_t begin, int64_t end) {
             for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
               const int64_t t1 = std::min(n, t0 + kTokenBlock);
               for (int64_t p = begin; p < end; ++p) {
-                for (int64_t i = t0; i < t1; i += 2) {
+                for (int64_t i = t0; i < t1; i += 4) {
                   cpu::DotPanelQ8(w.dtype, w.panels + p * panel_bytes, xq_data + i * blocks, blocks,
-                                  static_cast<int>(std::min<int64_t>(2, t1 - i)), w.cols,
+                                  static_cast<int>(std::min<int64_t>(4, t1 - i)), w.cols,
                                   y + i * w.rows + p * cpu::kPanelRows, w.rows);
                 }
               }

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace riskkv::cpu {
 namespace {
@@ -253,17 +254,89 @@ void Softmax(float* s, int64_t n, float scale) {
     s[j] *= scale;
     mx = std::max(mx, s[j]);
   }
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = std::exp(s[j] - mx);
-    sum += s[j];
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n8; j += 8) {
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+    _mm256_storeu_ps(s + j, e);
+    sum = _mm256_add_ps(sum, e);
   }
-  const float inv = 1.0f / sum;
+  if (n8 < n) {
+    // The tail in lanes 0 .. n - n8 - 1; the other lanes add zero.
+    alignas(32) float tail[8] = {};
+    std::copy(s + n8, s + n, tail);
+    const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+        _mm256_set1_epi32(static_cast<int>(n - n8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m256 e = _mm256_and_ps(Exp8(_mm256_sub_ps(_mm256_load_ps(tail), m)), valid);
+    _mm256_store_ps(tail, e);
+    std::copy(tail, tail + (n - n8), s + n8);
+    sum = _mm256_add_ps(sum, e);
+  }
+  const float inv = 1.0f / HorizontalSum(sum);
   const __m256 inv8 = _mm256_set1_ps(inv);
   for (int64_t j = 0; j < n8; j += 8) {
     _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv8));
   }
   for (int64_t j = n8; j < n; ++j) s[j] *= inv;
+}
+
+void SwiGluRow(const float* gate, const float* up, int64_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  auto eight = [&](__m256 g, __m256 u) {
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, eight(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    alignas(32) float g[8] = {}, u[8] = {}, o[8];
+    std::copy(gate + i, gate + n, g);
+    std::copy(up + i, up + n, u);
+    _mm256_store_ps(o, eight(_mm256_load_ps(g), _mm256_load_ps(u)));
+    std::copy(o, o + (n - i), out + i);
+  }
+}
+
+double LogSumExp(const float* x, int64_t n) {
+  __m256 mx8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const int64_t n8 = n - n % 8;
+  for (int64_t j = 0; j < n8; j += 8) mx8 = _mm256_max_ps(mx8, _mm256_loadu_ps(x + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx8);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float l : lanes) mx = std::max(mx, l);
+  for (int64_t j = n8; j < n; ++j) mx = std::max(mx, x[j]);
+  // Lanes 0-3 of each group of eight in `lo`, lanes 4-7 in `hi`.
+  const __m256d m = _mm256_set1_pd(mx);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  auto add = [&](__m256 v, __m256 valid) {
+    const __m256d e_lo = Exp4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), m));
+    const __m256d e_hi = Exp4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), m));
+    const __m256i keep = _mm256_castps_si256(valid);
+    lo = _mm256_add_pd(
+        lo, _mm256_and_pd(
+                e_lo, _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(keep)))));
+    hi = _mm256_add_pd(hi, _mm256_and_pd(e_hi, _mm256_castsi256_pd(_mm256_cvtepi32_epi64(
+                                                   _mm256_extracti128_si256(keep, 1)))));
+  };
+  const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  for (int64_t j = 0; j < n8; j += 8) add(_mm256_loadu_ps(x + j), all);
+  if (n8 < n) {
+    alignas(32) float tail[8];
+    std::fill(tail, tail + 8, mx);
+    std::copy(x + n8, x + n, tail);
+    add(_mm256_load_ps(tail),
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - n8)),
+                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+  }
+  // (lane 0 + lane 4) + (lane 2 + lane 6), likewise 1, 5, 3, 7, as HorizontalSum.
+  alignas(32) double l[4], h[4];
+  _mm256_store_pd(l, lo);
+  _mm256_store_pd(h, hi);
+  const double sum = ((l[0] + h[0]) + (l[2] + h[2])) + ((l[1] + h[1]) + (l[3] + h[3]));
+  return std::log(sum) + mx;
 }
 
 }  // namespace riskkv::cpu

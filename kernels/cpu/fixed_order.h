@@ -38,8 +38,19 @@ void WeightedRowsSharedF16(const float* p, int64_t p_stride, int64_t tokens, int
                            const uint16_t* v, int64_t v_stride, int64_t width, float* out,
                            int64_t out_stride);
 
-// A row of n attention scores, normalised in place: each scaled by `scale`, then exp(s - max)
-// with the max over the row, summed in index order, and multiplied by 1 / sum.
+// A row of n attention scores, normalised in place: each scaled by `scale`, then e = exp(s - max)
+// (vector_math.h's expf) with the max over the row; value j is added to lane j % 8 of an
+// eight-lane sum in index order, the lanes are summed in HorizontalSum's order, and each e is
+// multiplied by 1 / sum.
 void Softmax(float* s, int64_t n, float scale);
+
+// out[i] = gate[i] / (1 + exp(-gate[i])) * up[i] (SiLU of the gate times up) for i < n, with
+// vector_math.h's expf: each element's bits depend on its own inputs alone.
+void SwiGluRow(const float* gate, const float* up, int64_t n, float* out);
+
+// log(sum over j of exp(x[j] - max)) + max in double precision (vector_math.h's exp on each
+// x[j] - max; value j added to lane j % 8 of eight double sums in index order, the lanes then
+// summed in a fixed order): the normaliser of a row of logits.
+double LogSumExp(const float* x, int64_t n);
 
 }  // namespace riskkv::cpu

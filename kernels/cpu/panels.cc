@@ -31,17 +31,15 @@ static_assert(sizeof(Q8_0Block) == kPanelRows * 34);
 
 #define RISKKV_PANEL_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-// Accumulator j of token t holds, per row, lane j of DotRowsQ8's accumulator: the integer dot of
-// group j, converted, times d * x.d, fused in block order. Q4_1 adds m * x.s block by block.
+// Lane r of token t's accumulator is DotRowsQ8's output for row r: per block, the integer dot
+// of the 32 products (eight vertical four-value dots, summed as exact integers in two chains),
+// converted, times d * x.d, fused in block order; Q4_1 adds m * x.s block by block into its own
+// sum, added at the end.
 template <int T, bool kQ4_1>
 RISKKV_PANEL_TARGET void PanelTokens(const uint8_t* panel, const Q8Block* x, int64_t stride,
                                      int64_t blocks, float* y, int64_t y_stride) {
-  __m512 acc[T][8];
-  __m512 offset[T];
-  for (int t = 0; t < T; ++t) {
-    offset[t] = _mm512_setzero_ps();
-    for (int j = 0; j < 8; ++j) acc[t][j] = _mm512_setzero_ps();
-  }
+  __m512 acc[T], offset[T];
+  for (int t = 0; t < T; ++t) acc[t] = offset[t] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < blocks; ++b) {
     __m512 d, m;
@@ -63,31 +61,24 @@ RISKKV_PANEL_TARGET void PanelTokens(const uint8_t* panel, const Q8Block* x, int
     }
     for (int t = 0; t < T; ++t) {
       const Q8Block& xb = x[t * stride + b];
-      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(xb.d));
       int32_t groups[8];
       std::memcpy(groups, xb.q, sizeof(groups));
-      for (int j = 0; j < 8; ++j) {
-        __m512i start = _mm512_setzero_si512();
-        if constexpr (!kQ4_1) {
-          const int8_t* g = xb.q + 4 * j;
-          start = _mm512_set1_epi32(-128 * (g[0] + g[1] + g[2] + g[3]));
-        }
-        const __m512i dot = _mm512_dpbusd_epi32(start, w[j], _mm512_set1_epi32(groups[j]));
-        acc[t][j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[t][j]);
+      // Q8_0 codes are stored plus 128: the block's dot is 128 * sum(q) too large.
+      __m512i even = kQ4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum);
+      __m512i odd = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        even = _mm512_dpbusd_epi32(even, w[j], _mm512_set1_epi32(groups[j]));
+        odd = _mm512_dpbusd_epi32(odd, w[j + 1], _mm512_set1_epi32(groups[j + 1]));
       }
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), dot, acc[t]);
       if constexpr (kQ4_1) {
         offset[t] = _mm512_add_ps(offset[t], _mm512_mul_ps(m, _mm512_set1_ps(xb.s)));
       }
     }
   }
   for (int t = 0; t < T; ++t) {
-    // HorizontalSum's order: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
-    const __m512 even =
-        _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][4]), _mm512_add_ps(acc[t][2], acc[t][6]));
-    const __m512 odd =
-        _mm512_add_ps(_mm512_add_ps(acc[t][1], acc[t][5]), _mm512_add_ps(acc[t][3], acc[t][7]));
-    const __m512 sum = _mm512_add_ps(even, odd);
-    _mm512_storeu_ps(y + t * y_stride, kQ4_1 ? _mm512_add_ps(sum, offset[t]) : sum);
+    _mm512_storeu_ps(y + t * y_stride, kQ4_1 ? _mm512_add_ps(acc[t], offset[t]) : acc[t]);
   }
 }
 
@@ -139,12 +130,21 @@ Panels PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols) {
 void DotPanelQ8(DType t, const uint8_t* panel, const Q8Block* x, int64_t stride, int count,
                 int64_t cols, float* y, int64_t y_stride) {
   const int64_t blocks = cols / 32;
-  if (t == DType::kQ4_1) {
-    if (count >= 2) return PanelTokens<2, true>(panel, x, stride, blocks, y, y_stride);
-    return PanelTokens<1, true>(panel, x, stride, blocks, y, y_stride);
+  const bool q4_1 = t == DType::kQ4_1;
+  switch (count) {
+    case 1:
+      return q4_1 ? PanelTokens<1, true>(panel, x, stride, blocks, y, y_stride)
+                  : PanelTokens<1, false>(panel, x, stride, blocks, y, y_stride);
+    case 2:
+      return q4_1 ? PanelTokens<2, true>(panel, x, stride, blocks, y, y_stride)
+                  : PanelTokens<2, false>(panel, x, stride, blocks, y, y_stride);
+    case 3:
+      return q4_1 ? PanelTokens<3, true>(panel, x, stride, blocks, y, y_stride)
+                  : PanelTokens<3, false>(panel, x, stride, blocks, y, y_stride);
+    default:
+      return q4_1 ? PanelTokens<4, true>(panel, x, stride, blocks, y, y_stride)
+                  : PanelTokens<4, false>(panel, x, stride, blocks, y, y_stride);
   }
-  if (count >= 2) return PanelTokens<2, false>(panel, x, stride, blocks, y, y_stride);
-  PanelTokens<1, false>(panel, x, stride, blocks, y, y_stride);
 }
 
 }  // namespace riskkv::cpu

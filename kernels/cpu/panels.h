@@ -1,10 +1,9 @@
 // Q4_1 and Q8_0 weight matrices regrouped in panels of 16 rows for AVX-512 VNNI: each output row
 // is one vector lane, so a block of 32 values takes eight vertical integer dots per 16 rows
 // instead of one horizontal dot per row. The arithmetic of every output is DotRowsQ8's
-// (quant_dot.h), operation for operation: the same integer sums of four values, each converted
-// and fused into its own accumulator with the same scale, summed at the end in HorizontalSum's
-// order, then (Q4_1) the same offsets. So a MatMul over panels gives the same bits as one over
-// the GGUF rows.
+// (quant_dot.h), operation for operation: the same exact integer dot per block, converted and
+// fused into the output's accumulator with the same scale, then (Q4_1) the same offsets. So a
+// MatMul over panels gives the same bits as one over the GGUF rows.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +38,7 @@ using Panels = std::unique_ptr<uint8_t[], PanelsFree>;
 Panels PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols);
 
 // y[i * y_stride + r] = dot(row r of the panel, activation row i) for r < 16 and i < count (1
-// or 2), activation row i's blocks starting at x + i * stride; bit for bit DotRowsQ8's value.
+// to 4), activation row i's blocks starting at x + i * stride; bit for bit DotRowsQ8's value.
 // Only where PanelsSupported().
 void DotPanelQ8(DType t, const uint8_t* panel, const Q8Block* x, int64_t stride, int count,
                 int64_t cols, float* y, int64_t y_stride);

@@ -1,5 +1,5 @@
 // AVX2/FMA dot products of quantized or half-precision weight rows: with f32 activations (bit for
-// bit the dequantize-then-DotF32 result) and with 8-bit activations (integer block dots).
+// bit the dequantize-then-DotF32 result) and with 8-bit activations (an integer dot per block).
 #include "kernels/cpu/quant_dot.h"
 
 #include <algorithm>
@@ -143,34 +143,49 @@ inline __m256i Nibbles(const uint8_t* qs) {
   return _mm256_set_m128i(hi, lo);  // elements 0..15 then 16..31
 }
 
-// Sum of u[j] * s[j] over 32 bytes (u unsigned, s signed) as 8 int32 lanes, as floats. Lane k
-// is u[4k..4k+3] . s[4k..4k+3]. Callers pass u <= 128 and |s| <= 127, so no pair of products
-// leaves int16 and VNNI's int32 dot gives the same lanes as AVX2's pairwise int16 sums.
-inline __m256 DotU8S8(__m256i u, __m256i s) {
+// Products u[j] * s[j] over 32 bytes (u unsigned, s signed) summed in fours: 8 int32 lanes,
+// lane k = u[4k..4k+3] . s[4k..4k+3]. Callers pass u <= 128 and |s| <= 127, so no pair of
+// products leaves int16 and VNNI's int32 dot gives the same lanes as AVX2's pairwise int16 sums.
+inline __m256i DotU8S8(__m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s));
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #elif defined(__AVXVNNI__)
-  return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s));
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #else
-  const __m256i p16 = _mm256_maddubs_epi16(u, s);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
+}
+
+// sums[i] = the sum of v[i]'s eight lanes for i < K (K <= 8): exact integers, so the order of
+// the additions is free; one tree of pairwise sums serves all K.
+template <int K>
+inline void SumLanes(const __m256i* v, int32_t* sums) {
+  __m256i x[8];
+  for (int i = 0; i < 8; ++i) x[i] = i < K ? v[i] : _mm256_setzero_si256();
+  // Per 128-bit half: [x0, x1, x2, x3] of each vector's pair sums, then of its quad sums.
+  const __m256i q0 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(x[0], x[1]), _mm256_hadd_epi32(x[2], x[3]));
+  const __m256i q1 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(x[4], x[5]), _mm256_hadd_epi32(x[6], x[7]));
+  const __m256i total = _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
+                                         _mm256_permute2x128_si256(q0, q1, 0x31));
+  alignas(32) int32_t all[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(all), total);
+  for (int i = 0; i < K; ++i) sums[i] = all[i];
 }
 
 // Each kernel dots R weight rows (row_bytes apart) with N activation rows (token t's blocks
 // start at x + t * stride): a weight block is unpacked once per N tokens and an activation block
 // loaded once per R rows. Output (r, t) goes to out[r * N + t] and takes the same operations in
-// the same order whatever R and N are, so a row's result does not depend on its neighbours.
+// the same order whatever R and N are, so a row's result does not depend on its neighbours:
+// per block, acc = fma(d_w * d_x, float(integer dot of the block), acc); for Q4_1 also
+// offset = offset + m * s; then acc + offset.
 template <int R, int N>
 void DotQ4_1Q8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride, int64_t n,
                float* out) {
-  __m256 acc[R][N];
-  float offset[R][N];
+  float acc[R][N], offset[R][N];
   for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < N; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      offset[r][t] = 0.0f;
-    }
+    for (int t = 0; t < N; ++t) acc[r][t] = offset[r][t] = 0.0f;
   }
   for (int64_t b = 0; b < n / 32; ++b) {
     __m256i w[R];
@@ -181,17 +196,23 @@ void DotQ4_1Q8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t
       d[r] = Half(blk);
       m[r] = Half(blk + 2);
     }
+    __m256i lanes[R * N];
+    for (int t = 0; t < N; ++t) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t * stride + b].q));
+      for (int r = 0; r < R; ++r) lanes[r * N + t] = DotU8S8(w[r], q);
+    }
+    int32_t sums[R * N];
+    SumLanes<R * N>(lanes, sums);
     for (int t = 0; t < N; ++t) {
       const Q8Block& xb = x[t * stride + b];
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
       for (int r = 0; r < R; ++r) {
-        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * xb.d), DotU8S8(w[r], q), acc[r][t]);
-        offset[r][t] += m[r] * xb.s;
+        acc[r][t] = std::fma(d[r] * xb.d, static_cast<float>(sums[r * N + t]), acc[r][t]);
+        offset[r][t] = offset[r][t] + m[r] * xb.s;
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < N; ++t) out[r * N + t] = HorizontalSum(acc[r][t]) + offset[r][t];
+    for (int t = 0; t < N; ++t) out[r * N + t] = acc[r][t] + offset[r][t];
   }
 }
 
@@ -199,9 +220,9 @@ void DotQ4_1Q8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t
 template <int R, int N, bool kQ4>
 void DotSignedQ8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
                  int64_t n, float* out) {
-  __m256 acc[R][N];
+  float acc[R][N];
   for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < N; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < N; ++t) acc[r][t] = 0.0f;
   }
   constexpr int64_t kBlockBytes = kQ4 ? 18 : 34;
   for (int64_t b = 0; b < n / 32; ++b) {
@@ -214,17 +235,22 @@ void DotSignedQ8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64
       w_abs[r] = _mm256_sign_epi8(w[r], w[r]);
       d[r] = Half(blk);
     }
+    __m256i lanes[R * N];
     for (int t = 0; t < N; ++t) {
-      const Q8Block& xb = x[t * stride + b];
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t * stride + b].q));
+      for (int r = 0; r < R; ++r) lanes[r * N + t] = DotU8S8(w_abs[r], _mm256_sign_epi8(q, w[r]));
+    }
+    int32_t sums[R * N];
+    SumLanes<R * N>(lanes, sums);
+    for (int t = 0; t < N; ++t) {
+      const float xd = x[t * stride + b].d;
       for (int r = 0; r < R; ++r) {
-        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * xb.d),
-                                    DotU8S8(w_abs[r], _mm256_sign_epi8(q, w[r])), acc[r][t]);
+        acc[r][t] = std::fma(d[r] * xd, static_cast<float>(sums[r * N + t]), acc[r][t]);
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < N; ++t) out[r * N + t] = HorizontalSum(acc[r][t]);
+    for (int t = 0; t < N; ++t) out[r * N + t] = acc[r][t];
   }
 }
 
@@ -274,6 +300,7 @@ void QuantizeQ8(const float* x, int64_t n, Q8Block* out) {
     }
     out->d = F16ToF32(F32ToF16(d));
     out->s = F16ToF32(F32ToF16(d * static_cast<float>(sum)));
+    out->sum = sum;
   }
 }
 

@@ -17,10 +17,12 @@ void DotDequantizedRows(DType t, const void* rows, int64_t row_bytes, int64_t n_
                         int64_t y_stride);
 
 // Activations quantized to 8 bits in blocks of 32, as ggml's Q8_0 / Q8_1 (the layout llama.cpp
-// multiplies its Q4/Q8 weights with): x ~= d * q, and s = d * sum(q) for the Q4_1 offset term.
+// multiplies its Q4/Q8 weights with): x ~= d * q, s = d * sum(q) for the Q4_1 offset term, and
+// sum = sum(q) exactly (the panel kernels' correction for their unsigned Q8_0 codes).
 struct Q8Block {
   float d;
   float s;
+  int32_t sum;
   int8_t q[32];
 };
 
@@ -33,9 +35,11 @@ inline constexpr int kDotRowsQ8 = 2;
 
 // out[r * count + i] = dot(row r, dequantized activation row i) for r < n_rows (1 to
 // kDotRowsQ8; row r starts at rows + r * row_bytes) and i < count (1 to 4), where activation row
-// i starts at xq + i * stride blocks; rows are Q4_0, Q4_1 or Q8_0 with n values. Integer
-// arithmetic inside each block; each weight block is unpacked once for all `count` rows. Every
-// output is the same bits whatever n_rows and count are.
+// i starts at xq + i * stride blocks; rows are Q4_0, Q4_1 or Q8_0 with n values. Each block's
+// dot is one exact integer sum of its 32 products, converted once and fused into the output's
+// accumulator with the block's scale (weight d times activation d), in block order; Q4_1 adds
+// its offsets (m * s) in a second sum, added at the end. Each weight block is unpacked once for
+// all `count` rows. Every output is the same bits whatever n_rows and count are.
 void DotRowsQ8(DType t, const void* rows, int64_t row_bytes, int n_rows, const Q8Block* xq,
                int64_t stride, int count, int64_t n, float* out);
 

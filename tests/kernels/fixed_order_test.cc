@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/quant_dot.h"
+#include "kernels/cpu/vector_math.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/op_reference.h"
 
@@ -209,8 +211,49 @@ TEST(FixedOrder, WeightedRowsSharedAccumulatesEveryTokenOverTheSameRows) {
   }
 }
 
-// Softmax is its definition (the max and the scaling are exact in any order; the sum is in index
-// order), for lengths around the eight-lane step.
+float ExpOf(float x) {
+  alignas(32) float out[8];
+  _mm256_store_ps(out, cpu::Exp8(_mm256_set1_ps(x)));
+  return out[0];
+}
+
+double ExpOf(double x) {
+  alignas(32) double out[4];
+  _mm256_store_pd(out, cpu::Exp4(_mm256_set1_pd(x)));
+  return out[0];
+}
+
+// The vector exps are glibc's: within 4 ulp of the exact value (checked against long double
+// over the ranges the kernels feed them), and a lane's result does not depend on its neighbours.
+TEST(FixedOrder, VectorExpIsAccurateAndLaneIndependent) {
+  auto x = RandomVector(4096, 31);
+  const float amax = std::fabs(*std::max_element(
+      x.begin(), x.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); }));
+  for (float& v : x) v /= amax;  // within [-1, 1]
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float xf = x[i] * 80.0f;  // normal results
+    const long double exact = std::exp(static_cast<long double>(xf));
+    const float got = ExpOf(xf);
+    EXPECT_LE(std::fabs(static_cast<long double>(got) - exact) / exact,
+              4 * std::numeric_limits<float>::epsilon())
+        << "x=" << xf;
+    const double xd = static_cast<double>(x[i]) * 700.0;
+    const long double exact_d = std::exp(static_cast<long double>(xd));
+    EXPECT_LE(std::fabs(static_cast<long double>(ExpOf(xd)) - exact_d) / exact_d,
+              4 * std::numeric_limits<double>::epsilon())
+        << "x=" << xd;
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, cpu::Exp8(_mm256_setr_ps(-1, 0, 1, 2, -50, 3, -0.5f, 10)));
+  const float in[8] = {-1, 0, 1, 2, -50, 3, -0.5f, 10};
+  for (int l = 0; l < 8; ++l) EXPECT_TRUE(SameBits(lanes[l], ExpOf(in[l]))) << "lane " << l;
+  EXPECT_EQ(ExpOf(0.0f), 1.0f);
+  EXPECT_EQ(ExpOf(-std::numeric_limits<float>::infinity()), 0.0f);
+}
+
+// Softmax is its definition: the max and the scaling are exact in any order; each exp is the
+// vector exp of its own value, added to lane j % 8 in index order, the lanes summed in
+// HorizontalSum's order. Lengths around the eight-lane step; and close to a double softmax.
 TEST(FixedOrder, SoftmaxIsItsDefinition) {
   for (int64_t n : {1, 7, 8, 9, 17, 300}) {
     const float scale = 0.125f;
@@ -222,17 +265,68 @@ TEST(FixedOrder, SoftmaxIsItsDefinition) {
       x *= scale;
       mx = std::max(mx, x);
     }
-    float sum = 0.0f;
-    for (float& x : want) {
-      x = std::exp(x - mx);
-      sum += x;
+    float lane[8] = {};
+    for (int64_t j = 0; j < n; ++j) {
+      want[j] = ExpOf(want[j] - mx);
+      lane[j % 8] = lane[j % 8] + want[j];
     }
+    const float sum =
+        ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
     const float inv = 1.0f / sum;
     for (float& x : want) x *= inv;
+    std::vector<double> exact(n);
+    double total = 0.0;
+    for (int64_t j = 0; j < n; ++j) total += exact[j] = std::exp(double{s[j]} * scale - mx);
     cpu::Softmax(s.data(), n, scale);
     for (int64_t j = 0; j < n; ++j) {
       ASSERT_TRUE(SameBits(s[j], want[j])) << "n=" << n << " j=" << j;
+      EXPECT_NEAR(s[j], exact[j] / total, 1e-6 * exact[j] / total + 1e-12) << "n=" << n;
     }
+  }
+}
+
+// SwiGluRow is its per-element definition whatever the length and offset of the slice it is
+// given (a thread's chunk), and close to the double-precision value.
+TEST(FixedOrder, SwiGluRowIsPerElement) {
+  constexpr int64_t kN = 77;
+  auto gate = RandomVector(kN, 41), up = RandomVector(kN, 42);
+  for (float& g : gate) g *= 30.0f;
+  std::vector<float> whole(kN), pieces(kN);
+  cpu::SwiGluRow(gate.data(), up.data(), kN, whole.data());
+  for (int64_t begin = 0; begin < kN; begin += 13) {
+    const int64_t end = std::min(kN, begin + 13);
+    cpu::SwiGluRow(gate.data() + begin, up.data() + begin, end - begin, pieces.data() + begin);
+  }
+  for (int64_t i = 0; i < kN; ++i) {
+    const float g = gate[i];
+    const float want = g / (1.0f + ExpOf(-g)) * up[i];
+    ASSERT_TRUE(SameBits(whole[i], want)) << "i=" << i;
+    ASSERT_TRUE(SameBits(pieces[i], want)) << "i=" << i;
+    const double exact = g / (1.0 + std::exp(-double{g})) * up[i];
+    EXPECT_NEAR(whole[i], exact, 1e-6 * std::fabs(exact) + 1e-30) << "i=" << i;
+  }
+}
+
+// LogSumExp is its definition (double exps of x - max, lane j % 8 in index order, the fixed
+// lane sum) and within 1e-12 of a long double log-sum-exp, for lengths around the eight-lane
+// step and a vocabulary-sized row.
+TEST(FixedOrder, LogSumExpIsItsDefinition) {
+  for (int64_t n : {1, 3, 8, 13, 49152}) {
+    auto x = RandomVector(n, 51);
+    for (float& v : x) v *= 15.0f;
+    const float mx = *std::max_element(x.begin(), x.end());
+    double lane[8] = {};
+    long double exact = 0.0L;
+    for (int64_t j = 0; j < n; ++j) {
+      lane[j % 8] = lane[j % 8] + ExpOf(static_cast<double>(x[j]) - mx);
+      exact += std::exp(static_cast<long double>(x[j]) - mx);
+    }
+    const double sum =
+        ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    const double got = cpu::LogSumExp(x.data(), n);
+    EXPECT_EQ(got, std::log(sum) + mx) << "n=" << n;
+    EXPECT_NEAR(got, static_cast<double>(std::log(exact) + mx), 1e-12 * std::fabs(got) + 1e-12)
+        << "n=" << n;
   }
 }
 

@@ -43,12 +43,12 @@ std::vector<Q8Block> Activations(int tokens, int64_t cols, uint32_t seed) {
   return xq;
 }
 
-// Every output of panels against DotRowsQ8 on the same rows, one and two tokens a call.
+// Every output of panels against DotRowsQ8 on the same rows, one to four tokens a call.
 void ExpectSameAsRows(DType t, const std::vector<uint8_t>& rows, int64_t n_rows, int64_t cols,
                       const std::vector<Q8Block>& xq, int tokens) {
   const Panels panels = Pack(t, rows, n_rows, cols);
   const int64_t row_bytes = RowBytes(t, cols), blocks = cols / 32;
-  for (int count = 1; count <= 2; ++count) {
+  for (int count = 1; count <= 4; ++count) {
     std::vector<float> y(tokens * n_rows, -1.0f);
     for (int64_t p = 0; p < n_rows / kPanelRows; ++p) {
       for (int i = 0; i < tokens; i += count) {
@@ -105,13 +105,15 @@ TEST(Panels, ExtremeCodesEqualTheRowKernel) {
         blk[4 + j] = static_cast<uint8_t>(r % 4 == 0 ? 0xff : 0x0f * (j % 2) + 0xf0 * (b % 2));
     }
   }
-  std::vector<Q8Block> xq(2 * kCols / 32);
+  std::vector<Q8Block> xq(4 * kCols / 32);
   for (size_t i = 0; i < xq.size(); ++i) {
     xq[i].d = i % 2 ? 0.001f : 3.0f;
     xq[i].s = i % 2 ? -0.5f : 7.0f;
-    for (int j = 0; j < 32; ++j) xq[i].q[j] = static_cast<int8_t>(i < 2 ? 127 : -127);
+    const int q = i % 4 < 2 ? 127 : -127;
+    xq[i].sum = 32 * q;
+    for (int j = 0; j < 32; ++j) xq[i].q[j] = static_cast<int8_t>(q);
   }
-  ExpectSameAsRows(DType::kQ4_1, rows, kRows, kCols, xq, 2);
+  ExpectSameAsRows(DType::kQ4_1, rows, kRows, kCols, xq, 4);
 
   // Q8_0 codes of -128 (whose magnitude only fits an unsigned byte), +127 and 0, so the offset
   // of 128 the panels add to each code spans the whole byte.
@@ -127,7 +129,7 @@ TEST(Panels, ExtremeCodesEqualTheRowKernel) {
       }
     }
   }
-  ExpectSameAsRows(DType::kQ8_0, q8, kRows, kCols, xq, 2);
+  ExpectSameAsRows(DType::kQ8_0, q8, kRows, kCols, xq, 4);
 }
 
 // MatMul over a matrix with panels and the same matrix without: the same bits for every batch

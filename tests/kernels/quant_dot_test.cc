@@ -44,25 +44,22 @@ void BlockWeights(DType t, const uint8_t* row, int64_t b, int w[32], float* d, f
   }
 }
 
+// DotRowsQ8's definition: per block, the exact integer dot of its 32 products, converted and
+// fused into one accumulator with the block's scale; Q4_1's offsets summed apart and added last.
 float Reference(DType t, const uint8_t* row, const Q8Block* x, int64_t n) {
-  float lane[8] = {};
-  float offset = 0.0f;
+  float acc = 0.0f, offset = 0.0f;
   for (int64_t b = 0; b < n / 32; ++b) {
     int w[32];
     float d, m;
     BlockWeights(t, row, b, w, &d, &m);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) sum += w[j] * x[b].q[j];
     const float scale = d * x[b].d;
-    for (int k = 0; k < 8; ++k) {
-      int sum = 0;
-      for (int j = 4 * k; j < 4 * k + 4; ++j) sum += w[j] * x[b].q[j];
-      lane[k] = std::fma(scale, static_cast<float>(sum), lane[k]);
-    }
+    acc = std::fma(scale, static_cast<float>(sum), acc);
     const float term = m * x[b].s;
     offset = offset + term;
   }
-  const float total =
-      ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-  return t == DType::kQ4_1 ? total + offset : total;
+  return t == DType::kQ4_1 ? acc + offset : acc;
 }
 
 class DotRowsQ8Test : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
@@ -118,7 +115,7 @@ TEST(DotRowsQ8, ExtremeCodesStayExact) {
     }
     const int w = dtype == DType::kQ8_0 ? -128 : dtype == DType::kQ4_1 ? 15 : -8;
     for (const int q : {127, -127}) {
-      Q8Block x{.d = 1.0f, .s = 0.0f, .q = {}};
+      Q8Block x{.d = 1.0f, .s = 0.0f, .sum = 32 * q, .q = {}};
       for (int j = 0; j < 32; ++j) x.q[j] = static_cast<int8_t>(q);
       float out = 0;
       DotRowsQ8(dtype, row.data(), block, 1, &x, 1, 1, 32, &out);
