@@ -71,13 +71,14 @@ if '$rows':
 
 #   run_live_scenario TARGET HISTORY_JSON
 #     The same history, now generating: for each mode, a session with HISTORY_JSON's tokens on A
-#     generates 160 tokens with `riskkvctl generate --ids` while `migrate --live` moves it to
-#     TARGET; the stream follows the session there. One row per mode: the downtime (pause to
+#     generates 400 tokens with `riskkvctl generate --ids` while `migrate --live` moves it to
+#     TARGET (enough to outlast the migration, so rows are still being added when it pauses);
+#     the stream follows the session there. One row per mode: the downtime (pause to
 #     the target's commit) against the whole migration, the pre-copy rounds, the bytes sent
 #     after the pause, and whether the tokens the caller got equal those of the same request on
 #     A never migrated (FULL_KV and TOKEN_REPLAY must).
 run_live_scenario() {
-  local target=$1 history=$2 n=160 ref expect s gen reply got mode
+  local target=$1 history=$2 n=400 ref expect s gen reply got mode
   ref=$(ctl_a start --tokens "$history" | _scenario_field "['sessionId']")
   expect=$(ctl_a generate --session "$ref" -n $n --ids)
   printf '\n%-13s %11s %9s %7s %12s %s\n' mode "downtime s" "total s" rounds "after pause" \
