@@ -1,8 +1,11 @@
 // exp over AVX2 vectors from glibc's vector math library (libmvec): expf on eight floats and exp
 // on four doubles, within 4 ulp of the exact value (glibc's stated bound). Each lane's result
-// depends on that lane's input alone, and one implementation runs on every CPU with AVX2 and
-// FMA (libmvec's selection for these entry points), so the softmax, SiLU and log-sum-exp built
-// on them give the same bits whatever the batch, the thread and the machine.
+// depends on that lane's input alone, so the softmax, SiLU and log-sum-exp built on them give
+// the same bits whatever the batch and the thread. Across machines the bits are those of
+// glibc's implementation for CPUs with AVX2 and FMA, which glibc selects on every CPU the
+// kernels run on: nodes agree when they run the same glibc (the same image) and no
+// GLIBC_TUNABLES setting hides AVX2 or FMA from it (glibc then takes its SSE fallback, whose
+// bits differ), as they already had to for the scalar exp.
 #pragma once
 
 #include <immintrin.h>

@@ -1,6 +1,6 @@
 // The Q4_1 and Q8_0 panel kernels (kernels/cpu/panels.h) against the row kernel they restate,
 // DotRowsQ8 (itself checked against a scalar statement of the arithmetic in quant_dot_test): every
-// output bit for bit, for one and two tokens at a time, random and extreme codes; and the CPU
+// output bit for bit, for one to four tokens at a time, random and extreme codes; and the CPU
 // backend's MatMul with panels against the same matrix without them, for batches of every shape
 // and several thread counts.
 #include "kernels/cpu/panels.h"

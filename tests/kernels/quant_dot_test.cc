@@ -1,8 +1,9 @@
 // The 8-bit-activation block dots (kernels/cpu/quant_dot.h) against a scalar restatement of their
-// arithmetic: eight int32 lanes of exact integer products per 32-value block, each lane
-// accumulated with one fused multiply-add per block in block order, the fixed horizontal sum,
-// then (Q4_1) the offsets summed block by block. Outputs must match bit for bit, for every number
-// of rows and tokens a call takes, whichever integer dot instruction the build uses.
+// arithmetic: one exact integer dot per 32-value block, converted and fused into the output's
+// accumulator with the block's scale in block order, then (Q4_1) the offsets summed block by
+// block and added. Outputs must match bit for bit, for every number of rows and tokens a call
+// takes, whichever integer dot instruction the build uses (quant_dot_avx2_test builds it for
+// AVX2 alone).
 #include "kernels/cpu/quant_dot.h"
 
 #include <gtest/gtest.h>
