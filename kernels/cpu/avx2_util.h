@@ -24,6 +24,14 @@ inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// The largest of the eight lanes (exact in any order).
+inline float HorizontalMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
 // The f16 at p (unaligned) as a float.
 inline float Half(const uint8_t* p) {
   uint16_t h;

@@ -246,10 +246,7 @@ void Softmax(float* s, int64_t n, float scale) {
     _mm256_storeu_ps(s + j, x);
     mx8 = _mm256_max_ps(mx8, x);
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, mx8);
-  float mx = -std::numeric_limits<float>::infinity();
-  for (float l : lanes) mx = std::max(mx, l);
+  float mx = HorizontalMax(mx8);
   for (int64_t j = n8; j < n; ++j) {
     s[j] *= scale;
     mx = std::max(mx, s[j]);
@@ -262,12 +259,10 @@ void Softmax(float* s, int64_t n, float scale) {
     sum = _mm256_add_ps(sum, e);
   }
   if (n8 < n) {
-    // The tail in lanes 0 .. n - n8 - 1; the other lanes add zero.
-    alignas(32) float tail[8] = {};
-    std::copy(s + n8, s + n, tail);
-    const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-        _mm256_set1_epi32(static_cast<int>(n - n8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-    const __m256 e = _mm256_and_ps(Exp8(_mm256_sub_ps(_mm256_load_ps(tail), m)), valid);
+    // The tail in lanes 0 .. n - n8 - 1; the other lanes hold -inf, whose exp adds zero.
+    alignas(32) float tail[8];
+    std::fill(std::copy(s + n8, s + n, tail), tail + 8, -std::numeric_limits<float>::infinity());
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_load_ps(tail), m));
     _mm256_store_ps(tail, e);
     std::copy(tail, tail + (n - n8), s + n8);
     sum = _mm256_add_ps(sum, e);
@@ -303,40 +298,26 @@ double LogSumExp(const float* x, int64_t n) {
   __m256 mx8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   const int64_t n8 = n - n % 8;
   for (int64_t j = 0; j < n8; j += 8) mx8 = _mm256_max_ps(mx8, _mm256_loadu_ps(x + j));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, mx8);
-  float mx = -std::numeric_limits<float>::infinity();
-  for (float l : lanes) mx = std::max(mx, l);
+  float mx = HorizontalMax(mx8);
   for (int64_t j = n8; j < n; ++j) mx = std::max(mx, x[j]);
-  // Lanes 0-3 of each group of eight in `lo`, lanes 4-7 in `hi`.
+  // Lanes 0-3 of each group of eight summed in `lo`, lanes 4-7 in `hi`.
   const __m256d m = _mm256_set1_pd(mx);
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-  auto add = [&](__m256 v, __m256 valid) {
-    const __m256d e_lo = Exp4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), m));
-    const __m256d e_hi = Exp4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), m));
-    const __m256i keep = _mm256_castps_si256(valid);
-    lo = _mm256_add_pd(
-        lo, _mm256_and_pd(
-                e_lo, _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(keep)))));
-    hi = _mm256_add_pd(hi, _mm256_and_pd(e_hi, _mm256_castsi256_pd(_mm256_cvtepi32_epi64(
-                                                   _mm256_extracti128_si256(keep, 1)))));
+  auto add = [&](__m256 v) {
+    lo = _mm256_add_pd(lo, Exp4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), m)));
+    hi = _mm256_add_pd(hi, Exp4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), m)));
   };
-  const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-  for (int64_t j = 0; j < n8; j += 8) add(_mm256_loadu_ps(x + j), all);
+  for (int64_t j = 0; j < n8; j += 8) add(_mm256_loadu_ps(x + j));
   if (n8 < n) {
+    // The tail in lanes 0 .. n - n8 - 1; the other lanes hold -inf, whose exp adds zero.
     alignas(32) float tail[8];
-    std::fill(tail, tail + 8, mx);
-    std::copy(x + n8, x + n, tail);
-    add(_mm256_load_ps(tail),
-        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - n8)),
-                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+    std::fill(std::copy(x + n8, x + n, tail), tail + 8, -std::numeric_limits<float>::infinity());
+    add(_mm256_load_ps(tail));
   }
-  // (lane 0 + lane 4) + (lane 2 + lane 6), likewise 1, 5, 3, 7, as HorizontalSum.
-  alignas(32) double l[4], h[4];
-  _mm256_store_pd(l, lo);
-  _mm256_store_pd(h, hi);
-  const double sum = ((l[0] + h[0]) + (l[2] + h[2])) + ((l[1] + h[1]) + (l[3] + h[3]));
-  return std::log(sum) + mx;
+  // HorizontalSum's order over the eight lanes: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+  alignas(32) double l[4];
+  _mm256_store_pd(l, _mm256_add_pd(lo, hi));
+  return std::log((l[0] + l[2]) + (l[1] + l[3])) + mx;
 }
 
 }  // namespace riskkv::cpu

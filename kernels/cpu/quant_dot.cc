@@ -174,32 +174,49 @@ inline void SumLanes(const __m256i* v, int32_t* sums) {
   for (int i = 0; i < K; ++i) sums[i] = all[i];
 }
 
-// Each kernel dots R weight rows (row_bytes apart) with N activation rows (token t's blocks
-// start at x + t * stride): a weight block is unpacked once per N tokens and an activation block
-// loaded once per R rows. Output (r, t) goes to out[r * N + t] and takes the same operations in
-// the same order whatever R and N are, so a row's result does not depend on its neighbours:
-// per block, acc = fma(d_w * d_x, float(integer dot of the block), acc); for Q4_1 also
+// The 8-bit weight formats DotRowsQ8 multiplies: Q4_1 codes are unsigned (the activation codes
+// times them directly, plus the offset term m * s), Q4_0 and Q8_0 codes signed (|w| times the
+// activations with w's sign).
+enum class Q8Weights { kQ4_1, kQ4_0, kQ8_0 };
+
+// Dots R weight rows (row_bytes apart) with N activation rows (token t's blocks start at
+// x + t * stride): a weight block is unpacked once per N tokens and an activation block loaded
+// once per R rows. Output (r, t) goes to out[r * N + t] and takes the same operations in the
+// same order whatever R and N are, so a row's result does not depend on its neighbours: per
+// block, acc = fma(d_w * d_x, float(integer dot of the block), acc); for Q4_1 also
 // offset = offset + m * s; then acc + offset.
-template <int R, int N>
-void DotQ4_1Q8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride, int64_t n,
-               float* out) {
-  float acc[R][N], offset[R][N];
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < N; ++t) acc[r][t] = offset[r][t] = 0.0f;
-  }
+template <int R, int N, Q8Weights kW>
+void DotBlocksQ8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
+                 int64_t n, float* out) {
+  constexpr bool kQ4_1 = kW == Q8Weights::kQ4_1;
+  constexpr int64_t kBlockBytes = kQ4_1 ? 20 : kW == Q8Weights::kQ4_0 ? 18 : 34;
+  float acc[R][N] = {}, offset[R][N] = {};
   for (int64_t b = 0; b < n / 32; ++b) {
-    __m256i w[R];
+    __m256i u[R], w[R];  // unsigned codes (Q4_1) or |w|; the signed codes
     float d[R], m[R];
     for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = rows + r * row_bytes + b * 20;
-      w[r] = Nibbles(blk + 4);
+      const uint8_t* blk = rows + r * row_bytes + b * kBlockBytes;
       d[r] = Half(blk);
-      m[r] = Half(blk + 2);
+      if constexpr (kQ4_1) {
+        u[r] = Nibbles(blk + 4);
+        m[r] = Half(blk + 2);
+      } else {
+        w[r] = kW == Q8Weights::kQ4_0
+                   ? _mm256_sub_epi8(Nibbles(blk + 2), _mm256_set1_epi8(8))
+                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        u[r] = _mm256_sign_epi8(w[r], w[r]);
+      }
     }
     __m256i lanes[R * N];
     for (int t = 0; t < N; ++t) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t * stride + b].q));
-      for (int r = 0; r < R; ++r) lanes[r * N + t] = DotU8S8(w[r], q);
+      for (int r = 0; r < R; ++r) {
+        if constexpr (kQ4_1) {
+          lanes[r * N + t] = DotU8S8(u[r], q);
+        } else {
+          lanes[r * N + t] = DotU8S8(u[r], _mm256_sign_epi8(q, w[r]));
+        }
+      }
     }
     int32_t sums[R * N];
     SumLanes<R * N>(lanes, sums);
@@ -207,50 +224,12 @@ void DotQ4_1Q8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t
       const Q8Block& xb = x[t * stride + b];
       for (int r = 0; r < R; ++r) {
         acc[r][t] = std::fma(d[r] * xb.d, static_cast<float>(sums[r * N + t]), acc[r][t]);
-        offset[r][t] = offset[r][t] + m[r] * xb.s;
+        if constexpr (kQ4_1) offset[r][t] = offset[r][t] + m[r] * xb.s;
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < N; ++t) out[r * N + t] = acc[r][t] + offset[r][t];
-  }
-}
-
-// Q4_0 and Q8_0 weights are signed: |w| times sign(w)-adjusted activations.
-template <int R, int N, bool kQ4>
-void DotSignedQ8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
-                 int64_t n, float* out) {
-  float acc[R][N];
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < N; ++t) acc[r][t] = 0.0f;
-  }
-  constexpr int64_t kBlockBytes = kQ4 ? 18 : 34;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    __m256i w[R], w_abs[R];
-    float d[R];
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = rows + r * row_bytes + b * kBlockBytes;
-      w[r] = kQ4 ? _mm256_sub_epi8(Nibbles(blk + 2), _mm256_set1_epi8(8))
-                 : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      w_abs[r] = _mm256_sign_epi8(w[r], w[r]);
-      d[r] = Half(blk);
-    }
-    __m256i lanes[R * N];
-    for (int t = 0; t < N; ++t) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t * stride + b].q));
-      for (int r = 0; r < R; ++r) lanes[r * N + t] = DotU8S8(w_abs[r], _mm256_sign_epi8(q, w[r]));
-    }
-    int32_t sums[R * N];
-    SumLanes<R * N>(lanes, sums);
-    for (int t = 0; t < N; ++t) {
-      const float xd = x[t * stride + b].d;
-      for (int r = 0; r < R; ++r) {
-        acc[r][t] = std::fma(d[r] * xd, static_cast<float>(sums[r * N + t]), acc[r][t]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < N; ++t) out[r * N + t] = acc[r][t];
+    for (int t = 0; t < N; ++t) out[r * N + t] = kQ4_1 ? acc[r][t] + offset[r][t] : acc[r][t];
   }
 }
 
@@ -259,11 +238,11 @@ void DotRowsQ8N(DType t, const uint8_t* rows, int64_t row_bytes, const Q8Block* 
                 int64_t n, float* out) {
   switch (t) {
     case DType::kQ4_1:
-      return DotQ4_1Q8<R, N>(rows, row_bytes, x, stride, n, out);
+      return DotBlocksQ8<R, N, Q8Weights::kQ4_1>(rows, row_bytes, x, stride, n, out);
     case DType::kQ4_0:
-      return DotSignedQ8<R, N, true>(rows, row_bytes, x, stride, n, out);
+      return DotBlocksQ8<R, N, Q8Weights::kQ4_0>(rows, row_bytes, x, stride, n, out);
     case DType::kQ8_0:
-      return DotSignedQ8<R, N, false>(rows, row_bytes, x, stride, n, out);
+      return DotBlocksQ8<R, N, Q8Weights::kQ8_0>(rows, row_bytes, x, stride, n, out);
     default:  // float weights never take the 8-bit path
       for (int i = 0; i < R * N; ++i) out[i] = 0.0f;
   }

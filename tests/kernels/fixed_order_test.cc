@@ -217,6 +217,8 @@ float ExpOf(float x) {
   return out[0];
 }
 
+constexpr double kPositiveZero = 0.0;
+
 double ExpOf(double x) {
   alignas(32) double out[4];
   _mm256_store_pd(out, cpu::Exp4(_mm256_set1_pd(x)));
@@ -259,7 +261,10 @@ TEST(FixedOrder, VectorExpIsAccurateAndLaneIndependent) {
     EXPECT_EQ(std::memcmp(&lanes_d[l], &want, sizeof(double)), 0) << "lane " << l;
   }
   EXPECT_EQ(ExpOf(0.0f), 1.0f);
-  EXPECT_EQ(ExpOf(-std::numeric_limits<float>::infinity()), 0.0f);
+  // The softmax and log-sum-exp pad a row's last eight values with -inf: each must add +0.
+  EXPECT_TRUE(SameBits(ExpOf(-std::numeric_limits<float>::infinity()), 0.0f));
+  const double zero = ExpOf(-std::numeric_limits<double>::infinity());
+  EXPECT_EQ(std::memcmp(&zero, &kPositiveZero, sizeof(double)), 0);
 }
 
 // Softmax is its definition: the max and the scaling are exact in any order; each exp is the
