@@ -41,7 +41,7 @@ for stage in ${stages[*]}; do
                    policy_follower_test session_table_test mode_planner_test rate_limiter_test
                    migration_outcomes_test kv_budget_test node_access_test access_list_test
                    access_file_test authorizer_test client_token_test
-                   concurrent_requests_test) ;;
+                   concurrent_requests_test scheduler_test) ;;
     # The fuzz preset builds and runs the fuzz targets only (label "fuzz").
     fuzz) targets=(gguf_fuzz safetensors_fuzz tokenizer_json_fuzz bank_fuzz policy_fuzz
                    session_codec_fuzz migration_receiver_fuzz) ;;

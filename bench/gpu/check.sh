@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one run, for a short window on a GPU machine: builds the CUDA module there
-# with nvcc, runs the gpu tests (each op, the engine and the rebuild against the CPU oracle; CPU
-# and GPU nodes migrating to each other), runs riskkv-gpu-bench on SmolLM2 and on a random-weight
+# with nvcc, runs the gpu tests (each op, the engine, batched steps and the rebuild against the
+# CPU oracle; CPU and GPU nodes migrating to each other), runs riskkv-gpu-bench on SmolLM2 and on a random-weight
 # model of Qwen2.5-1.5B's shape at 512 and 4,096 tokens, draws the recovery chart, and prints a
 # compact summary. About 3 minutes on an H200.
 #
@@ -105,6 +105,12 @@ run_gtest() {  # binary [gtest filter]
   fi
 }
 run_gtest cuda_ops_test
+# gpu_model_test holds the batched step's cases (GpuBatchStep: mixed batches against each session
+# run alone and against the CPU); a bundle packed before them would pass without running them.
+if [[ "$(.gpu/bin/gpu_model_test --gtest_list_tests 2>/dev/null)" != *GpuBatchStep* ]]; then
+  say "test gpu_model_test: FAILED: the bundled binary has no GpuBatchStep cases (re-run pack.sh)"
+  failures=$((failures + 1))
+fi
 if [ -n "$MODEL" ]; then run_gtest gpu_model_test; else run_gtest gpu_model_test '-*smollm2*'; fi
 run_gtest engine_test
 

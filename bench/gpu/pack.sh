@@ -37,7 +37,12 @@ cp "$B/kernels/cuda/libriskkv_cuda.so" "$B/kernels/cuda/libriskkv_cuda_probe.so"
 skip='/(libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt)\.so'
 ldd .gpu/bin/* | awk '/=> \// {print $3}' | sort -u | { grep -v -E "$skip" || true; } |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
-for m in tiny_llama.gguf tiny_llama_q4_1.gguf tiny_qwen2.gguf tiny_llama_deep.gguf; do
+# Every tiny model a gpu test loads (gpu_model_test's GpuModelMatchesCpu and GpuBatchStep
+# cases, engine_test, backend_test): on a GPU machine a case skipped for a missing file counts
+# as a failure.
+for m in tiny_llama.gguf tiny_llama_q4_1.gguf tiny_qwen2.gguf tiny_qwen2_untied.gguf \
+  tiny_qwen2_yarn.gguf tiny_llama_llama3.gguf tiny_llama_linear.gguf tiny_llama_kquant.gguf \
+  tiny_phi3.gguf tiny_llama_deep.gguf; do
   cp "$testdata/$m" .gpu/testdata/
 done
 # backend_test calibrates a policy on the default corpus, which only Debian's jargon-text has.

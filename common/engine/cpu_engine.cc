@@ -54,11 +54,11 @@ absl::Status CpuKvStore::ReadRows(int32_t layer, bool values, int64_t first, int
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<KvStore>> CpuEngine::NewStore(int64_t capacity, DType dtype) {
+absl::StatusOr<std::unique_ptr<KvStore>> CpuEngine::NewStore(int64_t capacity) {
   const ModelConfig& c = config();
   ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                    KvCache::Create(c.n_layers, c.n_kv_heads, c.head_dim,
-                                   std::min(capacity, c.context_length), dtype));
+                                   std::min(capacity, c.context_length), kv_dtype()));
   return std::make_unique<CpuKvStore>(this, std::move(cache));
 }
 
@@ -69,18 +69,31 @@ absl::StatusOr<std::unique_ptr<KvStore>> CpuEngine::CopyStore(const KvStore& fro
   return std::make_unique<CpuKvStore>(this, std::move(copy));
 }
 
-absl::StatusOr<std::vector<float>> CpuEngine::Prefill(std::span<const int32_t> tokens,
-                                                      KvStore& store) {
-  ASSIGN_OR_RETURN(CpuKvStore * s, Own<CpuKvStore>(store));
+std::vector<absl::Status> CpuEngine::Step(std::span<const BatchItem> items) {
+  std::vector<absl::Status> status(items.size());
+  std::vector<ForwardSegment> segments;
+  std::vector<size_t> index;  // item of each segment
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].store == nullptr) {
+      status[i] = absl::InvalidArgumentError("a batch item without a KV store");
+      continue;
+    }
+    absl::StatusOr<CpuKvStore*> s = Own<CpuKvStore>(*items[i].store);
+    if (!s.ok()) {
+      status[i] = s.status();
+      continue;
+    }
+    segments.push_back({.tokens = items[i].tokens,
+                        .cache = &(*s)->cache(),
+                        .all_logits = items[i].all_logits,
+                        .logits = items[i].logits});
+    index.push_back(i);
+  }
+  if (segments.empty()) return status;
   absl::MutexLock lock(&mu_);
-  return model_->Prefill(tokens, s->cache());
-}
-
-absl::StatusOr<NllResult> CpuEngine::Score(std::span<const int32_t> continuation, KvStore& store,
-                                           std::span<const float> first_logits) {
-  ASSIGN_OR_RETURN(CpuKvStore * s, Own<CpuKvStore>(store));
-  absl::MutexLock lock(&mu_);
-  return model_->TeacherForcedNll(continuation, s->cache(), first_logits);
+  std::vector<absl::Status> ran = model_->ForwardMany(segments);
+  for (size_t j = 0; j < ran.size(); ++j) status[index[j]] = std::move(ran[j]);
+  return status;
 }
 
 absl::StatusOr<std::shared_ptr<const EnginePredictors>> CpuEngine::LoadPredictors(

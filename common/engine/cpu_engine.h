@@ -40,16 +40,14 @@ class CpuKvStore final : public KvStore {
 
 class CpuEngine final : public Engine {
  public:
-  explicit CpuEngine(Model& model) : Engine(model), model_(&model) {}
+  // Sessions store KV rows in `kv_dtype` (kF32 or kF16).
+  CpuEngine(Model& model, DType kv_dtype) : Engine(model, kv_dtype), model_(&model) {}
 
   std::string_view backend() const override { return "cpu"; }
   std::string Describe() const override { return "cpu"; }
-  absl::StatusOr<std::unique_ptr<KvStore>> NewStore(int64_t capacity, DType dtype) override;
+  absl::StatusOr<std::unique_ptr<KvStore>> NewStore(int64_t capacity) override;
   absl::StatusOr<std::unique_ptr<KvStore>> CopyStore(const KvStore& from) override;
-  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
-                                             KvStore& store) override;
-  absl::StatusOr<NllResult> Score(std::span<const int32_t> continuation, KvStore& store,
-                                  std::span<const float> first_logits) override;
+  std::vector<absl::Status> Step(std::span<const BatchItem> items) override;
   absl::StatusOr<std::shared_ptr<const EnginePredictors>> LoadPredictors(
       std::shared_ptr<const PredictorBank> bank) override;
   absl::StatusOr<double> Rebuild(KvStore& store, const EnginePredictors& predictors,
@@ -59,7 +57,7 @@ class CpuEngine final : public Engine {
   absl::StatusOr<double> WaitRebuilds(KvStore& store) override;
 
  private:
-  // One forward pass or rebuild at a time: the backend's scratch is shared.
+  // One step or rebuild at a time: the backend's scratch is shared.
   absl::Mutex mu_;
   Model* const model_ ABSL_PT_GUARDED_BY(mu_);
 };

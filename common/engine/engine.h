@@ -1,10 +1,12 @@
 // The compute engine a node serves with: one interface that the CPU model (the oracle) and the
 // GPU model implement, so services hold one engine and one kind of session store whatever runs
-// underneath. An engine runs one forward pass or rebuild at a time (the backends' scratch is
-// shared); every method may be called from any thread.
+// underneath. An engine runs one step (a shared forward pass of several sessions) or rebuild at
+// a time (the backends' scratch is shared); every method may be called from any thread. A node
+// reaches it through its Scheduler (common/engine/scheduler.h), which forms the steps.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,7 +35,7 @@ class KvStore {
 
   virtual int64_t n_tokens() const = 0;
   virtual int64_t capacity() const = 0;
-  // The dtype of rows read out (kF32 or kF16; the GPU stores kF16).
+  // The dtype of rows read out: the engine's kv_dtype().
   virtual DType dtype() const = 0;
   // Bytes of one token's K (or V) in one layer, in dtype().
   int64_t row_bytes() const;
@@ -82,6 +84,16 @@ class EnginePredictors {
   std::shared_ptr<const PredictorBank> bank_;
 };
 
+// One session's share of a step: `tokens` run at positions [n_tokens, n_tokens + n) of `store`,
+// appending their K/V; `logits`, when not null, receives the last position's logits [vocab], or
+// every position's [n, vocab] when `all_logits` (scoring).
+struct BatchItem {
+  KvStore* store = nullptr;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;
+  std::vector<float>* logits = nullptr;
+};
+
 // What resuming a received session gave: the next token's logits and where the time went.
 struct ResumeResult {
   std::vector<float> logits;     // [vocab], after feeding the session's last token
@@ -99,31 +111,39 @@ class Engine {
   virtual std::string Describe() const = 0;
   const ModelConfig& config() const { return model_.config(); }
   const Tokenizer& tokenizer() const { return model_.tokenizer(); }
-  // The CPU model (the tokenizer's owner, and the oracle the GPU is checked against).
-  const Model& model() const { return model_; }
+  // How sessions store KV rows (kF32 or kF16; the GPU stores kF16), fixed for the engine's life.
+  DType kv_dtype() const { return kv_dtype_; }
+  // Bytes of one token's K and V rows in every layer, in kv_dtype().
+  int64_t kv_bytes_per_token() const;
 
   // Token ids in the vocabulary, checked once for every caller: InvalidArgument naming the first
   // id outside [0, vocab) and its index.
   absl::Status CheckTokenIds(std::span<const int32_t> tokens) const;
 
-  // A store with room for `capacity` rows, clamped to the context length; `dtype` (kF32 or kF16)
-  // is how the CPU stores rows, the GPU always stores kF16. ResourceExhausted when it cannot be
-  // allocated.
-  virtual absl::StatusOr<std::unique_ptr<KvStore>> NewStore(int64_t capacity, DType dtype) = 0;
+  // A store with room for `capacity` rows in kv_dtype(), clamped to the context length.
+  // ResourceExhausted when it cannot be allocated.
+  virtual absl::StatusOr<std::unique_ptr<KvStore>> NewStore(int64_t capacity) = 0;
   // A copy of `from` (same capacity, dtype, rows and token count) on this engine.
   virtual absl::StatusOr<std::unique_ptr<KvStore>> CopyStore(const KvStore& from) = 0;
 
-  // Runs `tokens` at positions [n_tokens, n_tokens + n) of the store, appends their K/V and
-  // returns the last position's logits [vocab].
-  virtual absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
-                                                     KvStore& store) = 0;
+  // Advances every item in shared forward passes (the weight products run once over all the
+  // items' tokens, attention per session) and returns a status per item. An item that fails
+  // its checks (a store of another engine or one already in this step, token ids outside the
+  // vocabulary, rows past the store's capacity or the context, no tokens) fails alone and
+  // leaves its store as it was; the others run. Each item's logits and KV rows are bit for bit
+  // those of running it alone, in any batch and at any thread count.
+  virtual std::vector<absl::Status> Step(std::span<const BatchItem> items) = 0;
+
+  // Step with one item: runs `tokens` after the store's rows and returns the last position's
+  // logits [vocab].
+  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens, KvStore& store);
   absl::StatusOr<std::vector<float>> Decode(int32_t token, KvStore& store) {
     return Prefill(std::span<const int32_t>(&token, 1), store);
   }
   // Teacher-forced NLL of `continuation` after the store's history (appended to the store);
   // token 0 is scored from `first_logits`, the logits of the history's last position.
-  virtual absl::StatusOr<NllResult> Score(std::span<const int32_t> continuation, KvStore& store,
-                                          std::span<const float> first_logits) = 0;
+  absl::StatusOr<NllResult> Score(std::span<const int32_t> continuation, KvStore& store,
+                                  std::span<const float> first_logits);
 
   // RISK-KV reconstruction. A bank prepared for this engine, once per bank.
   virtual absl::StatusOr<std::shared_ptr<const EnginePredictors>> LoadPredictors(
@@ -140,10 +160,15 @@ class Engine {
   // queued, runs the history (every token but the last) past the rows the store holds when
   // `replay` (TOKEN_REPLAY: none, or those a live migration prefilled), then feeds the last
   // token. The store then holds a row for every token.
-  absl::StatusOr<ResumeResult> Resume(KvStore& store, std::span<const int32_t> tokens, bool replay);
+  // `prefill` runs the replay and the last token (null: this engine's Prefill; a node passes its
+  // scheduler's, at a hand-over's priority).
+  using PrefillFn = std::function<absl::StatusOr<std::vector<float>>(
+      std::span<const int32_t> tokens, KvStore& store)>;
+  absl::StatusOr<ResumeResult> Resume(KvStore& store, std::span<const int32_t> tokens, bool replay,
+                                      const PrefillFn& prefill = nullptr);
 
  protected:
-  explicit Engine(const Model& model) : model_(model) {}
+  Engine(const Model& model, DType kv_dtype) : model_(model), kv_dtype_(kv_dtype) {}
   // Waits for the rebuilds queued on `store` and returns the seconds that took; the CPU
   // rebuilds synchronously and returns 0.
   virtual absl::StatusOr<double> WaitRebuilds(KvStore& store) = 0;
@@ -159,6 +184,7 @@ class Engine {
 
  private:
   const Model& model_;
+  const DType kv_dtype_;
 };
 
 struct EngineOptions {
@@ -166,7 +192,9 @@ struct EngineOptions {
   // (Unavailable without a usable GPU).
   std::string backend = "cpu";
   int gpu_device = 0;
-  DType kv_dtype = DType::kF32;  // what sessions store on the CPU
+  // How sessions store KV rows: kF32 or kF16 on the CPU; the GPU needs kF16 ("cuda" with kF32
+  // is InvalidArgument).
+  DType kv_dtype = DType::kF32;
 };
 
 // The engine `options` select for `model` (which must outlive it). *note says what was chosen

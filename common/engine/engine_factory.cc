@@ -20,11 +20,14 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(Model& model, const EngineO
   }
   if (backend == "cpu") {
     *note = "cpu";
-    return std::make_unique<CpuEngine>(model);
+    return std::make_unique<CpuEngine>(model, options.kv_dtype);
   }
   if (backend == "auto" && options.kv_dtype != DType::kF16) {
     *note = "cpu (--kv-dtype f32 keeps sessions on the CPU)";
-    return std::make_unique<CpuEngine>(model);
+    return std::make_unique<CpuEngine>(model, options.kv_dtype);
+  }
+  if (options.kv_dtype != DType::kF16) {
+    return absl::InvalidArgumentError("--backend cuda stores KV rows in f16 (kv_dtype f32 given)");
   }
   auto gpu = GpuModel::Create(model, options.gpu_device);
   if (!gpu.ok()) {
@@ -32,7 +35,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(Model& model, const EngineO
       return absl::Status(gpu.status().code(), "--backend cuda: " + gpu.status().ToString());
     }
     *note = "cpu (" + std::string(gpu.status().message()) + ")";
-    return std::make_unique<CpuEngine>(model);
+    return std::make_unique<CpuEngine>(model, options.kv_dtype);
   }
   std::string device = "GPU " + std::to_string(options.gpu_device);
   if (auto rt = LoadGpuRuntime();

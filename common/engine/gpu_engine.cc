@@ -1,6 +1,7 @@
 // The GPU engine (see gpu_engine.h).
 #include "common/engine/gpu_engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -75,7 +76,7 @@ absl::Status GpuKvStore::PrepareRead(int64_t count) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::NewStore(int64_t capacity, DType) {
+absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::NewStore(int64_t capacity) {
   ASSIGN_OR_RETURN(std::unique_ptr<GpuSession> session, gpu_->NewSession(capacity));
   return std::make_unique<GpuKvStore>(this, std::move(session));
 }
@@ -83,7 +84,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::NewStore(int64_t capacity, D
 absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::CopyStore(const KvStore& from) {
   RETURN_IF_ERROR(CheckOwner(from));
   auto& source = const_cast<GpuKvStore&>(static_cast<const GpuKvStore&>(from));
-  ASSIGN_OR_RETURN(std::unique_ptr<KvStore> to, NewStore(from.capacity(), DType::kF16));
+  ASSIGN_OR_RETURN(std::unique_ptr<KvStore> to, NewStore(from.capacity()));
   GpuSession& copy = static_cast<GpuKvStore&>(*to).session();
   // Through host memory, a layer at a time: the engine has no device-to-device copy.
   const int64_t n = from.n_tokens();
@@ -99,18 +100,33 @@ absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::CopyStore(const KvStore& fro
   return to;
 }
 
-absl::StatusOr<std::vector<float>> GpuEngine::Prefill(std::span<const int32_t> tokens,
-                                                      KvStore& store) {
-  ASSIGN_OR_RETURN(GpuKvStore * s, Own<GpuKvStore>(store));
+std::vector<absl::Status> GpuEngine::Step(std::span<const BatchItem> items) {
+  std::vector<absl::Status> status(items.size());
+  std::vector<GpuSegment> segments;
+  std::vector<size_t> index;  // item of each segment
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].store == nullptr) {
+      status[i] = absl::InvalidArgumentError("a batch item without a KV store");
+      continue;
+    }
+    absl::StatusOr<GpuKvStore*> s = Own<GpuKvStore>(*items[i].store);
+    if (!s.ok()) {
+      status[i] = s.status();
+      continue;
+    }
+    // GpuModel::ForwardMany refuses a session named twice; session() drops the store's host
+    // copy, which a forward pass would make stale.
+    segments.push_back({.tokens = items[i].tokens,
+                        .session = &(*s)->session(),
+                        .all_logits = items[i].all_logits,
+                        .logits = items[i].logits});
+    index.push_back(i);
+  }
+  if (segments.empty()) return status;
   absl::MutexLock lock(&mu_);
-  return gpu_->Prefill(tokens, s->session());
-}
-
-absl::StatusOr<NllResult> GpuEngine::Score(std::span<const int32_t> continuation, KvStore& store,
-                                           std::span<const float> first_logits) {
-  ASSIGN_OR_RETURN(GpuKvStore * s, Own<GpuKvStore>(store));
-  absl::MutexLock lock(&mu_);
-  return gpu_->TeacherForcedNll(continuation, s->session(), first_logits);
+  std::vector<absl::Status> ran = gpu_->ForwardMany(segments);
+  for (size_t j = 0; j < ran.size(); ++j) status[index[j]] = std::move(ran[j]);
+  return status;
 }
 
 absl::StatusOr<std::shared_ptr<const EnginePredictors>> GpuEngine::LoadPredictors(

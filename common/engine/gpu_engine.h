@@ -53,19 +53,16 @@ class GpuEngine final : public Engine {
  public:
   // `gpu` holds `model`'s weights on the device; `model` must outlive the engine.
   GpuEngine(const Model& model, std::unique_ptr<GpuModel> gpu, std::string description)
-      : Engine(model),
+      : Engine(model, DType::kF16),
         owned_(std::move(gpu)),
         gpu_(owned_.get()),
         description_(std::move(description)) {}
 
   std::string_view backend() const override { return "cuda"; }
   std::string Describe() const override { return description_; }
-  absl::StatusOr<std::unique_ptr<KvStore>> NewStore(int64_t capacity, DType dtype) override;
+  absl::StatusOr<std::unique_ptr<KvStore>> NewStore(int64_t capacity) override;
   absl::StatusOr<std::unique_ptr<KvStore>> CopyStore(const KvStore& from) override;
-  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
-                                             KvStore& store) override;
-  absl::StatusOr<NllResult> Score(std::span<const int32_t> continuation, KvStore& store,
-                                  std::span<const float> first_logits) override;
+  std::vector<absl::Status> Step(std::span<const BatchItem> items) override;
   absl::StatusOr<std::shared_ptr<const EnginePredictors>> LoadPredictors(
       std::shared_ptr<const PredictorBank> bank) override;
   absl::StatusOr<double> Rebuild(KvStore& store, const EnginePredictors& predictors,

@@ -321,7 +321,7 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuModel::NewSession(int64_t capacit
   if (capacity < 1) return absl::InvalidArgumentError("a session needs capacity >= 1");
   cuda::Session* s = engine_->NewSession(std::min(capacity, config_.context_length));
   if (s == nullptr) return absl::ResourceExhaustedError(std::string("GPU: ") + engine_->error());
-  return std::unique_ptr<GpuSession>(new GpuSession(std::unique_ptr<cuda::Session>(s)));
+  return std::unique_ptr<GpuSession>(new GpuSession(this, std::unique_ptr<cuda::Session>(s)));
 }
 
 absl::Status GpuModel::CheckTokens(std::span<const int32_t> tokens,
@@ -337,16 +337,51 @@ absl::Status GpuModel::CheckTokens(std::span<const int32_t> tokens,
 
 absl::Status GpuModel::Forward(std::span<const int32_t> tokens, GpuSession& session,
                                bool all_logits, std::vector<float>* logits) {
-  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run");
-  RETURN_IF_ERROR(CheckTokens(tokens, session));
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  float* out = nullptr;
-  if (logits != nullptr) {
-    logits->assign((all_logits ? n : 1) * config_.vocab, 0.0f);
-    out = logits->data();
+  const GpuSegment segment{
+      .tokens = tokens, .session = &session, .all_logits = all_logits, .logits = logits};
+  return ForwardMany(std::span<const GpuSegment>(&segment, 1)).front();
+}
+
+std::vector<absl::Status> GpuModel::ForwardMany(std::span<const GpuSegment> segments) {
+  std::vector<absl::Status> status(segments.size());
+  std::vector<cuda::ForwardItem> items;
+  std::vector<size_t> index;  // segment of each item
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const GpuSegment& seg = segments[i];
+    if (seg.session == nullptr) {
+      status[i] = absl::InvalidArgumentError("a segment without a GPU session");
+    } else if (seg.session->owner_ != this) {
+      status[i] = absl::InvalidArgumentError("a GPU session of another model");
+    } else if (seg.tokens.empty()) {
+      status[i] = absl::InvalidArgumentError("no tokens to run");
+    } else if (std::any_of(items.begin(), items.end(), [&](const cuda::ForwardItem& item) {
+                 return item.session == seg.session->session_.get();
+               })) {
+      status[i] = absl::InvalidArgumentError("a GPU session appears twice in one pass");
+    } else {
+      status[i] = CheckTokens(seg.tokens, *seg.session);
+    }
+    if (!status[i].ok()) continue;
+    const int64_t n = static_cast<int64_t>(seg.tokens.size());
+    cuda::ForwardItem item;
+    item.session = seg.session->session_.get();
+    item.tokens = seg.tokens.data();
+    item.n = n;
+    item.all_logits = seg.all_logits ? 1 : 0;
+    if (seg.logits != nullptr) {
+      seg.logits->assign((seg.all_logits ? n : 1) * config_.vocab, 0.0f);
+      item.logits = seg.logits->data();
+    }
+    items.push_back(item);
+    index.push_back(i);
   }
-  cuda::Session& s = session.device_session();
-  return FromGpu(s.Forward(tokens.data(), n, all_logits ? 1 : 0, out), s.error());
+  if (items.empty()) return status;
+  const int rc = engine_->ForwardMany(items.data(), static_cast<int64_t>(items.size()));
+  if (rc != 0) {
+    const absl::Status failed = FromGpu(rc, engine_->error());
+    for (size_t i : index) status[i] = failed;
+  }
+  return status;
 }
 
 absl::StatusOr<std::vector<float>> GpuModel::Prefill(std::span<const int32_t> tokens,

@@ -1,6 +1,7 @@
 // A Model's forward passes on the GPU: its weights dequantized once to f16 and uploaded through
 // the CUDA module, sessions whose f16 KV cache lives on the device, and the same Prefill /
-// Decode / TeacherForcedNll contract as Model (common/model/model.h), which stays the oracle.
+// Decode / TeacherForcedNll / ForwardMany contract as Model (common/model/model.h), which stays
+// the oracle.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,8 @@
 #include "kernels/gpu.h"
 
 namespace riskkv {
+
+class GpuModel;
 
 // One decoding session's KV cache on the device ([capacity, n_kv_heads, head_dim] f16 per layer,
 // keys after RoPE: the host KvCache's layout, so rows move between them as bytes).
@@ -50,8 +53,20 @@ class GpuSession {
 
  private:
   friend class GpuModel;
-  explicit GpuSession(std::unique_ptr<cuda::Session> s) : session_(std::move(s)) {}
+  GpuSession(const GpuModel* owner, std::unique_ptr<cuda::Session> s)
+      : owner_(owner), session_(std::move(s)) {}
+  const GpuModel* owner_;  // whose engine holds the cache
   std::unique_ptr<cuda::Session> session_;
+};
+
+// One session's part of a shared forward pass (GpuModel::ForwardMany), as ForwardSegment on the
+// CPU: `tokens` at positions [n_tokens, n_tokens + n); `logits`, when not null, receives the last
+// position's logits [vocab], or [n, vocab] when all_logits.
+struct GpuSegment {
+  std::span<const int32_t> tokens;
+  GpuSession* session = nullptr;
+  bool all_logits = false;
+  std::vector<float>* logits = nullptr;
 };
 
 class GpuModel {
@@ -80,6 +95,13 @@ class GpuModel {
   // As Model::Forward / Prefill / Decode / TeacherForcedNll, on the device.
   absl::Status Forward(std::span<const int32_t> tokens, GpuSession& session, bool all_logits,
                        std::vector<float>* logits);
+  // As Model::ForwardMany: several sessions' tokens in shared passes, the weight GEMMs once over
+  // every segment's rows (micro-batches of at most 1,024 rows; a segment is cut only where it
+  // would be alone), RoPE, the K/V store and attention per session. A status per segment: one
+  // that fails CheckTokens, names a session of another model or one an earlier segment holds,
+  // or has no tokens fails alone and its session is left as it was. A device error fails every
+  // segment that ran, and no session advances. Forward is this with one segment.
+  std::vector<absl::Status> ForwardMany(std::span<const GpuSegment> segments);
   absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens, GpuSession& session);
   absl::StatusOr<std::vector<float>> Decode(int32_t token, GpuSession& session);
   absl::StatusOr<NllResult> TeacherForcedNll(std::span<const int32_t> continuation,

@@ -96,53 +96,120 @@ absl::Status Model::Forward(std::span<const int32_t> tokens, KvCache& cache,
   for (int64_t start = 0; start < n; start += kMicroBatch) {
     const int64_t m = std::min(kMicroBatch, n - start);
     const bool last_batch = start + m == n;
-    float* out = nullptr;
-    if (logits != nullptr && options.all_logits) out = logits->data() + start * config_.vocab;
-    if (logits != nullptr && !options.all_logits && last_batch) out = logits->data();
+    Piece piece{
+        .tokens = tokens.subspan(start, m), .cache = &cache, .all_logits = options.all_logits};
+    if (logits != nullptr && options.all_logits)
+      piece.logits = logits->data() + start * config_.vocab;
+    if (logits != nullptr && !options.all_logits && last_batch) piece.logits = logits->data();
     const float* hidden =
         options.first_hidden == nullptr ? nullptr : options.first_hidden + start * config_.hidden;
-    ForwardBatch(tokens.subspan(start, m), cache, options, hidden, options.all_logits, out);
+    ForwardBatch(std::span<const Piece>(&piece, 1), options, hidden);
   }
   return absl::OkStatus();
 }
 
-void Model::ForwardBatch(std::span<const int32_t> tokens, KvCache& cache,
-                         const ForwardOptions& options, const float* hidden, bool all_logits,
-                         float* logits) {
+std::vector<absl::Status> Model::ForwardMany(std::span<const ForwardSegment> segments,
+                                             Backend* backend) {
+  std::vector<absl::Status> status(segments.size());
+  std::vector<const ForwardSegment*> run;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const ForwardSegment& seg = segments[i];
+    if (seg.cache == nullptr) {
+      status[i] = absl::InvalidArgumentError("a segment without a KV cache");
+    } else if (seg.tokens.empty()) {
+      status[i] = absl::InvalidArgumentError("no tokens to run");
+    } else if (std::any_of(run.begin(), run.end(),
+                           [&](const ForwardSegment* r) { return r->cache == seg.cache; })) {
+      status[i] = absl::InvalidArgumentError("a KV cache appears twice in one pass");
+    } else {
+      status[i] = CheckTokens(seg.tokens, *seg.cache);
+    }
+    if (!status[i].ok()) continue;
+    run.push_back(&seg);
+    if (seg.logits != nullptr) {
+      const int64_t rows = seg.all_logits ? static_cast<int64_t>(seg.tokens.size()) : 1;
+      seg.logits->assign(rows * config_.vocab, 0.0f);
+    }
+  }
+  ForwardOptions options;
+  options.backend = backend;
+  // Micro-batches of at most kMicroBatch tokens, filled in segment order.
+  std::vector<Piece> pieces;
+  int64_t filled = 0;
+  for (const ForwardSegment* seg : run) {
+    const int64_t n = static_cast<int64_t>(seg->tokens.size());
+    for (int64_t start = 0; start < n;) {
+      const int64_t m = std::min(kMicroBatch - filled, n - start);
+      Piece piece{.tokens = seg->tokens.subspan(start, m),
+                  .cache = seg->cache,
+                  .all_logits = seg->all_logits};
+      if (seg->logits != nullptr && seg->all_logits) {
+        piece.logits = seg->logits->data() + start * config_.vocab;
+      }
+      if (seg->logits != nullptr && !seg->all_logits && start + m == n) {
+        piece.logits = seg->logits->data();
+      }
+      pieces.push_back(piece);
+      filled += m;
+      start += m;
+      if (filled == kMicroBatch) {
+        ForwardBatch(pieces, options, nullptr);
+        pieces.clear();
+        filled = 0;
+      }
+    }
+  }
+  if (!pieces.empty()) ForwardBatch(pieces, options, nullptr);
+  return status;
+}
+
+void Model::ForwardBatch(std::span<const Piece> pieces, const ForwardOptions& options,
+                         const float* hidden) {
   const ModelConfig& c = config_;
   Backend& be = options.backend != nullptr ? *options.backend : *backend_;
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t pos0 = cache.n_tokens();
   const int64_t q_width = c.n_heads * c.head_dim;
   const int64_t kv_width = c.kv_width();
-
+  std::vector<int32_t> ids, positions;
+  std::vector<int64_t> offset, pos0;  // per piece: its first row in the batch, its first position
+  for (const Piece& p : pieces) {
+    offset.push_back(static_cast<int64_t>(ids.size()));
+    pos0.push_back(p.cache->n_tokens());
+    for (size_t i = 0; i < p.tokens.size(); ++i) {
+      ids.push_back(p.tokens[i]);
+      positions.push_back(static_cast<int32_t>(pos0.back() + static_cast<int64_t>(i)));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(ids.size());
   std::vector<float> x(n * c.hidden), xn(n * c.hidden), q(n * q_width), k(n * kv_width),
       v(n * kv_width), attn(n * q_width), proj(n * c.hidden), gate(n * c.ffn), up(n * c.ffn);
-  std::vector<int32_t> positions(n);
-  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(pos0 + i);
   const RopeParams rope = c.rope();
   const float eps = static_cast<float>(c.rms_eps);
 
   if (hidden != nullptr) {
     std::copy(hidden, hidden + n * c.hidden, x.begin());
   } else {
-    be.Embed(token_embedding_, tokens.data(), n, x.data());
+    be.Embed(token_embedding_, ids.data(), n, x.data());
   }
   for (int64_t l = options.first_layer; l < c.n_layers; ++l) {
     const Layer& w = layers_[l];
-    if (options.residual_hook) options.residual_hook(l, pos0, n, x.data());
+    if (options.residual_hook) options.residual_hook(l, pos0[0], n, x.data());
     be.RmsNorm(x.data(), n, c.hidden, w.attn_norm.data(), eps, xn.data());
-    if (options.attn_input_hook) options.attn_input_hook(l, pos0, n, xn.data());
+    if (options.attn_input_hook) options.attn_input_hook(l, pos0[0], n, xn.data());
     be.MatMul(xn.data(), n, w.wq, w.bq.empty() ? nullptr : w.bq.data(), q.data());
     be.MatMul(xn.data(), n, w.wk, w.bk.empty() ? nullptr : w.bk.data(), k.data());
     be.MatMul(xn.data(), n, w.wv, w.bv.empty() ? nullptr : w.bv.data(), v.data());
     be.Rope(q.data(), n, c.n_heads, positions.data(), rope, /*inverse=*/false);
     be.Rope(k.data(), n, c.n_kv_heads, positions.data(), rope, /*inverse=*/false);
-    // Ranges were validated by CheckTokens, so these writes cannot fail.
-    (void)cache.WriteKeys(l, pos0, n, k.data());
-    (void)cache.WriteValues(l, pos0, n, v.data());
-    be.Attention(q.data(), n, pos0, cache.KeyView(l, n), cache.ValueView(l, n), c.n_heads,
-                 c.n_kv_heads, c.head_dim, attn.data());
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      KvCache& cache = *pieces[p].cache;
+      const int64_t m = static_cast<int64_t>(pieces[p].tokens.size());
+      const int64_t o = offset[p];
+      // Ranges were validated by CheckTokens, so these writes cannot fail.
+      (void)cache.WriteKeys(l, pos0[p], m, k.data() + o * kv_width);
+      (void)cache.WriteValues(l, pos0[p], m, v.data() + o * kv_width);
+      be.Attention(q.data() + o * q_width, m, pos0[p], cache.KeyView(l, m), cache.ValueView(l, m),
+                   c.n_heads, c.n_kv_heads, c.head_dim, attn.data() + o * q_width);
+    }
     be.MatMul(attn.data(), n, w.wo, nullptr, proj.data());
     for (int64_t i = 0; i < n * c.hidden; ++i) x[i] += proj[i];
 
@@ -153,12 +220,45 @@ void Model::ForwardBatch(std::span<const int32_t> tokens, KvCache& cache,
     be.MatMul(gate.data(), n, w.w_down, nullptr, proj.data());
     for (int64_t i = 0; i < n * c.hidden; ++i) x[i] += proj[i];
   }
-  (void)cache.SetTokens(pos0 + n);
-  if (logits == nullptr) return;
-  const int64_t first = all_logits ? 0 : n - 1;
-  const int64_t rows = n - first;
-  be.RmsNorm(x.data() + first * c.hidden, rows, c.hidden, output_norm_.data(), eps, xn.data());
-  be.MatMul(xn.data(), rows, lm_head_, nullptr, logits);
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    (void)pieces[p].cache->SetTokens(pos0[p] + static_cast<int64_t>(pieces[p].tokens.size()));
+  }
+  // The rows whose logits are wanted: a piece's every row, or its last.
+  struct Rows {
+    int64_t first, count;
+    float* out;
+  };
+  std::vector<Rows> wanted;
+  int64_t total = 0;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    if (pieces[p].logits == nullptr) continue;
+    const int64_t m = static_cast<int64_t>(pieces[p].tokens.size());
+    const int64_t first = pieces[p].all_logits ? 0 : m - 1;
+    wanted.push_back({offset[p] + first, m - first, pieces[p].logits});
+    total += m - first;
+  }
+  if (wanted.empty()) return;
+  if (wanted.size() == 1) {
+    // Straight into the caller's logits (a scoring batch's are 256 x vocab).
+    be.RmsNorm(x.data() + wanted[0].first * c.hidden, wanted[0].count, c.hidden,
+               output_norm_.data(), eps, xn.data());
+    be.MatMul(xn.data(), wanted[0].count, lm_head_, nullptr, wanted[0].out);
+    return;
+  }
+  int64_t row = 0;
+  for (const Rows& r : wanted) {
+    std::copy(x.data() + r.first * c.hidden, x.data() + (r.first + r.count) * c.hidden,
+              proj.data() + row * c.hidden);
+    row += r.count;
+  }
+  be.RmsNorm(proj.data(), total, c.hidden, output_norm_.data(), eps, xn.data());
+  std::vector<float> out(total * c.vocab);
+  be.MatMul(xn.data(), total, lm_head_, nullptr, out.data());
+  row = 0;
+  for (const Rows& r : wanted) {
+    std::copy(out.data() + row * c.vocab, out.data() + (row + r.count) * c.vocab, r.out);
+    row += r.count;
+  }
 }
 
 absl::StatusOr<std::vector<float>> Model::Prefill(std::span<const int32_t> tokens, KvCache& cache) {

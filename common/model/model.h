@@ -62,6 +62,16 @@ struct NllResult {
   double mean = 0.0;
 };
 
+// One session's part of a shared forward pass (Model::ForwardMany): `tokens` at positions
+// [cache.n_tokens(), cache.n_tokens() + n); `logits`, when not null, receives the last
+// position's logits [vocab], or [n, vocab] when all_logits.
+struct ForwardSegment {
+  std::span<const int32_t> tokens;
+  KvCache* cache = nullptr;
+  bool all_logits = false;
+  std::vector<float>* logits = nullptr;
+};
+
 class ModelFiles;
 
 class Model {
@@ -103,6 +113,14 @@ class Model {
   // the cache and advances it. logits receives [1 or n, vocab] f32 (see ForwardOptions).
   absl::Status Forward(std::span<const int32_t> tokens, KvCache& cache,
                        const ForwardOptions& options, std::vector<float>* logits);
+  // Several sessions' tokens in shared passes: every weight product runs once over the tokens of
+  // all segments (in micro-batches of at most 256 tokens, a segment cut between two of them
+  // where it must), RoPE and attention per segment against its own cache. A status per segment:
+  // one that fails CheckTokens (or names a cache an earlier segment holds) fails alone and its
+  // cache is left as it was. A segment's logits and KV rows are bit for bit those of Forward
+  // over it alone. `backend` as ForwardOptions::backend.
+  std::vector<absl::Status> ForwardMany(std::span<const ForwardSegment> segments,
+                                        Backend* backend = nullptr);
   // Last-position logits after appending the tokens.
   absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens, KvCache& cache);
   absl::StatusOr<std::vector<float>> Decode(int32_t token, KvCache& cache);
@@ -116,10 +134,18 @@ class Model {
   struct Layer;
   Model();
   absl::Status CheckTokens(std::span<const int32_t> tokens, const KvCache& cache) const;
-  // One micro-batch; out_rows selects which rows' logits are produced (all or last). hidden,
-  // when not null, is the batch's residual stream entering options.first_layer.
-  void ForwardBatch(std::span<const int32_t> tokens, KvCache& cache, const ForwardOptions& options,
-                    const float* hidden, bool all_logits, float* logits);
+  // One micro-batch: consecutive tokens of one or more caches. `logits` of a piece, when not
+  // null, receives its rows' logits: every row's when all_logits, else the last row's.
+  struct Piece {
+    std::span<const int32_t> tokens;
+    KvCache* cache = nullptr;
+    bool all_logits = false;
+    float* logits = nullptr;
+  };
+  // hidden, when not null, is the batch's residual stream entering options.first_layer (one
+  // piece only).
+  void ForwardBatch(std::span<const Piece> pieces, const ForwardOptions& options,
+                    const float* hidden);
 
   ModelConfig config_;
   std::unique_ptr<ModelFiles> files_;

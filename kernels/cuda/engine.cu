@@ -1,6 +1,6 @@
-// The GPU engine: f16 weights, cuBLAS GEMMs with f32 accumulation, the forward pass in
-// micro-batches on one compute stream, per-session f16 KV caches, KV uploads through pinned
-// staging buffers on a transfer stream, and RISK-KV rebuilds as one GEMM per group.
+// The GPU engine: f16 weights, cuBLAS GEMMs with f32 accumulation, forward passes over one or
+// more sessions in micro-batches on one compute stream, per-session f16 KV caches, KV uploads
+// through pinned staging buffers on a transfer stream, and RISK-KV rebuilds as one GEMM per group.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/batch_plan.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/engine_api.h"
 #include "kernels/cuda/gemm_plan.h"
@@ -193,6 +194,7 @@ class SessionImpl final : public Session {
   int Synchronize() override;
 
   __half* rows(int32_t layer, int values) const;
+  const EngineImpl* owner() const { return &engine_; }
   // Makes the compute stream wait for every upload enqueued so far.
   int WaitTransfers(cudaStream_t compute);
   // Records on the compute stream that work reading or writing `layer` has been queued, so a
@@ -246,7 +248,7 @@ class EngineImpl final : public Engine {
     RKV_CUDA(qkvh_.Allocate(kMicroBatch * qkv_width_));
     RKV_CUDA(attn_.Allocate(kMicroBatch * q_width_));
     RKV_CUDA(gate_up_.Allocate(kMicroBatch * 2 * d.ffn));
-    RKV_CUDA(ids_.Allocate(kMicroBatch));
+    RKV_CUDA(ints_.Allocate(3 * kMicroBatch));
     RKV_CUDA(logits_.Allocate(kLogitRows * d.vocab));
     return 0;
   }
@@ -386,6 +388,8 @@ class EngineImpl final : public Engine {
     return b;
   }
 
+  int ForwardMany(const ForwardItem* items, int64_t count) override;
+
   Session* NewSession(int64_t capacity) override {
     DeviceScope scope(device_);
     if (capacity < 1 || capacity > kMaxInt) {
@@ -502,8 +506,8 @@ class EngineImpl final : public Engine {
   int device() const { return device_; }
   int64_t kv_width() const { return kv_width_; }
   RopeConfig rope() const { return RopeFromDims(dims_); }
-  int ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits,
-                   float* logits);
+  int ForwardBatch(const MicroBatchPlan& batch, const ForwardItem* items,
+                   SessionImpl* const* sessions);
   int RebuildGroup(SessionImpl& s, const PredictorsImpl::Group& g, int64_t begin, int64_t count);
   int Stage(cudaStream_t transfer, void* dst, const void* src, size_t bytes);
   std::mutex& mutex() { return mu_; }
@@ -526,6 +530,8 @@ class EngineImpl final : public Engine {
     Fail(__FILE__, __LINE__, "group layer " + std::to_string(layer) + " out of range");
     return nullptr;
   }
+  // Fails naming the first item ForwardMany cannot run.
+  int CheckItems(const ForwardItem* items, int64_t count, std::vector<SessionImpl*>* sessions);
   int Upload(DeviceArray<float>& dst, const float* src, int64_t n) {  // mu_ held
     RKV_CUDA(dst.Allocate(n));
     RKV_CUDA(cudaMemcpyAsync(dst.get(), src, n * sizeof(float), cudaMemcpyHostToDevice,
@@ -542,37 +548,137 @@ class EngineImpl final : public Engine {
   DeviceArray<float> output_norm_;
   DeviceArray<float> x_, qkv_, attn_, gate_up_, logits_, features_, rebuilt_;
   DeviceArray<__half> xh_, qkvh_;
-  DeviceArray<int32_t> ids_;
+  // A micro-batch's token ids, positions and logit rows ([3, kMicroBatch]), and their host copy.
+  DeviceArray<int32_t> ints_;
+  std::vector<int32_t> host_ints_;
   std::mutex staging_mu_;
   PinnedBuffer staging_[kStagingSlots];
   Event staging_done_[kStagingSlots];
   int next_slot_ = 0;
 };
 
-int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, bool all_logits,
-                             float* logits) {
+int EngineImpl::CheckItems(const ForwardItem* items, int64_t count,
+                           std::vector<SessionImpl*>* sessions) {
+  if (items == nullptr || count < 1 || count > kMaxInt) {
+    return Fail(__FILE__, __LINE__, "ForwardMany takes 1 to 2^31 - 1 items");
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const ForwardItem& item = items[i];
+    const std::string which = "item " + std::to_string(i) + ": ";
+    auto* s = dynamic_cast<SessionImpl*>(item.session);
+    if (s == nullptr || s->owner() != this) {
+      return Fail(__FILE__, __LINE__, which + "a session of another engine");
+    }
+    if (std::find(sessions->begin(), sessions->end(), s) != sessions->end()) {
+      return Fail(__FILE__, __LINE__, which + "a session appears twice in one pass");
+    }
+    if (item.tokens == nullptr || item.n < 1 || s->n_tokens() + item.n > s->capacity()) {
+      return Fail(__FILE__, __LINE__,
+                  which + std::to_string(item.n) + " tokens after " +
+                      std::to_string(s->n_tokens()) + " do not fit the cache of " +
+                      std::to_string(s->capacity()));
+    }
+    for (int64_t t = 0; t < item.n; ++t) {
+      if (item.tokens[t] < 0 || item.tokens[t] >= dims_.vocab) {
+        return Fail(
+            __FILE__, __LINE__,
+            which + "token id " + std::to_string(item.tokens[t]) + " outside the vocabulary");
+      }
+    }
+    sessions->push_back(s);
+  }
+  return 0;
+}
+
+int EngineImpl::ForwardMany(const ForwardItem* items, int64_t count) {
+  DeviceScope scope(device_);
+  std::vector<SessionImpl*> sessions;
+  RKV_TRY(CheckItems(items, count, &sessions));
+  std::vector<PlanItem> plan_items(count);
+  std::vector<int64_t> first(count);  // each session's token count before the call
+  for (int64_t i = 0; i < count; ++i) {
+    plan_items[i] = {items[i].n, items[i].all_logits != 0, items[i].logits != nullptr};
+    first[i] = sessions[i]->n_tokens();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const cudaStream_t st = compute_.stream();
+  int rc = 0;
+  for (SessionImpl* s : sessions) {
+    if ((rc = s->WaitTransfers(st)) != 0) return rc;
+  }
+  for (const MicroBatchPlan& batch :
+       PlanMicroBatches(plan_items.data(), static_cast<int>(count), kMicroBatch)) {
+    if ((rc = ForwardBatch(batch, items, sessions.data())) != 0) break;
+  }
+  // Logits went to the host through blocking copies; a pass without any stays queued, as the
+  // work that follows on the stream would wait for it anyway.
+  const bool any_logits = std::any_of(
+      items, items + count, [](const ForwardItem& item) { return item.logits != nullptr; });
+  if (rc == 0 && any_logits) {
+    const cudaError_t e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) rc = Fail(__FILE__, __LINE__, CudaMessage("cudaStreamSynchronize", e));
+  }
+  // A failed pass leaves no session advanced; rows it wrote past a session's count are never
+  // read before they are written again.
+  if (rc != 0) {
+    for (int64_t i = 0; i < count; ++i) sessions[i]->SetTokens(first[i]);
+  }
+  return rc;
+}
+
+int EngineImpl::ForwardBatch(const MicroBatchPlan& batch, const ForwardItem* items,
+                             SessionImpl* const* sessions) {
   const ModelDims& d = dims_;
   const cudaStream_t st = compute_.stream();
-  const int64_t pos0 = s.n_tokens();
   const RopeConfig r = rope();
   Compute& c = compute_;
-  RKV_CUDA(cudaMemcpyAsync(ids_.get(), tokens, n * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-  RKV_CUDA(LaunchEmbed(embedding_.get(), d.hidden, ids_.get(), n, x_.get(), st));
+  const int64_t n = batch.rows;
+  // [ids n][positions n][logit rows]: one copy per micro-batch. From pageable memory it is
+  // staged before cudaMemcpyAsync returns, so the host vector may be refilled at once.
+  host_ints_.resize(2 * n + batch.logit_rows);
+  int32_t* ids = host_ints_.data();
+  int32_t* positions = ids + n;
+  int32_t* logit_rows = positions + n;
+  int64_t gathered = 0;
+  for (const PlanPiece& p : batch.pieces) {
+    const int64_t pos0 = sessions[p.item]->n_tokens();
+    for (int64_t i = 0; i < p.count; ++i) {
+      ids[p.row + i] = items[p.item].tokens[p.start + i];
+      positions[p.row + i] = static_cast<int32_t>(pos0 + i);
+    }
+    for (int64_t i = p.count - p.logit_rows; i < p.count; ++i) {
+      logit_rows[gathered++] = static_cast<int32_t>(p.row + i);
+    }
+  }
+  int32_t* dev_ids = ints_.get();
+  int32_t* dev_positions = dev_ids + n;
+  int32_t* dev_logit_rows = dev_positions + n;
+  RKV_CUDA(cudaMemcpyAsync(dev_ids, ids, host_ints_.size() * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, st));
+  RKV_CUDA(LaunchEmbed(embedding_.get(), d.hidden, dev_ids, n, x_.get(), st));
   for (int64_t l = 0; l < d.n_layers; ++l) {
     const Layer& w = layers_[l];
-    __half* kc = s.rows(static_cast<int32_t>(l), 0);
-    __half* vc = s.rows(static_cast<int32_t>(l), 1);
+    const auto layer = static_cast<int32_t>(l);
     RKV_CUDA(LaunchRmsNormHalf(x_.get(), n, d.hidden, w.attn_norm.get(), d.rms_eps, xh_.get(), st));
     RKV_TRY(c.Linear(xh_.get(), d.hidden, n, w.wqkv.get(), qkv_width_, d.hidden, qkv_.get(),
                      qkv_width_, 0.0f));
     if (d.qkv_bias) RKV_CUDA(LaunchAddBias(qkv_.get(), w.bqkv.get(), n, qkv_width_, st));
-    // Q's heads and K's heads lie side by side in each row: one rotation for both.
-    RKV_CUDA(
-        LaunchRope(qkv_.get(), n, qkv_width_, d.n_heads + d.n_kv_heads, nullptr, pos0, r, 0, st));
-    RKV_CUDA(LaunchStoreKv(qkv_.get() + q_width_, n, kv_width_, qkv_width_, kc + pos0 * kv_width_,
-                           vc + pos0 * kv_width_, st));
-    RKV_TRY(c.AttentionF32(qkv_.get(), qkv_width_, n, pos0, kc, vc, d.n_heads, d.n_kv_heads,
-                           d.head_dim, attn_.get(), qkvh_.get()));
+    // Q's heads and K's heads lie side by side in each row: one rotation for both, each row at
+    // its own session's position.
+    RKV_CUDA(LaunchRope(qkv_.get(), n, qkv_width_, d.n_heads + d.n_kv_heads, dev_positions, 0, r, 0,
+                        st));
+    for (const PlanPiece& p : batch.pieces) {
+      SessionImpl& s = *sessions[p.item];
+      const int64_t pos0 = s.n_tokens();
+      __half* kc = s.rows(layer, 0);
+      __half* vc = s.rows(layer, 1);
+      float* q = qkv_.get() + p.row * qkv_width_;
+      RKV_CUDA(LaunchStoreKv(q + q_width_, p.count, kv_width_, qkv_width_, kc + pos0 * kv_width_,
+                             vc + pos0 * kv_width_, st));
+      RKV_TRY(c.AttentionF32(q, qkv_width_, p.count, pos0, kc, vc, d.n_heads, d.n_kv_heads,
+                             d.head_dim, attn_.get() + p.row * q_width_,
+                             qkvh_.get() + p.row * qkv_width_));
+    }
     RKV_CUDA(LaunchToHalf(attn_.get(), n * q_width_, xh_.get(), st));
     RKV_TRY(
         c.Linear(xh_.get(), q_width_, n, w.wo.get(), d.hidden, q_width_, x_.get(), d.hidden, 1.0f));
@@ -582,23 +688,34 @@ int EngineImpl::ForwardBatch(SessionImpl& s, const int32_t* tokens, int64_t n, b
     RKV_CUDA(LaunchSwiGluHalf(gate_up_.get(), n, d.ffn, 2 * d.ffn, d.ffn, xh_.get(), st));
     RKV_TRY(
         c.Linear(xh_.get(), d.ffn, n, w.w_down.get(), d.hidden, d.ffn, x_.get(), d.hidden, 1.0f));
-    RKV_TRY(s.MarkComputeUse(static_cast<int32_t>(l), st));
+    for (const PlanPiece& p : batch.pieces) RKV_TRY(sessions[p.item]->MarkComputeUse(layer, st));
   }
-  RKV_TRY(s.SetTokens(pos0 + n));
-  if (logits == nullptr) return 0;
+  for (const PlanPiece& p : batch.pieces) {
+    SessionImpl& s = *sessions[p.item];
+    RKV_TRY(s.SetTokens(s.n_tokens() + p.count));
+  }
+  if (batch.logit_rows == 0) return 0;
+  // The wanted rows of every piece, gathered and normalised into one lm-head input.
   const __half* head = d.tied ? embedding_.get() : lm_head_.get();
-  const int64_t first = all_logits ? 0 : n - 1;
-  for (int64_t i = first; i < n; i += kLogitRows) {
-    const int64_t rows = std::min(kLogitRows, n - i);
-    RKV_CUDA(LaunchRmsNormHalf(x_.get() + i * d.hidden, rows, d.hidden, output_norm_.get(),
-                               d.rms_eps, xh_.get(), st));
-    RKV_TRY(
-        c.Linear(xh_.get(), d.hidden, rows, head, d.vocab, d.hidden, logits_.get(), d.vocab, 0.0f));
-    RKV_CUDA(cudaMemcpyAsync(logits + (i - first) * d.vocab, logits_.get(),
-                             rows * d.vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
-    // The next chunk overwrites the device buffer only after this copy (same stream).
+  RKV_CUDA(LaunchGatherRmsNormHalf(x_.get(), dev_logit_rows, batch.logit_rows, d.hidden,
+                                   output_norm_.get(), d.rms_eps, xh_.get(), st));
+  for (int64_t c0 = 0; c0 < batch.logit_rows; c0 += kLogitRows) {
+    const int64_t rows = std::min(kLogitRows, batch.logit_rows - c0);
+    RKV_TRY(c.Linear(xh_.get() + c0 * d.hidden, d.hidden, rows, head, d.vocab, d.hidden,
+                     logits_.get(), d.vocab, 0.0f));
+    // Each piece's share of this chunk to its item's logits. The next chunk overwrites the
+    // device buffer only after these copies (same stream).
+    int64_t g = 0;  // the piece's first gathered row
+    for (const PlanPiece& p : batch.pieces) {
+      const int64_t lo = std::max(g, c0), hi = std::min(g + p.logit_rows, c0 + rows);
+      if (lo < hi) {
+        float* dst = items[p.item].logits + (p.logit_dest + lo - g) * d.vocab;
+        RKV_CUDA(cudaMemcpyAsync(dst, logits_.get() + (lo - c0) * d.vocab,
+                                 (hi - lo) * d.vocab * sizeof(float), cudaMemcpyDeviceToHost, st));
+      }
+      g += p.logit_rows;
+    }
   }
-  RKV_CUDA(cudaStreamSynchronize(st));
   return 0;
 }
 
@@ -705,30 +822,13 @@ int SessionImpl::WaitTransfers(cudaStream_t compute) {
 }
 
 int SessionImpl::Forward(const int32_t* tokens, int64_t n, int all_logits, float* logits) {
-  DeviceScope scope(engine_.device());
-  if (n < 1 || n_tokens_ + n > capacity_) {
-    return Fail(__FILE__, __LINE__,
-                std::to_string(n) + " tokens after " + std::to_string(n_tokens_) +
-                    " do not fit the cache of " + std::to_string(capacity_));
-  }
-  const int64_t vocab = engine_.dims().vocab;
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return Fail(__FILE__, __LINE__,
-                  "token id " + std::to_string(tokens[i]) + " outside the vocabulary");
-    }
-  }
-  std::lock_guard<std::mutex> lock(engine_.mutex());
-  RKV_TRY(WaitTransfers(engine_.compute().stream()));
-  for (int64_t start = 0; start < n; start += kMicroBatch) {
-    const int64_t m = std::min(kMicroBatch, n - start);
-    const bool last = start + m == n;
-    float* out = nullptr;
-    if (logits != nullptr && all_logits) out = logits + start * vocab;
-    if (logits != nullptr && !all_logits && last) out = logits;
-    RKV_TRY(engine_.ForwardBatch(*this, tokens + start, m, all_logits != 0, out));
-  }
-  return 0;
+  ForwardItem item;
+  item.session = this;
+  item.tokens = tokens;
+  item.n = n;
+  item.all_logits = all_logits;
+  item.logits = logits;
+  return engine_.ForwardMany(&item, 1);
 }
 
 int SessionImpl::UploadRows(int32_t layer, int values, int64_t first, int64_t count,

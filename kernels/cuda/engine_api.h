@@ -66,7 +66,8 @@ class Session {
   // Marks rows [0, n) valid, as KvCache::SetTokens.
   virtual int SetTokens(int64_t n) = 0;
   // Runs tokens at positions [n_tokens, n_tokens + n), appends their K/V and advances. logits
-  // (host) receives [all_logits ? n : 1, vocab] f32, or nothing when null.
+  // (host) receives [all_logits ? n : 1, vocab] f32, or nothing when null. Engine::ForwardMany
+  // with this session alone.
   virtual int Forward(const int32_t* tokens, int64_t n, int all_logits, float* logits) = 0;
   // Copies f16 rows [first, first + count) of layer K (values = 0) or V (values = 1) from host
   // memory into the device cache, on the transfer stream, returning before the copy ends.
@@ -114,6 +115,15 @@ class Ops {
                         int64_t head_dim, float* out) = 0;
 };
 
+// One session's share of Engine::ForwardMany, as Session::Forward's arguments.
+struct ForwardItem {
+  Session* session = nullptr;  // one of this engine's, at most once per call
+  const int32_t* tokens = nullptr;
+  int64_t n = 0;  // >= 1, n_tokens + n <= capacity
+  int all_logits = 0;
+  float* logits = nullptr;  // host [all_logits ? n : 1, vocab] f32, or null for none
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -126,6 +136,13 @@ class Engine {
   // Checks every weight the dims call for has been set.
   virtual int Finalize() = 0;
   virtual int64_t device_bytes() const = 0;
+  // Runs every item in shared forward passes: the weight GEMMs (QKV, output, gate/up, down, lm
+  // head) once over the items' concatenated rows, in micro-batches that cut an item only where
+  // Session::Forward over it alone would; RoPE at each row's own position, the K/V store and
+  // attention per item against its own cache; logits only for the rows wanted. Checks every
+  // item first and runs none when one is bad. A device error fails the call and leaves every
+  // session's token count as it was (rows past it may have been written).
+  virtual int ForwardMany(const ForwardItem* items, int64_t count) = 0;
   // A session with a device KV cache of `capacity` rows; null with error() on failure.
   virtual Session* NewSession(int64_t capacity) = 0;
   // Groups: anchors[n_anchors] and targets[n_targets] per group (concatenated), a[g] is the

@@ -45,10 +45,13 @@ __global__ void EmbedKernel(const __half* table, int64_t cols, const int32_t* id
   }
 }
 
+// Block i normalises row i of x, or row rows[i] when rows is not null, into row i of y.
 template <typename Out>
-__global__ void RmsNormKernel(const float* x, int64_t d, const float* w, float eps, Out* y) {
+__global__ void RmsNormKernel(const float* x, const int32_t* rows, int64_t d, const float* w,
+                              float eps, Out* y) {
   __shared__ float shared[32];
-  const float* xr = x + blockIdx.x * d;
+  const int64_t source = rows != nullptr ? rows[blockIdx.x] : blockIdx.x;
+  const float* xr = x + source * d;
   Out* yr = y + blockIdx.x * d;
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
@@ -192,14 +195,22 @@ cudaError_t LaunchEmbed(const __half* table, int64_t cols, const int32_t* ids, i
 cudaError_t LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, float eps, float* y,
                           cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  RmsNormKernel<float><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, w, eps, y);
+  RmsNormKernel<float><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, nullptr, d, w, eps, y);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRmsNormHalf(const float* x, int64_t n, int64_t d, const float* w, float eps,
                               __half* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  RmsNormKernel<__half><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, w, eps, y);
+  RmsNormKernel<__half>
+      <<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, nullptr, d, w, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGatherRmsNormHalf(const float* x, const int32_t* rows, int64_t n, int64_t d,
+                                    const float* w, float eps, __half* y, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  RmsNormKernel<__half><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, rows, d, w, eps, y);
   return cudaGetLastError();
 }
 

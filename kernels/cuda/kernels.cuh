@@ -20,6 +20,10 @@ cudaError_t LaunchRmsNorm(const float* x, int64_t n, int64_t d, const float* w, 
 // The same normalisation written as f16 (saturating), the input of the next GEMM.
 cudaError_t LaunchRmsNormHalf(const float* x, int64_t n, int64_t d, const float* w, float eps,
                               __half* y, cudaStream_t stream);
+// Row i of y is row rows[i] (device indices) of x, normalised and written as f16: the rows of a
+// batch whose logits are wanted, gathered into one lm-head GEMM.
+cudaError_t LaunchGatherRmsNormHalf(const float* x, const int32_t* rows, int64_t n, int64_t d,
+                                    const float* w, float eps, __half* y, cudaStream_t stream);
 // Attention of one query per head (decoding) at the last of `ctx` positions: q [n_heads,
 // head_dim] f32 over k/v [ctx, n_kv_heads, head_dim] f16 into out [n_heads, head_dim] f32, when
 // DecodeAttentionFits (the scores fit the default shared memory of a block).

@@ -8,7 +8,7 @@
 
 /* Raised with every change to this file or to engine_api.h: a module and a process disagreeing on
    the Engine's methods must not load together. */
-#define RISKKV_CUDA_ABI_VERSION 4
+#define RISKKV_CUDA_ABI_VERSION 5
 
 typedef struct RiskkvCudaDevice {
   char name[256];

@@ -210,7 +210,7 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
                                                    " chunks of ", h.kv_bytes(), " bytes; ",
                                                    expect_bytes, " bytes expected"));
   }
-  ASSIGN_OR_RETURN(session_.kv, ctx_.engine->NewStore(capacity, ctx_.kv_dtype.value_or(dtype)));
+  ASSIGN_OR_RETURN(session_.kv, ctx_.engine->NewStore(capacity));
   // Rows arrive into [0, history); a replay prefills them instead.
   if (session_.mode != MigrationMode::kTokenReplay) {
     RETURN_IF_ERROR(session_.kv->SetTokens(history_));
@@ -328,8 +328,7 @@ absl::Status MigrationReceiver::RebuildReadyGroups() {
       continue;
     }
     if (history_ > 0) {
-      ASSIGN_OR_RETURN(double seconds,
-                       ctx_.engine->Rebuild(*session_.kv, *ctx_.predictors, **it, 0, history_));
+      ASSIGN_OR_RETURN(double seconds, RunRebuild(**it, 0, history_, WorkKind::kHandOver));
       figures_.rebuild_seconds += seconds;
     }
     it = pending_.erase(it);
@@ -353,14 +352,32 @@ absl::Status MigrationReceiver::CheckRowsThrough(int64_t end) const {
   return absl::OkStatus();
 }
 
-absl::Status MigrationReceiver::ApplyRows(int64_t end) {
+absl::StatusOr<double> MigrationReceiver::RunRebuild(const FoldedGroup& group, int64_t begin,
+                                                     int64_t count, WorkKind kind) {
+  if (ctx_.scheduler == nullptr) {
+    return ctx_.engine->Rebuild(*session_.kv, *ctx_.predictors, group, begin, count);
+  }
+  double seconds = 0;
+  RETURN_IF_ERROR(ctx_.scheduler->Exclusive(kind, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(seconds,
+                     ctx_.engine->Rebuild(*session_.kv, *ctx_.predictors, group, begin, count));
+    return absl::OkStatus();
+  }));
+  return seconds;
+}
+
+absl::Status MigrationReceiver::RunPrefill(std::span<const int32_t> tokens, WorkKind kind) {
+  if (ctx_.scheduler == nullptr) return ctx_.engine->Prefill(tokens, *session_.kv).status();
+  return ctx_.scheduler->Forward(kind, *session_.kv, tokens, /*all_logits=*/false, nullptr);
+}
+
+absl::Status MigrationReceiver::ApplyRows(int64_t end, WorkKind kind) {
   if (session_.mode == MigrationMode::kTokenReplay) {
     // Positions [closed_, end) are history tokens the target prefills as they come.
     if (end > closed_) {
       const Stopwatch prefill;
       const std::span<const int32_t> tokens(session_.tokens);
-      ASSIGN_OR_RETURN(std::vector<float> ignored,
-                       ctx_.engine->Prefill(tokens.subspan(closed_, end - closed_), *session_.kv));
+      RETURN_IF_ERROR(RunPrefill(tokens.subspan(closed_, end - closed_), kind));
       figures_.prefill_seconds += prefill.Seconds();
     }
   } else {
@@ -370,8 +387,7 @@ absl::Status MigrationReceiver::ApplyRows(int64_t end) {
     }
     if (end > closed_) {
       for (const FoldedGroup* g : pending_) {
-        ASSIGN_OR_RETURN(double seconds, ctx_.engine->Rebuild(*session_.kv, *ctx_.predictors, *g,
-                                                              closed_, end - closed_));
+        ASSIGN_OR_RETURN(double seconds, RunRebuild(*g, closed_, end - closed_, kind));
         figures_.rebuild_seconds += seconds;
       }
     }
@@ -408,7 +424,8 @@ absl::Status MigrationReceiver::OnRound(const v1::PrecopyRound& round) {
   const std::vector<int32_t> ids(round.token_ids().begin(), round.token_ids().end());
   if (auto st = ctx_.engine->CheckTokenIds(ids); !st.ok()) return Fail("bad_chunk", st);
   session_.tokens.insert(session_.tokens.end(), ids.begin(), ids.end());
-  if (auto st = ApplyRows(end); !st.ok()) return Fail("resume", st);
+  // Pre-copy: the session still generates at the source, so this is not downtime yet.
+  if (auto st = ApplyRows(end, WorkKind::kPrefill); !st.ok()) return Fail("resume", st);
   ++rounds_;
   return absl::OkStatus();
 }
@@ -477,15 +494,21 @@ absl::Status MigrationReceiver::OnLiveTrailer(const v1::MigrationTrailer& t) {
   figures_.history_tokens = end;
   // TOKEN_REPLAY's last history tokens are prefilled by the resume.
   if (session_.mode != MigrationMode::kTokenReplay) {
-    if (auto st = ApplyRows(end); !st.ok()) return Fail("resume", st);
+    if (auto st = ApplyRows(end, WorkKind::kHandOver); !st.ok()) return Fail("resume", st);
   }
   pending_.clear();
   return Resume();
 }
 
 absl::Status MigrationReceiver::Resume() {
+  Engine::PrefillFn prefill;
+  if (ctx_.scheduler != nullptr) {
+    prefill = [this](std::span<const int32_t> tokens, KvStore& store) {
+      return ctx_.scheduler->Prefill(WorkKind::kHandOver, tokens, store);
+    };
+  }
   auto r = ctx_.engine->Resume(*session_.kv, session_.tokens,
-                               /*replay=*/session_.mode == MigrationMode::kTokenReplay);
+                               /*replay=*/session_.mode == MigrationMode::kTokenReplay, prefill);
   if (!r.ok()) return Fail("resume", r.status());
   if (session_.mode == MigrationMode::kReconstruct) {
     figures_.rebuild_seconds += r->rebuild_seconds;  // what still ran on the device

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/stopwatch.h"
 #include "common/engine/engine.h"
+#include "common/engine/scheduler.h"
 #include "common/kvcodec/wire_form.h"
 #include "common/model/sampler.h"
 #include "common/recovery/predictor_bank.h"
@@ -62,9 +63,10 @@ struct TargetContext {
   // The largest chunk payload accepted (0: no bound); a chunk of one row (plain) or one token
   // group (quantized) is always accepted, as the sender's MinChunkBytes.
   int64_t max_chunk_bytes = 0;
-  // How this node stores KV (rows arrive in the source's dtype and are converted); unset: the
-  // source's.
-  std::optional<DType> kv_dtype = std::nullopt;
+  // Runs the engine's work (rebuilds, replay, the first token) among the node's other work, at a
+  // hand-over's priority once the session is paused (a live migration's pre-copy rounds at a
+  // prefill's); null: straight on the engine.
+  Scheduler* scheduler = nullptr;
   // This node's measured speeds, reported to the source in `accepted` (0: not measured).
   double prefill_seconds_per_token = 0;
   double rebuild_seconds_per_token = 0;
@@ -140,8 +142,13 @@ class MigrationReceiver {
   // DataLoss unless every announced layer holds exactly rows [0, end) (live).
   absl::Status CheckRowsThrough(int64_t end) const;
   // Rows [closed_, end) are in: the store marks them, RECONSTRUCT rebuilds them, TOKEN_REPLAY
-  // prefills their tokens.
-  absl::Status ApplyRows(int64_t end);
+  // prefills their tokens, at `kind`'s priority.
+  absl::Status ApplyRows(int64_t end, WorkKind kind);
+  // A group's rebuild of rows [begin, begin + count), or a replay of `tokens`, on the engine or
+  // through the scheduler.
+  absl::StatusOr<double> RunRebuild(const FoldedGroup& group, int64_t begin, int64_t count,
+                                    WorkKind kind);
+  absl::Status RunPrefill(std::span<const int32_t> tokens, WorkKind kind);
   // Waits for the rebuilds, replays what TOKEN_REPLAY has not, feeds the last token.
   absl::Status Resume();
   absl::StatusOr<std::string> OnCommit();

@@ -61,6 +61,15 @@ ABSL_FLAG(bool, cpu_panels, true,
           "--backend cuda)");
 ABSL_FLAG(std::string, kv_dtype, "f16", "KV cache storage and wire dtype: f16 or f32");
 ABSL_FLAG(int64_t, capacity, 0, "KV rows per session (0: the model's context)");
+ABSL_FLAG(int64_t, batch_tokens, 256,
+          "the most tokens one engine step runs: every waiting decode, then one chunk of a "
+          "prefill, replay or scoring");
+ABSL_FLAG(int64_t, prefill_chunk, 64,
+          "the most tokens of one prompt or scoring in one step, so decodes wait at most about one "
+          "chunk's time behind a long prompt (at most --batch-tokens)");
+ABSL_FLAG(double, batch_gather_ms, 2,
+          "how long a step waits for the streams that just got a token to ask for the next one, "
+          "so they share one step (0: never waits)");
 ABSL_FLAG(double, link_mbps, 0, "sender-side rate limit emulating a link, Mbit/s (0: none)");
 ABSL_FLAG(int, max_sessions, 64, "sessions this node serves at most");
 ABSL_FLAG(int, max_sessions_per_identity, 16,
@@ -217,7 +226,13 @@ int main(int argc, char** argv) {
   options.peer_token = peer_token;
   options.access_file = *access_file;
   options.model_fingerprint = *fingerprint;
-  options.kv_dtype = *kv;
+  options.scheduler = {.batch_tokens = absl::GetFlag(FLAGS_batch_tokens),
+                       .prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk),
+                       .gather = absl::Milliseconds(absl::GetFlag(FLAGS_batch_gather_ms))};
+  if (!(absl::GetFlag(FLAGS_batch_gather_ms) >= 0)) return Fail("--batch-gather-ms must be >= 0");
+  if (absl::Status ok = options.scheduler.Validate(); !ok.ok()) {
+    return Fail("--batch-tokens/--prefill-chunk/--batch-gather-ms: " + std::string(ok.message()));
+  }
   options.activations = absl::GetFlag(FLAGS_activations);
   options.capacity = absl::GetFlag(FLAGS_capacity);
   options.link_mbps = absl::GetFlag(FLAGS_link_mbps);

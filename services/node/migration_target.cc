@@ -116,7 +116,7 @@ grpc::Status ReceiveMigration(
       .predictors = r ? r->predictors.get() : nullptr,
       .capacity = side.capacity,
       .max_chunk_bytes = side.max_chunk_bytes,
-      .kv_dtype = side.kv_dtype,
+      .scheduler = side.scheduler,
       .prefill_seconds_per_token = side.planner->measured_prefill_seconds_per_token(),
       .rebuild_seconds_per_token = side.planner->measured_rebuild_seconds_per_token(),
       .adopt = adopt,

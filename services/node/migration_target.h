@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "common/engine/engine.h"
+#include "common/engine/scheduler.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/node/migration_outcomes.h"
 #include "services/node/mode_planner.h"
@@ -29,8 +30,8 @@ struct TargetSide {
   std::string model_fingerprint;
   std::shared_ptr<const Retention> retention;  // a snapshot for this migration (may be null)
   int64_t capacity = 0;
-  int64_t max_chunk_bytes = 0;   // the largest chunk payload accepted (0: no bound)
-  DType kv_dtype = DType::kF32;  // how this node's sessions store KV
+  int64_t max_chunk_bytes = 0;     // the largest chunk payload accepted (0: no bound)
+  Scheduler* scheduler = nullptr;  // runs the engine's work (null: straight on the engine)
   SessionTable* sessions = nullptr;
   KvBudget* budget = nullptr;  // charged with the rows the stream announces or writes (may be null)
   MigrationOutcomes* outcomes = nullptr;  // records each commit by migration id (may be null)

@@ -15,6 +15,7 @@ const prometheus::Histogram::BucketBoundaries kBytes = {
 
 NodeMetrics::NodeMetrics(prometheus::Registry& r, const std::string& model)
     : model_(model),
+      serving_(r, model),
       duration_(prometheus::BuildHistogram()
                     .Name("riskkv_migration_duration_seconds")
                     .Help("A migration end to end, as its source or target saw it")

@@ -10,6 +10,8 @@
 
 #include <string>
 
+#include "services/node/serving_metrics.h"
+
 namespace riskkv {
 
 class NodeMetrics {
@@ -43,9 +45,12 @@ class NodeMetrics {
   // riskkv_node_info: the address other nodes reach this one at, and the compute backend.
   void SetInfo(const std::string& address, const std::string& backend);
   void PolicyUpdate(const std::string& outcome);
+  // Tokens and the engine's steps.
+  ServingMetrics& serving() { return serving_; }
 
  private:
   std::string model_;
+  ServingMetrics serving_;
   prometheus::Family<prometheus::Histogram>& duration_;
   prometheus::Family<prometheus::Histogram>& transfer_;
   prometheus::Family<prometheus::Histogram>& rebuild_;

@@ -20,6 +20,13 @@ namespace {
 
 grpc::Status Bad(const std::string& m) { return ToGrpc(absl::InvalidArgumentError(m)); }
 
+// A call's engine work stops waiting once its caller is gone.
+Scheduler::CheckFn Cancelled(grpc::ServerContext* ctx) {
+  return [ctx] {
+    return ctx->IsCancelled() ? absl::CancelledError("the call was cancelled") : absl::OkStatus();
+  };
+}
+
 // A live migration waiting for a session to reach a token group's end stops waiting when no token
 // came for this long: the session is not generating (a CPU decode step takes tens of ms).
 constexpr absl::Duration kGeneratingGap = absl::Milliseconds(250);
@@ -52,12 +59,12 @@ NodeService::NodeService(Engine& engine, NodeOptions options, NodeMetrics* metri
       options_(std::move(options)),
       metrics_(metrics),
       access_(options_.access_file),
-      budget_(
-          options_.kv_budget_bytes,
-          engine.config().n_layers * 2 * RowBytes(options_.kv_dtype, engine.config().kv_width()),
-          [metrics](KvBudget::State s, int64_t bytes) {
-            if (metrics) metrics->SetKvBytes(KvBudget::StateName(s), static_cast<double>(bytes));
-          }),
+      scheduler_(engine, options_.scheduler, metrics ? &metrics->serving() : nullptr),
+      budget_(options_.kv_budget_bytes, engine.kv_bytes_per_token(),
+              [metrics](KvBudget::State s, int64_t bytes) {
+                if (metrics)
+                  metrics->SetKvBytes(KvBudget::StateName(s), static_cast<double>(bytes));
+              }),
       sessions_(
           options_.max_sessions,
           [metrics](size_t n) {
@@ -182,11 +189,11 @@ grpc::Status NodeService::StartSession(grpc::ServerContext* ctx, const v1::Start
   if (auto charged = s->charge.GrowTo(static_cast<int64_t>(s->tokens.size())); !charged.ok()) {
     return ToGrpc(charged);
   }
-  auto kv = engine_.NewStore(capacity, options_.kv_dtype);
+  auto kv = engine_.NewStore(capacity);
   if (!kv.ok()) return ToGrpc(kv.status());
   s->kv = *std::move(kv);
   const Stopwatch prefill;
-  auto logits = engine_.Prefill(s->tokens, *s->kv);
+  auto logits = scheduler_.Prefill(WorkKind::kPrefill, s->tokens, *s->kv, Cancelled(ctx));
   if (!logits.ok()) return ToGrpc(logits.status());
   planner_.MeasurePrefill(prefill.Seconds(), static_cast<int64_t>(s->tokens.size()));
   s->pending_logits = *std::move(logits);
@@ -199,6 +206,7 @@ grpc::Status NodeService::StartSession(grpc::ServerContext* ctx, const v1::Start
 
 grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                    grpc::ServerWriter<v1::GenerateReply>* writer) {
+  const Stopwatch since_call;
   OwnerFilter mine;
   if (auto who = Authorize(ctx, Action::kUseSessions, &mine); !who.ok()) {
     return ToGrpc(who.status());
@@ -219,6 +227,8 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
     return ToGrpc(lease.status());
   }
   NodeSession& s = lease->session();
+  const Scheduler::CheckFn cancelled = Cancelled(ctx);
+  std::optional<Stopwatch> since_token;  // the last token's write
   for (int i = 0; i < req->max_tokens() && !ctx->IsCancelled(); ++i) {
     // A migration pauses the session between two tokens; if it moves, the caller follows.
     if (std::optional<SessionMoved> to = lease->Yield()) return moved(*to, i);
@@ -234,7 +244,7 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
       if (auto charged = s.charge.GrowTo(static_cast<int64_t>(s.tokens.size())); !charged.ok()) {
         return ToGrpc(charged);
       }
-      auto l = engine_.Decode(s.tokens.back(), *s.kv);
+      auto l = scheduler_.Decode(WorkKind::kDecode, s.tokens.back(), *s.kv, cancelled);
       if (!l.ok()) return ToGrpc(l.status());
       logits = *std::move(l);
     }
@@ -248,6 +258,12 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
     r.set_token_id(t);
     r.set_text(engine_.tokenizer().TokenBytes(t));
     if (!writer->Write(r)) break;
+    if (metrics_) {
+      ServingMetrics& m = metrics_->serving();
+      since_token ? m.InterToken(since_token->Seconds()) : m.FirstToken(since_call.Seconds());
+      m.TokenGenerated();
+    }
+    since_token.emplace();
   }
   return grpc::Status::OK;
 }
@@ -324,9 +340,10 @@ grpc::Status NodeService::Score(grpc::ServerContext* ctx, const v1::ScoreRequest
     ASSIGN_OR_RETURN(std::unique_ptr<KvStore> work, engine_.CopyStore(*s.kv));
     std::vector<float> first = s.pending_logits;
     if (first.empty()) {
-      ASSIGN_OR_RETURN(first, engine_.Decode(s.tokens.back(), *work));
+      ASSIGN_OR_RETURN(first,
+                       scheduler_.Decode(WorkKind::kScore, s.tokens.back(), *work, Cancelled(ctx)));
     }
-    return engine_.Score(ids, *work, first);
+    return scheduler_.Score(ids, *work, first, Cancelled(ctx));
   }();
   if (!nll.ok()) return ToGrpc(nll.status());
   reply->set_mean_nll(nll->mean);
@@ -587,7 +604,7 @@ grpc::Status NodeService::Receive(
          .retention = retention(),
          .capacity = options_.capacity,
          .max_chunk_bytes = options_.max_chunk_bytes,
-         .kv_dtype = options_.kv_dtype,
+         .scheduler = &scheduler_,
          .sessions = &sessions_,
          .budget = &budget_,
          .outcomes = &outcomes_,

@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/engine/engine.h"
+#include "common/engine/scheduler.h"
 #include "riskkv/v1/node.grpc.pb.h"
 #include "services/access/access_file.h"
 #include "services/access/authorizer.h"
@@ -33,7 +34,8 @@ namespace riskkv {
 struct NodeOptions {
   std::string model_fingerprint;
   std::shared_ptr<const Retention> retention;  // RECONSTRUCT needs one (see SetRetention)
-  DType kv_dtype = DType::kF32;                // how sessions store KV on a CPU engine
+  // How the engine's steps are formed: the token budget, the prefill chunk (see scheduler.h).
+  SchedulerOptions scheduler;
   // The node's activation precision ("int8" or "f32"; empty: not said): a policy whose ΔNLL was
   // measured in another is logged as a warning when it is set.
   std::string activations;
@@ -139,6 +141,8 @@ class NodeService final : public v1::Node::Service {
   NodeOptions options_;  // its retention is moved out at construction
   NodeMetrics* const metrics_;
   const Authorizer access_;
+  // Every call's engine work goes through it; it outlives the sessions whose stores it runs.
+  Scheduler scheduler_;
   KvBudget budget_;  // before sessions_: their charges return to it as they go
   SessionTable sessions_;
   std::unique_ptr<SessionReaper> reaper_;  // null without a TTL; stops before sessions_ goes

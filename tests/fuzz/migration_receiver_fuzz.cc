@@ -41,7 +41,7 @@ Node& TheNode() {
     if (!m.ok()) std::abort();
     n->model = *std::move(m);
     n->fingerprint = *riskkv::ModelFingerprint(*n->model);
-    n->engine = std::make_unique<riskkv::CpuEngine>(*n->model);
+    n->engine = std::make_unique<riskkv::CpuEngine>(*n->model, riskkv::DType::kF32);
     return n;
   }();
   return *node;
@@ -69,7 +69,7 @@ void Append(std::string* out, const riskkv::v1::MigrationFrame& f) {
 // The frames a sender emits for a 20-token session, answered as a target would.
 std::string SenderStream(riskkv::MigrationMode mode, riskkv::WireForm form, bool live) {
   Node& n = TheNode();
-  auto kv = *n.engine->NewStore(64, riskkv::DType::kF32);
+  auto kv = *n.engine->NewStore(64);
   auto sampler = *riskkv::Sampler::Create({});
   std::vector<int32_t> tokens;
   for (int i = 0; i < 20; ++i) tokens.push_back((i * 31 + 5) % 200);

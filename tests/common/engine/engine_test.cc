@@ -36,10 +36,12 @@ class EngineTest : public ::testing::Test {
   void SetUp() override {
     model_ = LoadTiny();
     ASSERT_NE(model_, nullptr);
-    engine_ = std::make_unique<CpuEngine>(*model_);
+    engine_ = std::make_unique<CpuEngine>(*model_, DType::kF32);
+    engine16_ = std::make_unique<CpuEngine>(*model_, DType::kF16);
   }
   std::unique_ptr<Model> model_;
-  std::unique_ptr<CpuEngine> engine_;
+  std::unique_ptr<CpuEngine> engine_;    // f32 rows
+  std::unique_ptr<CpuEngine> engine16_;  // f16 rows
 };
 
 TEST_F(EngineTest, ChecksTokenIdsOnceForEveryCaller) {
@@ -48,12 +50,12 @@ TEST_F(EngineTest, ChecksTokenIdsOnceForEveryCaller) {
   const absl::Status st = engine_->CheckTokenIds(bad);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("at index 2"), std::string_view::npos) << st;
-  auto kv = *engine_->NewStore(64, DType::kF32);
+  auto kv = *engine_->NewStore(64);
   EXPECT_EQ(engine_->Prefill(bad, *kv).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(EngineTest, PrefillAndDecodeMatchTheModelBitForBit) {
-  auto kv = *engine_->NewStore(64, DType::kF32);
+  auto kv = *engine_->NewStore(64);
   auto cache = *model_->NewKvCache(64, DType::kF32);
   const auto tokens = Tokens(20);
   EXPECT_EQ(*engine_->Prefill(tokens, *kv), *model_->Prefill(tokens, *cache));
@@ -61,14 +63,15 @@ TEST_F(EngineTest, PrefillAndDecodeMatchTheModelBitForBit) {
   EXPECT_EQ(kv->n_tokens(), 21);
   EXPECT_EQ(kv->capacity(), 64);
   EXPECT_EQ(kv->row_bytes(), engine_->config().kv_width() * 4);
+  EXPECT_EQ(engine_->kv_bytes_per_token(), engine_->config().n_layers * 2 * kv->row_bytes());
 }
 
 TEST_F(EngineTest, RowsGoInAndOutPerLayerConvertingDtypes) {
   const ModelConfig& c = engine_->config();
-  auto f32 = *engine_->NewStore(32, DType::kF32);
+  auto f32 = *engine_->NewStore(32);
   ASSERT_TRUE(engine_->Prefill(Tokens(10), *f32).ok());
   // Rows read from an f32 store, written as f32 into an f16 store, read back as f16.
-  auto f16 = *engine_->NewStore(32, DType::kF16);
+  auto f16 = *engine16_->NewStore(32);
   ASSERT_TRUE(f16->SetTokens(10).ok());
   std::vector<uint8_t> rows(10 * f32->row_bytes());
   for (int32_t l = 0; l < c.n_layers; ++l) {
@@ -105,23 +108,29 @@ TEST_F(EngineTest, RowsGoInAndOutPerLayerConvertingDtypes) {
 }
 
 TEST_F(EngineTest, ACopyIsIndependentAndScoringLeavesNoTrace) {
-  auto kv = *engine_->NewStore(64, DType::kF16);
-  auto logits = *engine_->Prefill(Tokens(16), *kv);
-  auto copy = *engine_->CopyStore(*kv);
+  auto kv = *engine16_->NewStore(64);
+  EXPECT_EQ(kv->dtype(), DType::kF16);
+  auto logits = *engine16_->Prefill(Tokens(16), *kv);
+  auto copy = *engine16_->CopyStore(*kv);
   EXPECT_EQ(copy->n_tokens(), 16);
   EXPECT_EQ(copy->dtype(), DType::kF16);
   const std::vector<int32_t> continuation = {4, 8, 15, 16, 23, 42};
-  auto nll = engine_->Score(continuation, *copy, logits);
+  auto nll = engine16_->Score(continuation, *copy, logits);
   ASSERT_TRUE(nll.ok()) << nll.status();
   EXPECT_EQ(nll->nll.size(), continuation.size());
   EXPECT_EQ(kv->n_tokens(), 16) << "the original is untouched";
-  auto again = *engine_->CopyStore(*kv);
-  EXPECT_EQ(engine_->Score(continuation, *again, logits)->mean, nll->mean);
+  auto again = *engine16_->CopyStore(*kv);
+  EXPECT_EQ(engine16_->Score(continuation, *again, logits)->mean, nll->mean);
+  // A continuation past the store's capacity is refused before anything runs.
+  auto full = *engine16_->CopyStore(*kv);
+  EXPECT_EQ(engine16_->Score(Tokens(49), *full, logits).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(full->n_tokens(), 16);
 }
 
 TEST_F(EngineTest, RefusesStoresAndPredictorsOfAnotherEngine) {
-  CpuEngine other(*model_);
-  auto foreign = *other.NewStore(16, DType::kF32);
+  CpuEngine other(*model_, DType::kF32);
+  auto foreign = *other.NewStore(16);
   EXPECT_EQ(engine_->Prefill(Tokens(4), *foreign).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(engine_->CopyStore(*foreign).status().code(), absl::StatusCode::kInvalidArgument);
@@ -133,18 +142,18 @@ TEST_F(EngineTest, RefusesStoresAndPredictorsOfAnotherEngine) {
 TEST_F(EngineTest, ResumeReplaysOrFeedsTheLastToken) {
   const auto tokens = Tokens(24);
   // What the source would have computed: the history's prefill, then the last token's step.
-  auto reference = *engine_->NewStore(64, DType::kF32);
+  auto reference = *engine_->NewStore(64);
   ASSERT_TRUE(engine_->Prefill(std::span(tokens).first(23), *reference).ok());
   const auto expected = *engine_->Decode(tokens.back(), *reference);
   // TOKEN_REPLAY: an empty store, the whole history replayed, the last token fed.
-  auto replayed = *engine_->NewStore(64, DType::kF32);
+  auto replayed = *engine_->NewStore(64);
   auto r = engine_->Resume(*replayed, tokens, /*replay=*/true);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->logits, expected);
   EXPECT_GT(r->prefill_seconds, 0);
   EXPECT_EQ(replayed->n_tokens(), 24);
   // FULL_KV: the history's rows already there; only the last token is fed.
-  auto moved = *engine_->NewStore(64, DType::kF32);
+  auto moved = *engine_->NewStore(64);
   ASSERT_TRUE(moved->SetTokens(23).ok());
   std::vector<uint8_t> rows(23 * moved->row_bytes());
   for (int32_t l = 0; l < engine_->config().n_layers; ++l) {
@@ -168,7 +177,7 @@ TEST_F(EngineTest, RebuildsAGroupAsRebuildGroupDoes) {
   auto predictors = engine_->LoadPredictors(bank);
   ASSERT_TRUE(predictors.ok()) << predictors.status();
   EXPECT_EQ(&(*predictors)->bank(), bank.get());
-  auto kv = *engine_->NewStore(64, DType::kF32);
+  auto kv = *engine_->NewStore(64);
   ASSERT_TRUE(engine_->Prefill(Tokens(30), *kv).ok());
   auto expect = *static_cast<CpuKvStore&>(*kv).cache().Clone();
   for (const FoldedGroup& g : bank->groups()) {
@@ -184,7 +193,7 @@ TEST_F(EngineTest, RebuildsAGroupAsRebuildGroupDoes) {
     ASSERT_TRUE(got.ReadKeys(l, 0, 30, b.data()).ok());
     EXPECT_EQ(a, b) << "layer " << l;
   }
-  CpuEngine other(*model_);
+  CpuEngine other(*model_, DType::kF32);
   EXPECT_EQ(other.Rebuild(*kv, **predictors, bank->groups()[0], 0, 30).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -204,6 +213,8 @@ TEST_F(EngineTest, CreateEngineChoosesTheBackendAndSaysWhy) {
   auto automatic = CreateEngine(*model_, {.backend = "auto", .kv_dtype = DType::kF16}, &note);
   ASSERT_TRUE(automatic.ok());
   auto cuda = CreateEngine(*model_, {.backend = "cuda", .kv_dtype = DType::kF16});
+  EXPECT_EQ(CreateEngine(*model_, {.backend = "cuda", .kv_dtype = DType::kF32}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   if (LoadGpuRuntime().ok() && cuda.ok()) {
     EXPECT_EQ((*automatic)->backend(), "cuda") << note;
     EXPECT_EQ((*cuda)->backend(), "cuda");
@@ -220,11 +231,11 @@ TEST_F(EngineTest, TheGpuEngineResumesAsTheCpuDoes) {
   auto gpu = CreateEngine(*model_, {.backend = "cuda", .kv_dtype = DType::kF16});
   if (!gpu.ok()) GTEST_SKIP() << gpu.status().message();
   const auto tokens = Tokens(40);
-  auto on_cpu = *engine_->NewStore(64, DType::kF16);
-  ASSERT_TRUE(engine_->Prefill(std::span(tokens).first(39), *on_cpu).ok());
-  auto after = *engine_->CopyStore(*on_cpu);
-  const auto expected = *engine_->Decode(tokens.back(), *after);
-  auto on_gpu = *(*gpu)->NewStore(64, DType::kF16);
+  auto on_cpu = *engine16_->NewStore(64);
+  ASSERT_TRUE(engine16_->Prefill(std::span(tokens).first(39), *on_cpu).ok());
+  auto after = *engine16_->CopyStore(*on_cpu);
+  const auto expected = *engine16_->Decode(tokens.back(), *after);
+  auto on_gpu = *(*gpu)->NewStore(64);
   ASSERT_TRUE(on_gpu->SetTokens(39).ok());
   std::vector<uint8_t> rows(39 * on_cpu->row_bytes());
   for (int32_t l = 0; l < engine_->config().n_layers; ++l) {

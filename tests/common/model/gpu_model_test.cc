@@ -2,13 +2,14 @@
 // and KV after prefill and decode on the tiny models (Llama with interleaved RoPE, Qwen2 with
 // biases and half RoPE, a Q4_1 file) and on SmolLM2; RISK-KV rebuilds on the GPU against
 // RebuildGroup on the CPU, and a migration-shaped recovery (retained layers uploaded, groups
-// rebuilt as their anchors land, the last token decoded). Label gpu: skips, naming the reason,
-// where no GPU is usable.
+// rebuilt as their anchors land, the last token decoded); batched steps of several sessions
+// against each session run alone. Label gpu: skips, naming the reason, where no GPU is usable.
 #include "common/model/gpu_model.h"
 
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -230,6 +231,207 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuModelMatchesCpu,
                                            "tiny_qwen2_yarn.gguf", "tiny_llama_kquant.gguf",
                                            "tiny_phi3.gguf", "tiny_qwen2_untied.gguf",
                                            "tiny_llama_linear.gguf", "smollm2"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return name;
+                         });
+
+// Batched steps (GpuModel::ForwardMany): each session of a mixed batch (decodes, prefill chunks
+// with and without logits, all-logits scoring, more rows than one 1,024-row micro-batch) against
+// the same session run alone on the GPU and against the CPU oracle within the tolerances above.
+// Bit for bit as alone is the Engine::Step contract, but cuBLAS chooses its kernels by shape and
+// a batch's GEMMs have more rows than a session's alone, so it is its own test case; the
+// other checks the batching itself (positions, caches, logit rows), where a mistake costs far
+// more than kBatchNmse.
+constexpr double kBatchNmse = 1e-5;
+struct BatchSpec {
+  int64_t history = 0;  // tokens already in the session
+  int64_t n = 0;        // tokens in the step
+  bool all_logits = false;
+  bool logits = true;
+};
+
+// One session three ways: run in batches, run alone on the GPU, and on the CPU.
+struct Twins {
+  std::unique_ptr<GpuSession> batched, alone;
+  std::unique_ptr<KvCache> cpu;
+};
+
+// `got` (batched) against `want` (alone): bit for bit, or within kBatchNmse; a bitwise
+// difference names the first element and the NMSE, to tell kernel choice from a batching error.
+void ExpectAsAlone(const std::vector<float>& got, const std::vector<float>& want, bool bitwise,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  if (got.empty()) return;
+  const double e = Nmse(got.data(), want.data(), static_cast<int64_t>(got.size()));
+  if (!bitwise) {
+    EXPECT_LT(e, kBatchNmse) << what << " against the session run alone";
+    return;
+  }
+  if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0) return;
+  size_t i = 0;
+  while (std::memcmp(&got[i], &want[i], sizeof(float)) == 0) ++i;
+  ADD_FAILURE() << what << ": differs from the session run alone at " << i << " (" << got[i]
+                << " vs " << want[i] << "), NMSE " << e;
+}
+
+class GpuBatchStep : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (auto runtime = LoadGpuRuntime(); !runtime.ok()) GTEST_SKIP() << runtime.status().message();
+    cpu_ = LoadCpu(testing::TestdataDir() / GetParam());
+    ASSERT_NE(cpu_, nullptr);
+    auto gpu = GpuModel::Create(*cpu_);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = std::move(*gpu);
+    capacity_ = cpu_->config().context_length;
+  }
+
+  // A session holding `history` tokens, three ways.
+  void Start(int64_t history, int32_t salt, Twins* t) {
+    auto a = gpu_->NewSession(capacity_), b = gpu_->NewSession(capacity_);
+    auto c = cpu_->NewKvCache(capacity_, DType::kF16);
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+    t->batched = std::move(*a), t->alone = std::move(*b), t->cpu = std::move(*c);
+    if (history == 0) return;
+    const auto tokens = Tokens(history, cpu_->config().vocab, salt);
+    ASSERT_TRUE(gpu_->Prefill(tokens, *t->batched).ok());
+    ASSERT_TRUE(gpu_->Prefill(tokens, *t->alone).ok());
+    ASSERT_TRUE(cpu_->Prefill(tokens, *t->cpu).ok());
+  }
+
+  // Runs `tokens` on the alone and CPU twins and checks the batched twin's logits `got` and every
+  // KV row against them.
+  void Compare(Twins& t, std::span<const int32_t> tokens, const BatchSpec& spec,
+               const std::vector<float>& got, bool bitwise) {
+    std::vector<float> alone, ref;
+    ASSERT_TRUE(
+        gpu_->Forward(tokens, *t.alone, spec.all_logits, spec.logits ? &alone : nullptr).ok());
+    ForwardOptions options;
+    options.all_logits = spec.all_logits;
+    ASSERT_TRUE(cpu_->Forward(tokens, *t.cpu, options, spec.logits ? &ref : nullptr).ok());
+    ExpectAsAlone(got, alone, bitwise, "logits");
+    if (spec.logits) {
+      EXPECT_LT(Nmse(got.data(), ref.data(), static_cast<int64_t>(ref.size())), kLogitsNmse);
+    }
+    const int64_t n = t.cpu->n_tokens();
+    ASSERT_EQ(t.batched->n_tokens(), n);
+    auto batched = cpu_->NewKvCache(capacity_, DType::kF16);
+    auto alone_kv = cpu_->NewKvCache(capacity_, DType::kF16);
+    ASSERT_TRUE(batched.ok() && alone_kv.ok());
+    ASSERT_TRUE(t.batched->DownloadTo(**batched).ok());
+    ASSERT_TRUE(t.alone->DownloadTo(**alone_kv).ok());
+    for (int32_t l = 0; l < cpu_->config().n_layers; ++l) {
+      for (bool values : {false, true}) {
+        const std::string what = "layer " + std::to_string(l) + (values ? " V" : " K");
+        const auto x = Rows(**batched, l, values, n);
+        ExpectAsAlone(x, Rows(**alone_kv, l, values, n), bitwise, what);
+        const auto y = Rows(*t.cpu, l, values, n);
+        EXPECT_LT(Nmse(x.data(), y.data(), static_cast<int64_t>(x.size())), kKvNmse) << what;
+      }
+    }
+  }
+
+  // A mixed step of several sessions, then a decode step of each, every session checked.
+  void RunMixedSteps(bool bitwise);
+
+  std::unique_ptr<Model> cpu_;
+  std::unique_ptr<GpuModel> gpu_;
+  int64_t capacity_ = 0;
+};
+
+void GpuBatchStep::RunMixedSteps(bool bitwise) {
+  const std::vector<BatchSpec> specs = {
+      {.history = 30, .n = 1},                       // decode
+      {.history = 100, .n = 1},                      // decode
+      {.history = 20, .n = 50},                      // prefill chunk
+      {.history = 0, .n = 60, .logits = false},      // prefill, no logits
+      {.history = 40, .n = 25, .all_logits = true},  // scoring
+      {.history = 0, .n = 230, .all_logits = true},  // these four take the step past
+      {.history = 10, .n = 230},                     // one 1,024-row micro-batch
+      {.history = 0, .n = 230, .all_logits = true},
+      {.history = 5, .n = 230, .logits = false}};
+  const int64_t vocab = cpu_->config().vocab;
+  std::vector<Twins> twins(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Start(specs[i].history, static_cast<int32_t>(i), &twins[i]);
+    if (HasFatalFailure()) return;
+  }
+  // The mixed step, then a decode step of every session.
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(step == 0 ? "mixed step" : "decode step");
+    std::vector<std::vector<int32_t>> tokens(specs.size());
+    std::vector<std::vector<float>> logits(specs.size());
+    std::vector<BatchSpec> spec = specs;
+    std::vector<GpuSegment> segments;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (step == 1) spec[i] = {.n = 1, .logits = true};
+      tokens[i] = Tokens(spec[i].n, vocab, static_cast<int32_t>(100 * step + i));
+      segments.push_back({.tokens = tokens[i],
+                          .session = twins[i].batched.get(),
+                          .all_logits = spec[i].all_logits,
+                          .logits = spec[i].logits ? &logits[i] : nullptr});
+    }
+    const std::vector<absl::Status> status = gpu_->ForwardMany(segments);
+    ASSERT_EQ(status.size(), specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "session " << i);
+      ASSERT_TRUE(status[i].ok()) << status[i];
+      Compare(twins[i], tokens[i], spec[i], logits[i], bitwise);
+    }
+  }
+}
+
+TEST_P(GpuBatchStep, EachSessionCloseToAloneAndToTheCpu) { RunMixedSteps(/*bitwise=*/false); }
+
+TEST_P(GpuBatchStep, EachSessionBitForBitAsAlone) { RunMixedSteps(/*bitwise=*/true); }
+
+TEST_P(GpuBatchStep, ABadSegmentFailsAloneAndLeavesItsSession) {
+  const int64_t vocab = cpu_->config().vocab;
+  Twins good, other, full, idle;
+  Start(10, 1, &good);
+  Start(12, 2, &other);
+  Start(capacity_ - 2, 3, &full);
+  Start(7, 4, &idle);
+  if (HasFatalFailure()) return;
+  auto stranger_model = GpuModel::Create(*cpu_);
+  ASSERT_TRUE(stranger_model.ok());
+  auto stranger = (*stranger_model)->NewSession(capacity_);
+  ASSERT_TRUE(stranger.ok());
+  const std::vector<int32_t> one = {3}, two = {4, 5}, bad = {1, static_cast<int32_t>(vocab)},
+                             three = {6, 7, 8};
+  std::vector<float> l0, l1, l2, l3, l4, l5, l6, l7;
+  const std::vector<GpuSegment> segments = {
+      {.tokens = one, .session = good.batched.get(), .logits = &l0},
+      {.tokens = bad, .session = idle.batched.get(), .logits = &l1},    // id outside the vocab
+      {.tokens = two, .session = good.batched.get(), .logits = &l2},    // the same session
+      {.tokens = three, .session = full.batched.get(), .logits = &l3},  // past the capacity
+      {.tokens = {}, .session = idle.batched.get(), .logits = &l4},     // no tokens
+      {.tokens = one, .session = nullptr, .logits = &l5},               // no session
+      {.tokens = one, .session = stranger->get(), .logits = &l6},       // another model's
+      {.tokens = two, .session = other.batched.get(), .logits = &l7}};
+  const std::vector<absl::Status> status = gpu_->ForwardMany(segments);
+  ASSERT_EQ(status.size(), segments.size());
+  EXPECT_TRUE(status[0].ok()) << status[0];
+  EXPECT_EQ(status[1].code(), absl::StatusCode::kInvalidArgument) << status[1];
+  EXPECT_EQ(status[2].code(), absl::StatusCode::kInvalidArgument) << status[2];
+  EXPECT_EQ(status[3].code(), absl::StatusCode::kOutOfRange) << status[3];
+  EXPECT_EQ(status[4].code(), absl::StatusCode::kInvalidArgument) << status[4];
+  EXPECT_EQ(status[5].code(), absl::StatusCode::kInvalidArgument) << status[5];
+  EXPECT_EQ(status[6].code(), absl::StatusCode::kInvalidArgument) << status[6];
+  EXPECT_TRUE(status[7].ok()) << status[7];
+  EXPECT_EQ(idle.batched->n_tokens(), 7);
+  EXPECT_EQ(full.batched->n_tokens(), capacity_ - 2);
+  EXPECT_EQ((*stranger)->n_tokens(), 0);
+  Compare(good, one, {.n = 1}, l0, /*bitwise=*/false);
+  Compare(other, two, {.n = 2}, l7, /*bitwise=*/false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuBatchStep,
+                         ::testing::Values("tiny_llama.gguf", "tiny_qwen2.gguf"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& ch : name) {

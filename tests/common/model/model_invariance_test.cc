@@ -111,6 +111,87 @@ TEST_P(ModelInvarianceTest, PrefillEqualsShorterPrefillPlusDecodeSteps) {
   }
 }
 
+// Several sessions in one shared pass (Model::ForwardMany, what the engine's Step runs): decode
+// steps, a prompt long enough to be cut between two micro-batches and a teacher-forced scoring,
+// in any order and at either thread count, give each session the bits it gets alone. A segment
+// that fails its checks fails alone.
+TEST_P(ModelInvarianceTest, SessionsInOneStepEqualEachAlone) {
+  const auto [name, precision, kv_dtype] = GetParam();
+  const fs::path path =
+      name == "smollm2" ? testing::DefaultModelPath() : testing::TestdataDir() / name;
+  const bool big = name == "smollm2";
+  auto two = Model::Load(path.string(), {.threads = 2, .activations = precision});
+  auto one =
+      Model::Load(path.string(), {.threads = 1, .activations = precision, .cpu_panels = false});
+  ASSERT_TRUE(two.ok() && one.ok());
+  const int64_t vocab = (*two)->config().vocab;
+  // Per session: a history prefilled alone first, then this step's tokens.
+  struct Case {
+    int64_t history;
+    int64_t step;
+    bool all_logits;
+  };
+  const std::vector<Case> cases = {
+      {big ? 90 : 30, 1, false},   // a decode
+      {0, big ? 230 : 40, false},  // a new prompt (cut between micro-batches at SmolLM2's size)
+      {big ? 40 : 12, 20, true},   // a scoring
+      {big ? 150 : 50, 1, false},  // another decode
+      {big ? 10 : 3, 7, false},    // a prefill chunk after a few rows
+  };
+  const int64_t capacity = big ? 400 : 120;
+  std::vector<std::unique_ptr<KvCache>> start;
+  std::vector<std::vector<int32_t>> steps;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    start.push_back(*(*two)->NewKvCache(capacity, kv_dtype));
+    const auto history = RandomTokens(cases[i].history, vocab, 100 + i);
+    if (!history.empty()) ASSERT_TRUE((*two)->Prefill(history, *start.back()).ok());
+    steps.push_back(RandomTokens(cases[i].step, vocab, 200 + i));
+  }
+  // Alone.
+  std::vector<std::vector<float>> logits(cases.size());
+  std::vector<std::string> kv(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto cache = *start[i]->Clone();
+    ASSERT_TRUE(
+        (*two)->Forward(steps[i], *cache, {.all_logits = cases[i].all_logits}, &logits[i]).ok());
+    kv[i] = CacheBytes(*cache, cache->n_tokens());
+  }
+  // Together, in two orders, on both models, with two segments that must fail.
+  const std::vector<int32_t> bad = {static_cast<int32_t>(vocab)};
+  for (Model* model : {two->get(), one->get()}) {
+    for (const std::vector<size_t>& order :
+         {std::vector<size_t>{0, 1, 2, 3, 4}, std::vector<size_t>{1, 4, 2, 3, 0}}) {
+      std::vector<std::unique_ptr<KvCache>> caches;
+      std::vector<std::vector<float>> out(cases.size());
+      std::vector<ForwardSegment> segments;
+      for (size_t i : order) {
+        caches.push_back(*start[i]->Clone());
+        segments.push_back({.tokens = steps[i],
+                            .cache = caches.back().get(),
+                            .all_logits = cases[i].all_logits,
+                            .logits = &out[i]});
+      }
+      auto spare = *start[0]->Clone();
+      segments.insert(segments.begin() + 2, {.tokens = bad, .cache = spare.get()});
+      segments.push_back({.tokens = steps[0], .cache = caches[0].get()});  // a cache twice
+      const std::vector<absl::Status> status = model->ForwardMany(segments);
+      ASSERT_EQ(status.size(), segments.size());
+      EXPECT_EQ(status[2].code(), absl::StatusCode::kInvalidArgument) << status[2];
+      EXPECT_EQ(status.back().code(), absl::StatusCode::kInvalidArgument) << status.back();
+      EXPECT_EQ(spare->n_tokens(), start[0]->n_tokens()) << "a failed segment ran";
+      for (size_t j = 0; j < order.size(); ++j) {
+        const size_t i = order[j];
+        const std::string label = "session " + std::to_string(i) + " at " + std::to_string(j) +
+                                  (model == one->get() ? ", 1 thread without panels" : "");
+        EXPECT_TRUE(status[j < 2 ? j : j + 1].ok()) << label;
+        EXPECT_TRUE(SameBits(out[i], logits[i])) << label << ": logits differ";
+        EXPECT_TRUE(CacheBytes(*caches[j], caches[j]->n_tokens()) == kv[i])
+            << label << ": KV rows differ";
+      }
+    }
+  }
+}
+
 std::string CaseName(const ::testing::TestParamInfo<ModelInvarianceTest::ParamType>& info) {
   std::string name = std::get<0>(info.param);
   name = name.substr(0, name.find('.'));

@@ -65,7 +65,8 @@ class Migration : public ::testing::Test {
                          {.threads = 2, .activations = ActivationPrecision::kF32});
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = m->release();
-    engine_ = new CpuEngine(*model_);
+    engine_ = new CpuEngine(*model_, DType::kF32);
+    engine16_ = new CpuEngine(*model_, DType::kF16);
     auto fp = ModelFingerprint(*model_);
     ASSERT_TRUE(fp.ok());
     fingerprint_ = new std::string(*fp);
@@ -89,6 +90,7 @@ class Migration : public ::testing::Test {
     delete predictors_;
     delete bank_;
     delete fingerprint_;
+    delete engine16_;
     delete engine_;
     delete model_;
   }
@@ -96,26 +98,31 @@ class Migration : public ::testing::Test {
   // A session that prefilled a 40-token prompt and generated `generated` tokens.
   static Session Start(int generated, SamplingParams params = {}, DType dtype = DType::kF32) {
     Session s;
-    s.kv = *engine_->NewStore(128, dtype);
+    Engine* engine = dtype == DType::kF16 ? engine16_ : engine_;
+    s.kv = *engine->NewStore(128);
     s.sampler = *Sampler::Create(params);
     for (int i = 0; i < 40; ++i) s.tokens.push_back((i * 31 + 5) % 500);
-    auto logits = engine_->Prefill(s.tokens, *s.kv);
+    auto logits = engine->Prefill(s.tokens, *s.kv);
     EXPECT_TRUE(logits.ok());
     s.tokens.push_back(s.sampler->Sample(*logits));
     Continue(s, generated - 1);
     return s;
   }
+  // The engine whose store `kv` is.
+  static Engine* EngineOf(const KvStore& kv) {
+    return &kv.engine() == engine16_ ? static_cast<Engine*>(engine16_) : engine_;
+  }
   // Feeds the pending token and samples `steps` more.
   static void Continue(Session& s, int steps) {
     for (int i = 0; i < steps; ++i) {
-      auto logits = engine_->Decode(s.tokens.back(), *s.kv);
+      auto logits = EngineOf(*s.kv)->Decode(s.tokens.back(), *s.kv);
       ASSERT_TRUE(logits.ok()) << logits.status();
       s.tokens.push_back(s.sampler->Sample(*logits));
     }
   }
   static Session Clone(const Session& s) {
     Session c;
-    c.kv = *engine_->CopyStore(*s.kv);
+    c.kv = *EngineOf(*s.kv)->CopyStore(*s.kv);
     c.tokens = s.tokens;
     c.sampler = s.sampler;
     return c;
@@ -184,7 +191,8 @@ class Migration : public ::testing::Test {
   }
 
   inline static Model* model_ = nullptr;
-  inline static CpuEngine* engine_ = nullptr;
+  inline static CpuEngine* engine_ = nullptr;    // f32 rows
+  inline static CpuEngine* engine16_ = nullptr;  // f16 rows
   inline static std::string* fingerprint_ = nullptr;
   inline static std::shared_ptr<const PredictorBank>* bank_ = nullptr;
   inline static std::shared_ptr<const EnginePredictors>* predictors_ = nullptr;

@@ -82,7 +82,7 @@ TEST_F(Migration, TheTargetStoresRowsInItsOwnDtypeWhateverTheSourceSends) {
   Session s = Start(3);
   ASSERT_EQ(s.kv->dtype(), DType::kF32);
   TargetContext ctx = Target();
-  ctx.kv_dtype = DType::kF16;
+  ctx.engine = engine16_;
   auto r = Receive(Frames(s, MigrationMode::kFullKv), ctx);
   ASSERT_TRUE(r.ok()) << r.status();
   const KvStore& kv = *r->session.kv;
@@ -431,7 +431,10 @@ TEST_F(Migration, QuantizedFullKvSendsEncodedBytesAndTheTargetHoldsRoundTrip) {
           bytes += static_cast<int64_t>(k.data().size());
         }
         EXPECT_EQ(bytes, h.kv_bytes());
-        auto resumed = Receive(frames);
+        // A target that stores rows as the source does.
+        TargetContext target = Target();
+        target.engine = dtype == DType::kF16 ? engine16_ : engine_;
+        auto resumed = Receive(frames, target);
         ASSERT_TRUE(resumed.ok()) << resumed.status();
         EXPECT_EQ(resumed->figures.kv_bytes_received, h.kv_bytes());
         for (int32_t layer = 0; layer < 8; ++layer) {

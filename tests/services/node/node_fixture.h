@@ -102,7 +102,7 @@ class Nodes : public ::testing::Test {
     o.prefill_seconds_per_token = prefill_seconds_per_token;
     o.max_chunk_bytes = 2048;
     if (tweak) tweak(o);
-    n->engine = std::make_unique<CpuEngine>(*n->model);
+    n->engine = std::make_unique<CpuEngine>(*n->model, DType::kF32);
     n->service = std::make_unique<NodeService>(*n->engine, o, n->metrics.get());
     grpc::ServerBuilder b;
     int port = 0;

@@ -1,0 +1,353 @@
+// The node's step scheduler (see scheduler.h).
+#include "common/engine/scheduler.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/stopwatch.h"
+
+namespace riskkv {
+
+std::string_view WorkKindName(WorkKind kind) {
+  switch (kind) {
+    case WorkKind::kHandOver:
+      return "handover";
+    case WorkKind::kDecode:
+      return "decode";
+    case WorkKind::kPrefill:
+      return "prefill";
+    case WorkKind::kScore:
+      return "score";
+  }
+  return "unknown";
+}
+
+absl::Status SchedulerOptions::Validate() const {
+  if (batch_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch tokens ", batch_tokens, " is not >= 1"));
+  }
+  if (prefill_chunk < 1 || prefill_chunk > batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill chunk ", prefill_chunk, " is not in [1, batch tokens ", batch_tokens, "]"));
+  }
+  if (gather < absl::ZeroDuration() || gather > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gather ", absl::FormatDuration(gather), " is not in [0, 1s]"));
+  }
+  if (max_skips < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max skips ", max_skips, " is below 0"));
+  }
+  return absl::OkStatus();
+}
+
+struct Scheduler::Item {
+  WorkKind kind = WorkKind::kDecode;
+  // A forward item.
+  KvStore* store = nullptr;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;
+  std::vector<float>* logits = nullptr;
+  int64_t done_tokens = 0;  // tokens the steps so far ran
+  // An exclusive item.
+  const std::function<absl::Status()>* task = nullptr;
+
+  int64_t order = 0;  // arrival
+  absl::Time submitted;
+  bool started = false;   // its first step ran
+  bool running = false;   // in the step in flight
+  bool finished = false;  // status is final
+  absl::Status status;
+  int skips = 0;             // steps that passed this chunk item over since it was last served
+  int64_t last_served = -1;  // the step that last ran one of its chunks
+};
+
+Scheduler::Scheduler(Engine& engine, SchedulerOptions options, SchedulerObserver* observer)
+    : Scheduler([&engine](std::span<const BatchItem> items) { return engine.Step(items); },
+                engine.config().vocab, options, observer) {}
+
+Scheduler::Scheduler(StepFn step, int64_t vocab, SchedulerOptions options,
+                     SchedulerObserver* observer)
+    : step_(std::move(step)), vocab_(vocab), options_(options), observer_(observer) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  // The items failed as the thread stopped; their callers leave before the mutex goes.
+  mu_.LockWhen(absl::Condition(
+      +[](int* n) { return *n == 0; }, &submitters_));
+  mu_.Unlock();
+}
+
+int64_t Scheduler::steps() const {
+  absl::MutexLock lock(&mu_);
+  return steps_;
+}
+
+size_t Scheduler::waiting() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = singles_.size() + exclusive_.size();
+  for (const Item* it : chunks_) n += it->running ? 0 : 1;
+  return n;
+}
+
+absl::Status Scheduler::Forward(WorkKind kind, KvStore& store, std::span<const int32_t> tokens,
+                                bool all_logits, std::vector<float>* logits, const CheckFn& check) {
+  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run");
+  if (logits != nullptr && all_logits) {
+    logits->assign(static_cast<int64_t>(tokens.size()) * vocab_, 0.0f);
+  }
+  Item item;
+  item.kind = kind;
+  item.store = &store;
+  item.tokens = tokens;
+  item.all_logits = all_logits;
+  item.logits = logits;
+  return Submit(item, check);
+}
+
+absl::StatusOr<std::vector<float>> Scheduler::Prefill(WorkKind kind,
+                                                      std::span<const int32_t> tokens,
+                                                      KvStore& store, const CheckFn& check) {
+  std::vector<float> logits;
+  absl::Status ran = Forward(kind, store, tokens, /*all_logits=*/false, &logits, check);
+  if (!ran.ok()) return ran;
+  return logits;
+}
+
+absl::StatusOr<NllResult> Scheduler::Score(std::span<const int32_t> continuation, KvStore& store,
+                                           std::span<const float> first_logits,
+                                           const CheckFn& check) {
+  return ScoreContinuation(continuation, vocab_, first_logits,
+                           [&](std::span<const int32_t> batch, std::vector<float>* logits) {
+                             return Forward(WorkKind::kScore, store, batch, /*all_logits=*/true,
+                                            logits, check);
+                           });
+}
+
+absl::Status Scheduler::Exclusive(WorkKind kind, const std::function<absl::Status()>& task,
+                                  const CheckFn& check) {
+  Item item;
+  item.kind = kind;
+  item.task = &task;
+  return Submit(item, check);
+}
+
+absl::Status Scheduler::Submit(Item& item, const CheckFn& check) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the engine's scheduler is stopping");
+  item.order = arrivals_++;
+  ++submitters_;
+  item.submitted = absl::Now();
+  if (item.task != nullptr) {
+    // Exclusive tasks by kind, then arrival.
+    auto at = std::find_if(exclusive_.begin(), exclusive_.end(),
+                           [&](const Item* q) { return q->kind > item.kind; });
+    exclusive_.insert(at, &item);
+  } else {
+    returning_.erase(item.store);
+    const bool single = item.tokens.size() == 1 &&
+                        (item.kind == WorkKind::kHandOver || item.kind == WorkKind::kDecode);
+    (single ? singles_ : chunks_).push_back(&item);
+  }
+  // Poll the check while waiting, so a cancelled call leaves the queue within a poll.
+  constexpr absl::Duration kPoll = absl::Milliseconds(10);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&item.finished), check ? kPoll : absl::Hours(1))) {
+    if (!check) continue;
+    mu_.Unlock();
+    absl::Status ok = check();
+    mu_.Lock();
+    if (!ok.ok() && !item.finished && !item.running) {
+      Unqueue(&item);
+      Finish(&item, std::move(ok));
+    }
+  }
+  --submitters_;
+  return item.status;
+}
+
+bool Scheduler::HasWork() const {
+  return stopping_ || !singles_.empty() || !chunks_.empty() || !exclusive_.empty();
+}
+
+bool Scheduler::Gathered() const { return stopping_ || returning_.empty(); }
+
+void Scheduler::Unqueue(Item* item) {
+  for (std::deque<Item*>* q : {&singles_, &chunks_, &exclusive_}) {
+    q->erase(std::remove(q->begin(), q->end(), item), q->end());
+  }
+}
+
+void Scheduler::Finish(Item* item, absl::Status status) {
+  item->status = std::move(status);
+  item->running = false;
+  item->finished = true;
+}
+
+Scheduler::Item* Scheduler::PickChunk() const {
+  Item* best = nullptr;
+  // Starving items first, longest unserved; then by kind and arrival.
+  auto key = [&](const Item* it) {
+    const bool starving = it->skips >= options_.max_skips;
+    return std::make_tuple(starving ? 0 : 1, starving ? it->last_served : 0,
+                           static_cast<int>(it->kind), it->order);
+  };
+  for (Item* it : chunks_) {
+    if (best == nullptr || key(it) < key(best)) best = it;
+  }
+  return best;
+}
+
+void Scheduler::Run() {
+  for (;;) {
+    mu_.LockWhen(absl::Condition(this, &Scheduler::HasWork));
+    if (!stopping_ && !returning_.empty()) {
+      // Wait for the streams that just got a token, so their next decodes share this step.
+      mu_.AwaitWithDeadline(absl::Condition(this, &Scheduler::Gathered), gather_until_);
+      returning_.clear();
+    }
+    if (stopping_) {
+      mu_.Unlock();
+      break;
+    }
+    const bool batch_waiting = !singles_.empty() || !chunks_.empty();
+    if (!exclusive_.empty() && (!batch_waiting || !last_exclusive_)) {
+      Item* task = exclusive_.front();
+      exclusive_.pop_front();
+      task->running = true;
+      last_exclusive_ = true;
+      ++steps_;
+      mu_.Unlock();
+      RunExclusive(task);
+      continue;
+    }
+    last_exclusive_ = false;
+    int64_t budget = options_.batch_tokens;
+    Item* chunk = PickChunk();
+    // A starving chunk item keeps room for one chunk whatever else waits.
+    const int64_t reserve =
+        chunk != nullptr && chunk->skips >= options_.max_skips
+            ? std::min<int64_t>(options_.prefill_chunk,
+                                static_cast<int64_t>(chunk->tokens.size()) - chunk->done_tokens)
+            : 0;
+    std::vector<Item*> singles;
+    for (WorkKind kind : {WorkKind::kHandOver, WorkKind::kDecode}) {
+      for (Item* it : singles_) {
+        if (it->kind != kind || budget - reserve <= 0) continue;
+        singles.push_back(it);
+        --budget;
+      }
+    }
+    for (Item* it : singles) {
+      singles_.erase(std::find(singles_.begin(), singles_.end(), it));
+      it->running = true;
+    }
+    int64_t chunk_tokens = 0;
+    if (chunk != nullptr) {
+      const int64_t left = static_cast<int64_t>(chunk->tokens.size()) - chunk->done_tokens;
+      const int64_t most =
+          chunk->kind == WorkKind::kHandOver ? budget : std::min(options_.prefill_chunk, budget);
+      chunk_tokens = std::min(left, most);
+      if (chunk_tokens <= 0) chunk = nullptr;
+    }
+    for (Item* it : chunks_) {
+      if (it == chunk) continue;
+      ++it->skips;
+    }
+    if (chunk != nullptr) {
+      chunk->skips = 0;
+      chunk->last_served = steps_;
+      chunk->running = true;
+    }
+    ++steps_;
+    mu_.Unlock();
+    RunBatch(std::move(singles), chunk, chunk_tokens);
+  }
+  // Nothing runs any more: fail what waits.
+  absl::MutexLock lock(&mu_);
+  for (std::deque<Item*>* q : {&singles_, &chunks_, &exclusive_}) {
+    for (Item* it : *q) Finish(it, absl::UnavailableError("the engine's scheduler stopped"));
+    q->clear();
+  }
+}
+
+void Scheduler::RunExclusive(Item* item) {
+  const absl::Time start = absl::Now();
+  if (observer_) observer_->Waited(item->kind, absl::ToDoubleSeconds(start - item->submitted));
+  absl::Status status = (*item->task)();
+  absl::MutexLock lock(&mu_);
+  Finish(item, std::move(status));
+}
+
+void Scheduler::RunBatch(std::vector<Item*> singles, Item* chunk, int64_t chunk_tokens) {
+  std::vector<BatchItem> batch;
+  batch.reserve(singles.size() + 1);
+  for (Item* it : singles) {
+    batch.push_back({.store = it->store,
+                     .tokens = it->tokens,
+                     .all_logits = it->all_logits,
+                     .logits = it->logits});
+  }
+  std::vector<float> chunk_logits;
+  bool last_chunk = false;
+  if (chunk != nullptr) {
+    last_chunk = chunk->done_tokens + chunk_tokens == static_cast<int64_t>(chunk->tokens.size());
+    const bool wants = chunk->logits != nullptr && (chunk->all_logits || last_chunk);
+    batch.push_back({.store = chunk->store,
+                     .tokens = chunk->tokens.subspan(chunk->done_tokens, chunk_tokens),
+                     .all_logits = chunk->all_logits,
+                     .logits = wants ? &chunk_logits : nullptr});
+  }
+  const absl::Time start = absl::Now();
+  if (observer_) {
+    for (Item* it : singles) {
+      if (!it->started) observer_->Waited(it->kind, absl::ToDoubleSeconds(start - it->submitted));
+    }
+    if (chunk != nullptr && !chunk->started) {
+      observer_->Waited(chunk->kind, absl::ToDoubleSeconds(start - chunk->submitted));
+    }
+  }
+  const Stopwatch clock;
+  std::vector<absl::Status> status = step_(batch);
+  status.resize(batch.size(), absl::InternalError("the step returned no status for an item"));
+  if (observer_) {
+    int64_t tokens = 0;
+    for (const BatchItem& b : batch) tokens += static_cast<int64_t>(b.tokens.size());
+    observer_->StepRan(static_cast<int64_t>(batch.size()), tokens, clock.Seconds());
+  }
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < singles.size(); ++i) {
+    Item* it = singles[i];
+    it->started = true;
+    if (status[i].ok() && it->kind == WorkKind::kDecode) {
+      returning_.insert(it->store);
+      gather_until_ = now + options_.gather;
+    }
+    Finish(it, std::move(status[i]));
+  }
+  if (chunk == nullptr) return;
+  chunk->started = true;
+  chunk->running = false;
+  absl::Status& ran = status.back();
+  if (ran.ok() && !chunk_logits.empty()) {
+    if (chunk->all_logits) {
+      std::copy(chunk_logits.begin(), chunk_logits.end(),
+                chunk->logits->begin() + chunk->done_tokens * vocab_);
+    } else {
+      *chunk->logits = std::move(chunk_logits);
+    }
+  }
+  chunk->done_tokens += chunk_tokens;
+  if (!ran.ok() || last_chunk) {
+    Unqueue(chunk);
+    Finish(chunk, std::move(ran));
+  }
+}
+
+}  // namespace riskkv

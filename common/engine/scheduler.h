@@ -1,0 +1,154 @@
+// The one way a node's calls reach its engine: they submit work items and wait; one thread forms
+// each step from what waits (every waiting decode plus at most one chunk of a prefill, a replay
+// or a scoring, under a token budget), runs it as one Engine::Step and hands each item its
+// result. Items of a hand-over in flight go first, then decodes, then prefill chunks, scoring
+// last; no item starves (the bounds are stated on Scheduler). A session's logits and KV rows are
+// the same bits as if it ran alone (Engine::Step's contract), so batching never changes what a
+// session generates.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/engine/engine.h"
+
+namespace riskkv {
+
+// What an item is for, which is also its priority (highest first).
+enum class WorkKind : uint8_t {
+  kHandOver,  // a migration's steps: the target's rebuilds, replay and first token
+  kDecode,    // one token of a generating session
+  kPrefill,   // a new session's prompt, a live migration's pre-copy replay
+  kScore,     // a teacher-forced scoring
+};
+inline constexpr int kWorkKinds = 4;
+std::string_view WorkKindName(WorkKind kind);
+
+struct SchedulerOptions {
+  // The most tokens one step runs: every waiting single-token item (decodes, a hand-over's
+  // first token) and then one chunk. Single-token items past it wait for the next step, first.
+  int64_t batch_tokens = 256;
+  // The most tokens of a prefill or scoring item in one step, so a long prompt does not stall
+  // decodes for longer than one chunk; a hand-over's replay takes what the budget leaves.
+  int64_t prefill_chunk = 64;
+  // How long a step waits for the sessions that got a token from the step before to submit
+  // their next one, so generating streams stay in one batch instead of splitting into two.
+  absl::Duration gather = absl::Milliseconds(2);
+  // A chunk item passed over for this many steps goes before every item that waited less.
+  int max_skips = 4;
+
+  // InvalidArgument naming the field out of range.
+  absl::Status Validate() const;
+};
+
+// What the scheduler reports, for metrics; the default does nothing. Called on the scheduler's
+// thread, which it holds up: keep it quick.
+class SchedulerObserver {
+ public:
+  virtual ~SchedulerObserver() = default;
+  // A batch step ran `items` items of `tokens` tokens in all, in `seconds`.
+  virtual void StepRan(int64_t items, int64_t tokens, double seconds) {}
+  // An item of `kind` waited `seconds` from its submission to its first step.
+  virtual void Waited(WorkKind kind, double seconds) {}
+};
+
+class Scheduler {
+ public:
+  using StepFn = std::function<std::vector<absl::Status>(std::span<const BatchItem> items)>;
+  // Says whether an item may still run: a non-OK status (the call was cancelled, its session
+  // went away) fails the item with it instead. Called by the waiting thread and by the
+  // scheduler when it forms a step.
+  using CheckFn = std::function<absl::Status()>;
+
+  // Runs its steps on `engine` (which must outlive it).
+  Scheduler(Engine& engine, SchedulerOptions options, SchedulerObserver* observer = nullptr);
+  // Runs its steps through `step`, whose logits rows have `vocab` values (tests use a fake).
+  Scheduler(StepFn step, int64_t vocab, SchedulerOptions options,
+            SchedulerObserver* observer = nullptr);
+  // Lets the step in flight finish, fails every waiting item with Unavailable, and stops.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  const SchedulerOptions& options() const { return options_; }
+
+  // Runs `tokens` after the store's rows (as Engine::Step's item), in chunks when they are more
+  // than one, and waits: the last position's logits, or every position's when all_logits. A
+  // cancelled item (check) leaves the queue at once; one cut after some of its chunks ran leaves
+  // their rows in the store.
+  absl::Status Forward(WorkKind kind, KvStore& store, std::span<const int32_t> tokens,
+                       bool all_logits, std::vector<float>* logits, const CheckFn& check = nullptr);
+  absl::StatusOr<std::vector<float>> Prefill(WorkKind kind, std::span<const int32_t> tokens,
+                                             KvStore& store, const CheckFn& check = nullptr);
+  absl::StatusOr<std::vector<float>> Decode(WorkKind kind, int32_t token, KvStore& store,
+                                            const CheckFn& check = nullptr) {
+    return Prefill(kind, std::span<const int32_t>(&token, 1), store, check);
+  }
+  // Engine::Score's teacher-forced NLL, at scoring's priority. The caller has checked the
+  // continuation's ids and that it fits the store.
+  absl::StatusOr<NllResult> Score(std::span<const int32_t> continuation, KvStore& store,
+                                  std::span<const float> first_logits,
+                                  const CheckFn& check = nullptr);
+  // Runs `task` alone between two steps (a RISK-KV rebuild), at `kind`'s priority, and waits.
+  absl::Status Exclusive(WorkKind kind, const std::function<absl::Status()>& task,
+                         const CheckFn& check = nullptr);
+
+  // Steps run so far (batch and exclusive), for tests and the bench.
+  int64_t steps() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Items waiting for a step (not counting those in the step in flight).
+  size_t waiting() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Bounds, for items that do not fail:
+  //  - a single-token item (decode, first token) runs in the first batch step formed after it
+  //    arrives, unless more than batch_tokens of them wait: then those waiting longest go first.
+  //    At most one exclusive task runs between two batch steps while items wait for one.
+  //  - a chunk item (prefill, replay, scoring) gets its next chunk within max_skips + N batch
+  //    steps, N the number of other chunk items waiting.
+
+ private:
+  struct Item;
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // Submits `item` and waits for it (or for its check to fail while it waits).
+  absl::Status Submit(Item& item, const CheckFn& check) ABSL_LOCKS_EXCLUDED(mu_);
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Gathered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The chunk item to serve next, or null.
+  Item* PickChunk() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `item` out of whichever queue holds it.
+  void Unqueue(Item* item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finish(Item* item, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunExclusive(Item* item) ABSL_LOCKS_EXCLUDED(mu_);
+  void RunBatch(std::vector<Item*> singles, Item* chunk, int64_t chunk_tokens)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  const StepFn step_;
+  const int64_t vocab_;
+  const SchedulerOptions options_;
+  SchedulerObserver* const observer_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
+  int submitters_ ABSL_GUARDED_BY(mu_) = 0;  // calls inside Submit; the destructor waits for them
+  bool last_exclusive_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Item*> singles_ ABSL_GUARDED_BY(mu_);    // single-token items, in arrival order
+  std::deque<Item*> chunks_ ABSL_GUARDED_BY(mu_);     // multi-token items, in arrival order
+  std::deque<Item*> exclusive_ ABSL_GUARDED_BY(mu_);  // tasks, by kind then arrival
+  // Stores whose decode the last step ran: their next decode is expected within `gather`.
+  absl::flat_hash_set<const KvStore*> returning_ ABSL_GUARDED_BY(mu_);
+  absl::Time gather_until_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace riskkv
