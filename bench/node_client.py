@@ -83,7 +83,8 @@ class Metrics(dict):
         self.labelled = {}
 
     def get_labelled(self, name, contains):
-        return sum(v for (n, labels), v in self.labelled.items() if n == name and contains in labels)
+        return sum(v for (n, labels), v in self.labelled.items()
+                   if n == name and contains in labels)
 
 
 def parse_prometheus(text):
@@ -162,3 +163,23 @@ class NodeClient:
         if live is not None:
             request["live"] = live
         return self.call("Migrate", request, timeout)
+
+
+def histogram_max_range(before, after, name):
+    """(lo, hi]: the bucket bounds the largest observation between two scrapes lies in, from the
+    cumulative `le` buckets (None when nothing was observed)."""
+    deltas = {}
+    for (n, labels), v in after.labelled.items():
+        m = re.search(r'le="([^"]+)"', labels)
+        if n == name + "_bucket" and m:
+            le = float(m.group(1))
+            deltas[le] = deltas.get(le, 0.0) + v - before.labelled.get((n, labels), 0.0)
+    total = deltas.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    lo = 0.0
+    for le in sorted(deltas):
+        if deltas[le] >= total:
+            return (lo, le)
+        lo = le
+    return None

@@ -43,7 +43,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from node_client import NodeProcess, histogram_delta  # noqa: E402
+from node_client import NodeProcess, histogram_delta, histogram_max_range  # noqa: E402
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")
 NODE_FLAGS = ["--threads", "2", "--kv-dtype", "f16", "--backend", "cpu"]
@@ -53,6 +53,41 @@ T0 = time.time()
 
 def log(msg):
     print("[serving_bench %6.1f s] %s" % (time.time() - T0, msg), file=sys.stderr, flush=True)
+
+
+class MachineLoad:
+    """CPU time the whole machine spent against what this script and its (waited-for) children
+    spent, per phase: a phase that another process shared is marked, as its figures are not this
+    script's alone. Every phase stops its nodes before it ends, so their time is counted."""
+
+    def __init__(self):
+        self.phases = []
+        self._mark = self._now()
+
+    @staticmethod
+    def _now():
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        hz = os.sysconf("SC_CLK_TCK")
+        busy = (sum(cpu[:8]) - cpu[3] - cpu[4]) / hz  # everything but idle and iowait
+        t = os.times()
+        return {"wall": time.time(), "busy": busy, "steal": cpu[7] / hz,
+                "own": t.user + t.system + t.children_user + t.children_system}
+
+    def phase(self, name):
+        now = self._now()
+        d = {k: now[k] - self._mark[k] for k in now}
+        foreign = max(d["busy"] - d["own"], 0.0)
+        r = {"phase": name, "wall_seconds": d["wall"], "machine_busy_cpu_seconds": d["busy"],
+             "own_cpu_seconds": d["own"], "foreign_cpu_seconds": foreign,
+             "steal_seconds": d["steal"],
+             "foreign_share": foreign / max(d["wall"] * os.cpu_count(), 1e-9)}
+        self.phases.append(r)
+        self._mark = now
+        level = "WARNING: " if r["foreign_share"] > 0.05 else ""
+        log("%s%s: %.0f s, other processes used %.1f CPU-s (%.0f%% of the machine), steal %.1f s"
+            % (level, name, d["wall"], foreign, 100 * r["foreign_share"], d["steal"]))
+        return r
 
 
 def pct(values, q):
@@ -239,6 +274,9 @@ def sweep_round(node, client, prompts, n, tokens):
             "ttft_median_seconds": median(p["ttft_seconds"] for p in per_stream),
             "ttft_max_seconds": max((p["ttft_seconds"] or 0) for p in per_stream),
             "batch_items_mean": hist["riskkv_batch_items"],
+            "batch_items_max_range": histogram_max_range(m0, m1, "riskkv_batch_items"),
+            "batch_step_seconds_max_range": histogram_max_range(m0, m1,
+                                                                "riskkv_batch_step_seconds"),
             "batch_tokens_mean": hist["riskkv_batch_tokens"],
             "batch_step_mean_seconds": hist["riskkv_batch_step_seconds"],
             "node_itl_mean_seconds": hist["riskkv_inter_token_latency_seconds"],
@@ -261,7 +299,8 @@ def sweep(node, prompts, ns, tokens, reps):
                     1e3 * r["gap_p99_worst_seconds"], r["batch_items_mean"] or 0,
                     ", errors: %s" % r["errors"] if r["errors"] else ""))
         summary = {k: median(r[k] for r in rounds) for k in SWEEP_FIGURES}
-        summary.update({"n": n, "rounds": rounds, "errors": [e for r in rounds for e in r["errors"]],
+        summary.update({"n": n, "rounds": rounds,
+                        "errors": [e for r in rounds for e in r["errors"]],
                         "gap_p99_worst_over_rounds_seconds": max(r["gap_p99_worst_seconds"]
                                                                  for r in rounds)})
         results.append(summary)
@@ -338,7 +377,12 @@ def llamacpp_worker(model, prompts, ns, decode_tokens, threads, reps):
         summary.update({"n": n, "rounds": rounds})
         out.append(summary)
     llama_cpp.llama_batch_free(batch)
-    return {"version": getattr(llama_cpp, "__version__", "?"), "results": out}
+    params = {k: getattr(cparams, k) for k in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max",
+                                                "n_threads", "kv_unified", "flash_attn_type")
+              if hasattr(cparams, k)}
+    params["type_k"], params["type_v"] = cparams.type_k, cparams.type_v
+    return {"version": getattr(llama_cpp, "__version__", "?"), "context_params": params,
+            "results": out}
 
 
 def llamacpp(model, prompts, ns, tokens, reps, tmp):
@@ -399,15 +443,18 @@ def long_prompt_round(node, client, prompts, long_ids, decoders):
         if name == "riskkv_queue_wait_seconds_count":
             waits[labels] = histogram_delta(m0, m1, "riskkv_queue_wait_seconds", labels)[2]
     r = {"prefill_seconds": t1 - t0, "steps_during_prompt": steps, "step_mean_seconds": step_mean,
+         "step_seconds_max_range": histogram_max_range(m0, m1, "riskkv_batch_step_seconds"),
+         "batch_tokens_max_range": histogram_max_range(m0, m1, "riskkv_batch_tokens"),
          "batch_tokens_mean": histogram_delta(m0, m1, "riskkv_batch_tokens")[2],
          "batch_items_mean": histogram_delta(m0, m1, "riskkv_batch_items")[2],
          "queue_wait_mean_seconds": waits, "worst_gap_seconds": worst,
          "gap_median_before_seconds": pct(before, 50),
          "errors": [s.error for s in streams if s.error]}
-    log("prompt of %d tokens: prefill %.2f s in %d steps of %.1f ms, worst decode gap %.1f ms "
-        "(before it: %.1f ms)" % (len(long_ids), r["prefill_seconds"], steps,
-                                  1e3 * (step_mean or 0), 1e3 * worst,
-                                  1e3 * (r["gap_median_before_seconds"] or 0)))
+    log("prompt of %d tokens: prefill %.2f s in %d steps of %.1f ms (largest %s ms, %s tokens), "
+        "worst decode gap %.1f ms (before it: %.1f ms)" % (
+            len(long_ids), r["prefill_seconds"], steps, 1e3 * (step_mean or 0),
+            rng(r["step_seconds_max_range"], 1e3), rng(r["batch_tokens_max_range"]), 1e3 * worst,
+            1e3 * (r["gap_median_before_seconds"] or 0)))
     return r
 
 
@@ -454,11 +501,12 @@ def handover(a, b, prompts, history, modes, reps, decoders, log_name):
                 s.start()
                 while len(s.times) < 8 and s.is_alive():
                     time.sleep(0.01)
-                m0 = a.metrics()
+                m0, mb0 = a.metrics(), b.metrics()
                 t = time.perf_counter()
                 reply = ca.migrate(sid, b.addr, mode, live=True)
-                call_s = time.perf_counter() - t
-                m1 = a.metrics()
+                t_done = time.perf_counter()
+                call_s = t_done - t
+                m1, mb1 = a.metrics(), b.metrics()
                 s.join(timeout=60)
                 if s.is_alive():
                     s.stop()
@@ -477,19 +525,40 @@ def handover(a, b, prompts, history, modes, reps, decoders, log_name):
                        "source_gap_median_seconds": pct(gaps, 50),
                        "client_handover_gap_seconds": (s.followed[0] - s.times[-1])
                        if s.followed and s.times else None,
-                       "stream_error": s.error}
+                       "stream_error": s.error,
+                       # B's own decodes while the migration ran (busy only)
+                       "background_worst_gap_seconds": max(
+                           [y - x for bg in background for x, y in zip(bg.times, bg.times[1:])
+                            if y > t and x < t_done] or [None]) if background else None,
+                       "target_steps": histogram_delta(mb0, mb1, "riskkv_batch_step_seconds")[0],
+                       "target_step_mean_seconds": histogram_delta(
+                           mb0, mb1, "riskkv_batch_step_seconds")[2],
+                       "target_batch_tokens_mean": histogram_delta(
+                           mb0, mb1, "riskkv_batch_tokens")[2],
+                       "target_batch_tokens_max_range": histogram_max_range(
+                           mb0, mb1, "riskkv_batch_tokens"),
+                       "target_step_seconds_max_range": histogram_max_range(
+                           mb0, mb1, "riskkv_batch_step_seconds")}
                 if s.moved:
                     close_quietly(cb, s.moved["session_id"])
                 else:
                     close_quietly(ca, sid)
                 runs.append(run)
-                log("%s %s -> %s B: downtime %.1f ms (rounds %s, history %d), caller's gap %s"
-                    % (log_name, mode, "busy" if busy else "idle",
-                       1e3 * run["downtime_seconds"], run["precopy_rounds"],
-                       run["history_tokens"], "%.1f ms" % (1e3 * run["client_handover_gap_seconds"])
-                       if run["client_handover_gap_seconds"] is not None else "n/a"))
+                log("%s %s -> %s B: downtime %.1f ms (rounds %s, history %d, total %.2f s), "
+                    "caller's gap %s ms; B meanwhile: decodes' worst gap %s ms, largest step "
+                    "%s ms, %s tokens" % (
+                        log_name, mode, "busy" if busy else "idle",
+                        1e3 * run["downtime_seconds"], run["precopy_rounds"],
+                        run["history_tokens"], run["total_seconds"],
+                        ms(run["client_handover_gap_seconds"]),
+                        ms(run["background_worst_gap_seconds"]),
+                        rng(run["target_step_seconds_max_range"], 1e3),
+                        rng(run["target_batch_tokens_max_range"])))
             out["%s/%s" % (mode, "busy" if busy else "idle")] = {
-                "runs": runs, "downtime_median_seconds": median(r["downtime_seconds"] for r in runs),
+                "runs": runs,
+                "downtime_median_seconds": median(r["downtime_seconds"] for r in runs),
+                "background_worst_gap_median_seconds": median(
+                    r["background_worst_gap_seconds"] for r in runs),
                 "client_gap_median_seconds": median(r["client_handover_gap_seconds"] for r in runs),
                 "total_median_seconds": median(r["total_seconds"] for r in runs)}
         if background:
@@ -504,6 +573,13 @@ def handover(a, b, prompts, history, modes, reps, decoders, log_name):
 
 # ---------------------------------------------------------------------------------------------
 # Report
+
+
+def rng(r, scale=1.0, unit=""):
+    """A histogram's (lo, hi] bucket as text."""
+    if not r:
+        return "n/a"
+    return "%.4g-%.4g%s" % (r[0] * scale, r[1] * scale, unit)
 
 
 def ms(v):
@@ -564,11 +640,13 @@ def goals_and_table(res):
     if lc:
         lines.append("")
         lines.append("llama.cpp (llama-cpp-python %s) is an in-process loop of llama_decode calls; "
-                     "riskkv's figure goes through gRPC to a separate process, with a Python client "
+                     "riskkv's figure goes through gRPC to a separate process, with a Python "
+                     "client "
                      "on the same 2 cores. llama.cpp's step p50/p99 ms by N: %s." % (
                          res["llamacpp"]["version"], ", ".join(
                              "%d: %s/%s" % (n, ms(x["step_median_seconds"]),
-                                            ms(x["step_p99_seconds"])) for n, x in sorted(lc.items()))))
+                                            ms(x["step_p99_seconds"]))
+                             for n, x in sorted(lc.items()))))
     elif "llamacpp_skipped" in res:
         lines.append("")
         lines.append("llama.cpp: %s" % res["llamacpp_skipped"])
@@ -580,22 +658,26 @@ def goals_and_table(res):
     lines.append("### 2. A %d-token prompt arrives while %d sessions decode (medians of %d)"
                  % (chunked["prompt_tokens"], chunked["decoders"], res["config"]["reps"]))
     lines.append("")
-    lines.append("| node | prefill s | steps | step mean ms (one chunk's time) | tokens a step | "
-                 "chunk alone ms | gap before ms | worst gap ms | worst / own step mean | "
-                 "worst / chunked step mean |")
-    lines.append("|" + "---|" * 10)
+    lines.append("| node | prefill s | steps | step mean ms (one chunk's time) | largest step ms "
+                 "(bucket) | tokens a step | chunk alone ms | gap before ms | worst gap ms | "
+                 "worst / own step mean | worst / chunked step mean |")
+    lines.append("|" + "---|" * 11)
     for name, flags in (("chunked", "default flags"), ("unchunked", " ".join(UNCHUNKED))):
         r = lp[name]
-        lines.append("| %s (%s) | %.2f | %d | %s | %s | %s | %s | %s | %s | %s |" % (
+        big = [x["step_seconds_max_range"] for x in r["rounds"] if x["step_seconds_max_range"]]
+        lines.append("| %s (%s) | %.2f | %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             name, flags, r["prefill_seconds"], r["steps_during_prompt"], ms(r["step_mean_seconds"]),
+            rng(max(big) if big else None, 1e3),
             fx(r["batch_tokens_mean"], 1), ms(r["chunk_alone_seconds"]),
             ms(r["gap_median_before_seconds"]), ms(r["worst_gap_seconds"]),
             fx(ratio(r["worst_gap_seconds"], r["step_mean_seconds"])),
             fx(ratio(r["worst_gap_seconds"], chunk_time))))
     lines.append("")
-    lines.append("One chunk's time = mean of riskkv_batch_step_seconds over the steps that ran while "
+    lines.append("One chunk's time = mean of riskkv_batch_step_seconds over the steps that ran "
+                 "while "
                  "the prompt prefilled (each step: one chunk of --prefill-chunk tokens plus every "
-                 "waiting decode); 'chunk alone' = StartSession latency of a prompt of one chunk on "
+                 "waiting decode); 'chunk alone' = StartSession latency of a prompt of one chunk "
+                 "on "
                  "the idle node, through gRPC (median of 3). The goal uses the step mean.")
     worst = chunked["worst_gap_max_over_rounds_seconds"]
     g = ratio(worst, chunk_time)
@@ -613,16 +695,18 @@ def goals_and_table(res):
                  % (res["config"]["history_tokens"], res["config"]["handover_reps"]))
     lines.append("")
     lines.append("| mode | B | downtime ms | all downtimes ms | total s | caller's gap ms | "
-                 "pre-copy rounds |")
-    lines.append("|" + "---|" * 7)
+                 "pre-copy rounds | B's decodes' worst gap during it ms |")
+    lines.append("|" + "---|" * 8)
     for mode in res["config"]["modes"]:
         for state in ("idle", "busy"):
             r = ho["%s/%s" % (mode, state)]
-            lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 mode, state, ms(r["downtime_median_seconds"]),
                 ", ".join(ms(x["downtime_seconds"]) for x in r["runs"]),
                 fx(r["total_median_seconds"], 3), ms(r["client_gap_median_seconds"]),
-                ", ".join(str(x["precopy_rounds"]) for x in r["runs"])))
+                ", ".join(str(x["precopy_rounds"]) for x in r["runs"]),
+                ", ".join(ms(x["background_worst_gap_seconds"]) for x in r["runs"])
+                if state == "busy" else "-"))
         idle = ho["%s/idle" % mode]["downtime_median_seconds"]
         busy = ho["%s/busy" % mode]["downtime_median_seconds"]
         q = ratio(busy, idle)
@@ -631,8 +715,19 @@ def goals_and_table(res):
     bg = ho.get("busy_background")
     if bg:
         lines.append("")
-        lines.append("B's %d background streams meanwhile: gap p50 %s ms, worst %s ms." % (
+        lines.append("Downtime: MigrateReply.downtime_seconds (the source's pause to the target's "
+                     "commit); caller's gap: the client's last token from A to its first from B, "
+                     "following the stream's `moved`. A and B share the machine's 2 cores.")
+        lines.append("")
+        lines.append("B's %d background streams through the busy phase: gap p50 %s ms, "
+                     "worst %s ms." % (
             bg["streams"], ms(bg["gap_median_seconds"]), ms(bg["gap_max_seconds"])))
+    shared = [p for p in res.get("machine_load", []) if p["foreign_share"] > 0.05]
+    lines.append("")
+    lines.append("Other processes on the machine: " + ("; ".join(
+        "%s %.0f%% (%.1f CPU-s)" % (p["phase"], 100 * p["foreign_share"], p["foreign_cpu_seconds"])
+        for p in shared) + " -- those figures are not this run's alone" if shared else
+        "none above 5% of the CPU in any phase."))
     lines.append("")
     lines.append("### Goals")
     lines.append("")
@@ -710,7 +805,8 @@ def chart(res, path):
            '<rect width="100%" height="100%" fill="white"/>',
            '<text x="%d" y="20" text-anchor="middle" font-size="14">%s</text>' % (
                pw, escape("riskkv-node serving SmolLM2-135M Q4_1 on %s CPUs (--threads 2), "
-                          "%d tokens a stream" % (res["machine"]["cpus"], res["config"]["tokens"])))]
+                          "%d tokens a stream" % (res["machine"]["cpus"],
+                                                  res["config"]["tokens"])))]
     out += svg_line_panel(0, 30, pw, ph, "aggregate decode tokens/s", xs, [
         ("riskkv (gRPC, separate process)", "#4e79a7", False,
          [r["aggregate_tokens_per_second"] for r in sw]),
@@ -770,7 +866,8 @@ def main():
         ap.error("BIN_DIR and MODEL are required")
     q = args.quick
     cfg = {"ns": [1, 2] if q else [1, 2, 4, 8, 16], "llamacpp_ns": [1, 2] if q else [1, 4, 8, 16],
-           "tokens": 16 if q else 96, "prompt_tokens": 130, "long_prompt_tokens": 300 if q else 2000,
+           "tokens": 16 if q else 96, "prompt_tokens": 130,
+           "long_prompt_tokens": 300 if q else 2000,
            "decoders": 2 if q else 8, "history_tokens": 500, "reps": args.reps or (1 if q else 3),
            "handover_reps": args.handover_reps or (1 if q else 5),
            "modes": ["FULL_KV", "TOKEN_REPLAY"], "node_flags": NODE_FLAGS,
@@ -782,6 +879,7 @@ def main():
         "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                      if l.startswith("model name")), "?")}, "node_logs": tmp}
     log("node logs in %s" % tmp)
+    load = MachineLoad()
     nodes = []
 
     def node(name, *flags):
@@ -810,6 +908,7 @@ def main():
         log("phase 1: concurrency sweep N in %s, %d tokens a stream" % (cfg["ns"], cfg["tokens"]))
         res["sweep"] = sweep(a, prompts, cfg["ns"], cfg["tokens"], cfg["reps"])
         stop_all()
+        load.phase("phase 1 (sweep)")
 
         log("phase 2: llama.cpp batched decode, N in %s (no node running)" % cfg["llamacpp_ns"])
         lc = llamacpp(args.model, prompts, cfg["llamacpp_ns"], cfg["tokens"], cfg["reps"], tmp)
@@ -817,6 +916,7 @@ def main():
             res["llamacpp_skipped"] = "llama-cpp-python is not installed in %s" % sys.executable
         else:
             res["llamacpp"] = lc
+        load.phase("phase 2 (llama.cpp)")
 
         res["long_prompt"] = {}
         for name, flags in (("chunked", []), ("unchunked", UNCHUNKED)):
@@ -828,6 +928,7 @@ def main():
                                                    cfg["reps"])
             res["long_prompt"][name]["flags"] = flags
             stop_all()
+            load.phase("phase 3 (long prompt, %s)" % name)
         log("phase 4: live hand-over A -> B, modes %s, %d each" % (cfg["modes"],
                                                                 cfg["handover_reps"]))
         na, nb = node("A"), node("B")
@@ -836,19 +937,22 @@ def main():
         res["handover"] = handover(na, nb, prompts, history, cfg["modes"], cfg["handover_reps"],
                                    cfg["decoders"], "hand-over")
         stop_all()
+        load.phase("phase 4 (hand-over)")
     except Exception:
         for n in nodes:
             log("%s log tail:\n%s" % (n.name, n.log_tail()))
         stop_all()
         raise
     res["wall_seconds"] = time.time() - T0
+    res["machine_load"] = load.phases
     table, goals = goals_and_table(res)
     res["goals"] = [{"goal": g, "pass": ok, "detail": d} for g, ok, d in goals]
     with open(os.path.join(args.out, "serving_bench.json"), "w") as f:
         json.dump(res, f, indent=1)
     chart(res, os.path.join(args.out, "serving_bench.svg"))
     print(table)
-    print("\n(wall %.0f s; %s)" % (res["wall_seconds"], os.path.join(args.out, "serving_bench.json")))
+    print("\n(wall %.0f s; %s)" % (res["wall_seconds"],
+                                   os.path.join(args.out, "serving_bench.json")))
     return 0 if all(ok for _, ok, _ in goals) else 1
 
 

@@ -130,8 +130,9 @@ class Engine {
   // items' tokens, attention per session) and returns a status per item. An item that fails
   // its checks (a store of another engine or one already in this step, token ids outside the
   // vocabulary, rows past the store's capacity or the context, no tokens) fails alone and
-  // leaves its store as it was; the others run. Each item's logits and KV rows are bit for bit
-  // those of running it alone, in any batch and at any thread count.
+  // leaves its store as it was; the others run. On the CPU each item's logits and KV rows are
+  // bit for bit those of running it alone, in any batch and at any thread count; the GPU's
+  // cuBLAS products may pick other kernels for other row counts (docs/gpu.md).
   virtual std::vector<absl::Status> Step(std::span<const BatchItem> items) = 0;
 
   // Step with one item: runs `tokens` after the store's rows and returns the last position's

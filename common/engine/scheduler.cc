@@ -215,6 +215,10 @@ void Scheduler::Run() {
       mu_.Unlock();
       break;
     }
+    if (singles_.empty() && chunks_.empty() && exclusive_.empty()) {
+      mu_.Unlock();  // what waited was cancelled while the step gathered
+      continue;
+    }
     const bool batch_waiting = !singles_.empty() || !chunks_.empty();
     if (!exclusive_.empty() && (!batch_waiting || !last_exclusive_)) {
       Item* task = exclusive_.front();

@@ -10,7 +10,7 @@ const ArchTensorNames& LlamaTensorNames(WeightFormat format) {
       "output.weight",
       {"blk.$0.attn_norm.weight", "blk.$0.attn_q.weight", "blk.$0.attn_k.weight",
        "blk.$0.attn_v.weight", "blk.$0.attn_output.weight", "", "", "", "blk.$0.ffn_norm.weight",
-       "blk.$0.ffn_gate.weight", "blk.$0.ffn_up.weight", "blk.$0.ffn_down.weight"}};
+       "blk.$0.ffn_gate.weight", "blk.$0.ffn_up.weight", "blk.$0.ffn_down.weight", "", ""}};
   static const ArchTensorNames hf{
       "model.embed_tokens.weight",
       "model.norm.weight",
@@ -19,7 +19,7 @@ const ArchTensorNames& LlamaTensorNames(WeightFormat format) {
        "model.layers.$0.self_attn.k_proj.weight", "model.layers.$0.self_attn.v_proj.weight",
        "model.layers.$0.self_attn.o_proj.weight", "", "", "",
        "model.layers.$0.post_attention_layernorm.weight", "model.layers.$0.mlp.gate_proj.weight",
-       "model.layers.$0.mlp.up_proj.weight", "model.layers.$0.mlp.down_proj.weight"}};
+       "model.layers.$0.mlp.up_proj.weight", "model.layers.$0.mlp.down_proj.weight", "", ""}};
   return format == WeightFormat::kGguf ? gguf : hf;
 }
 

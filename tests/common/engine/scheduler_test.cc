@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <list>
 #include <map>
 #include <thread>
 
@@ -131,7 +132,7 @@ TEST(SchedulerTest, WaitingDecodesShareOneStep) {
   std::vector<std::unique_ptr<FakeStore>> stores;
   for (int i = 0; i < kSessions; ++i) stores.push_back(std::make_unique<FakeStore>(i));
   std::atomic<int> wrong{0};
-  std::vector<std::thread> streams;
+  std::list<std::thread> streams;
   for (int i = 0; i < kSessions; ++i) {
     streams.emplace_back([&, i] {
       for (int t = 0; t < kTokens; ++t) {
@@ -156,7 +157,7 @@ TEST(SchedulerTest, ALongPromptGoesInChunksBetweenDecodes) {
   Scheduler s(fake.Step(), kVocab, {.batch_tokens = 64, .prefill_chunk = 16});
   FakeStore prompt(0), a(1), b(2);
   std::atomic<bool> done{false};
-  std::vector<std::thread> streams;
+  std::list<std::thread> streams;
   for (FakeStore* st : {&a, &b}) {
     streams.emplace_back([&, st] {
       for (int t = 0; !done; ++t) ASSERT_TRUE(s.Decode(WorkKind::kDecode, t, *st).ok());
@@ -197,7 +198,7 @@ TEST(SchedulerTest, HandOverFirstThenDecodesThenPrefillThenScoringWithinTheStarv
   const SchedulerOptions options{.batch_tokens = 9, .prefill_chunk = 8, .max_skips = 2};
   Scheduler s(fake.Step(), kVocab, options);
   FakeStore held(0), handover(1), prefill(2), score(3), decode(4), first(5);
-  std::vector<std::thread> calls;
+  std::list<std::thread> calls;
   calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
   for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
   // Queued behind the held step, in the reverse of their priority.
@@ -265,7 +266,7 @@ TEST(SchedulerTest, ExclusiveTasksAlternateWithBatchSteps) {
   FakeStore held(0), a(1), b(2);
   absl::Mutex mu;
   std::vector<std::string> order;
-  std::vector<std::thread> calls;
+  std::list<std::thread> calls;
   calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
   for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
   for (int t = 0; t < 3; ++t) {
@@ -299,18 +300,17 @@ TEST(SchedulerTest, AFailedItemFailsAloneAndTheRestOfItsStepCompletes) {
   fake.gate = &gate;
   Scheduler s(fake.Step(), kVocab, {});
   FakeStore held(0), good(1), bad(2);
-  std::vector<std::thread> calls;
-  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
+  std::thread hold([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
   for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
-  calls.emplace_back([&] { EXPECT_TRUE(s.Decode(WorkKind::kDecode, 5, good).ok()); });
+  std::thread first([&] { EXPECT_TRUE(s.Decode(WorkKind::kDecode, 5, good).ok()); });
   AwaitWaiting(s, 1);
-  calls.emplace_back([&] {
+  std::thread second([&] {
     EXPECT_EQ(s.Decode(WorkKind::kDecode, -1, bad).status().code(),
               absl::StatusCode::kInvalidArgument);
   });
   AwaitWaiting(s, 2);
   gate.Notify();
-  for (auto& t : calls) t.join();
+  for (std::thread* t : {&hold, &first, &second}) t->join();
   EXPECT_EQ(fake.Log()[1].size(), 2u) << "both in one step";
   EXPECT_EQ(good.seen, (std::vector<int32_t>{5}));
   EXPECT_TRUE(bad.seen.empty());

@@ -144,7 +144,9 @@ TEST_P(ModelInvarianceTest, SessionsInOneStepEqualEachAlone) {
   for (size_t i = 0; i < cases.size(); ++i) {
     start.push_back(*(*two)->NewKvCache(capacity, kv_dtype));
     const auto history = RandomTokens(cases[i].history, vocab, 100 + i);
-    if (!history.empty()) ASSERT_TRUE((*two)->Prefill(history, *start.back()).ok());
+    if (!history.empty()) {
+      ASSERT_TRUE((*two)->Prefill(history, *start.back()).ok());
+    }
     steps.push_back(RandomTokens(cases[i].step, vocab, 200 + i));
   }
   // Alone.
@@ -152,8 +154,9 @@ TEST_P(ModelInvarianceTest, SessionsInOneStepEqualEachAlone) {
   std::vector<std::string> kv(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     auto cache = *start[i]->Clone();
-    ASSERT_TRUE(
-        (*two)->Forward(steps[i], *cache, {.all_logits = cases[i].all_logits}, &logits[i]).ok());
+    ForwardOptions options;
+    options.all_logits = cases[i].all_logits;
+    ASSERT_TRUE((*two)->Forward(steps[i], *cache, options, &logits[i]).ok());
     kv[i] = CacheBytes(*cache, cache->n_tokens());
   }
   // Together, in two orders, on both models, with two segments that must fail.

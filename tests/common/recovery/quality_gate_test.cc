@@ -81,9 +81,9 @@ std::vector<double> Alternating(int n, double mean, double spread) {
 // is over budget everywhere.
 std::vector<PathPoint> HandMadePath() {
   std::vector<PathPoint> path(3);
-  path[0] = {0.10, Alternating(60, 0.001, 0.002), Alternating(60, 0.001, 0.002)};
-  path[1] = {0.20, Alternating(60, 0.003, 0.030), std::vector<double>(60, 0.009)};
-  path[2] = {0.30, std::vector<double>(60, 0.012), std::vector<double>(60, 0.012)};
+  path[0] = {0.10, Alternating(60, 0.001, 0.002), Alternating(60, 0.001, 0.002), {}, {}};
+  path[1] = {0.20, Alternating(60, 0.003, 0.030), std::vector<double>(60, 0.009), {}, {}};
+  path[2] = {0.30, std::vector<double>(60, 0.012), std::vector<double>(60, 0.012), {}, {}};
   return path;
 }
 
@@ -109,9 +109,9 @@ TEST(Gates, EachGateChoosesAsItsRuleSays) {
 TEST(Gates, StableSplitIsUpper90PlusAnIndependentCheck) {
   std::vector<PathPoint> path(2);
   // Tight and within budget on selection, over budget on the independent requests.
-  path[0] = {0.10, Alternating(60, 0.001, 0.0005), std::vector<double>(60, 0.007)};
+  path[0] = {0.10, Alternating(60, 0.001, 0.0005), std::vector<double>(60, 0.007), {}, {}};
   // Within budget on both means, but too noisy on selection for the upper bound.
-  path[1] = {0.20, Alternating(60, 0.004, 0.030), std::vector<double>(60, 0.001)};
+  path[1] = {0.20, Alternating(60, 0.004, 0.030), std::vector<double>(60, 0.001), {}, {}};
   auto upper = ApplyGate(Gate::kUpper90, path, 0.005);
   ASSERT_TRUE(upper.ok());
   EXPECT_EQ(upper->passed, (std::vector<bool>{true, false}));
@@ -133,7 +133,7 @@ TEST(Gates, FallBackToExactKvWhenNothingPasses) {
 }
 
 TEST(Gates, PicksTheMostKvSavedNotTheLastPassing) {
-  std::vector<PathPoint> path = {{0.25, {0.001, 0.002}, {}}, {0.15, {0.001, 0.001}, {}}};
+  std::vector<PathPoint> path = {{0.25, {0.001, 0.002}, {}, {}, {}}, {0.15, {0.001, 0.001}, {}, {}, {}}};
   auto d = ApplyGate(Gate::kMean, path, 0.005);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->chosen, 0);
@@ -159,7 +159,7 @@ TEST(Gates, SeveralKindsAreGatedByTheWorstKind) {
     confirm_kinds.push_back(i % 2);
   }
   const std::vector<PathPoint> path = {{0.2, deltas, confirm, kinds, confirm_kinds}};
-  const std::vector<PathPoint> pooled = {{0.2, deltas, confirm}};
+  const std::vector<PathPoint> pooled = {{0.2, deltas, confirm, {}, {}}};
   auto pooled_mean = ApplyGate(Gate::kMean, pooled, 0.005);
   ASSERT_TRUE(pooled_mean.ok());
   EXPECT_TRUE(pooled_mean->passed[0]);
@@ -187,9 +187,9 @@ TEST(Gates, SeveralKindsAreGatedByTheWorstKind) {
 
 TEST(Gates, RejectsBadInput) {
   EXPECT_FALSE(ApplyGate(Gate::kMean, HandMadePath(), -1.0).ok());
-  std::vector<PathPoint> no_confirm = {{0.1, {0.001}, {}}};
+  std::vector<PathPoint> no_confirm = {{0.1, {0.001}, {}, {}, {}}};
   EXPECT_FALSE(ApplyGate(Gate::kStableSplit, no_confirm, 0.005).ok());
-  std::vector<PathPoint> no_deltas = {{0.1, {}, {}}};
+  std::vector<PathPoint> no_deltas = {{0.1, {}, {}, {}, {}}};
   EXPECT_FALSE(ApplyGate(Gate::kMean, no_deltas, 0.005).ok());
 }
 

@@ -27,7 +27,12 @@ RetentionPolicy Valid() {
   }
   p.rebuilt_groups = {{{1, 2}, {0, 3}}, {{4, 5}, {3, 6}}};
   p.singleton_risks = {{p.rebuilt_groups[0], {.mean = 0.0012, .requests = 64}}};
-  p.path = {{.groups = 2, .kv_omitted_fraction = 4.0 / 30, .delta_nll = {}, .passed = true}};
+  p.path = {{.groups = 2,
+             .kv_omitted_fraction = 4.0 / 30,
+             .delta_nll = {},
+             .passed = true,
+             .wire_form = "",
+             .kv_sent_fraction = 0}};
   p.kv_bytes_per_token = 30 * 2 * 192 * 2;
   p.kv_bytes_saved_per_token = 4 * 2 * 192 * 2;
   p.predictor_bank_sha256 = std::string(64, 'b');
@@ -47,7 +52,9 @@ RetentionPolicy EveryField() {
        .kv_omitted_fraction = 2.0 / 30,
        .delta_nll = {.mean = 0.0011, .ci_low = -0.0002, .ci_high = 0.0029, .requests = 32},
        .gate_statistic = 0.0024,
-       .passed = true},
+       .passed = true,
+       .wire_form = "",
+       .kv_sent_fraction = 0},
       {.groups = 2,
        .kv_omitted_fraction = 4.0 / 30,
        .delta_nll = {.mean = 0.0036, .ci_low = 0.0012, .ci_high = 0.0061, .requests = 32},

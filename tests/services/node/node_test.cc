@@ -132,6 +132,69 @@ TEST_F(Nodes, FullKvAndTokenReplayAreExactOnTheRealModel) {
   }
 }
 
+// Many users on one node: their Generate streams, a scoring and a long prompt arriving among
+// them share the engine's steps, and each gets exactly what it gets alone on an idle node.
+TEST_F(Nodes, ConcurrentCallsShareStepsAndGetWhatEachGetsAlone) {
+  auto busy = Start(false);
+  auto idle = Start(false);
+  constexpr int kStreams = 6, kTokens = 12;
+  auto prompt = [](int i, int n) {
+    std::vector<int32_t> t;
+    for (int j = 0; j < n; ++j) t.push_back((j * 31 + 7 * i + 5) % 500);
+    return t;
+  };
+  // Alone, one call at a time.
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < kStreams; ++i) {
+    alone.push_back(*Generate(*idle, StartSession(*idle, 0, prompt(i, 20 + i)), kTokens));
+  }
+  const std::vector<int32_t> scored = prompt(99, 40);
+  const double nll_alone = Score(*idle, StartSession(*idle, 0, prompt(50, 30)), scored);
+  const std::string long_alone = StartSession(*idle, 0, prompt(60, 170));
+  // Together.
+  std::vector<std::string> ids;
+  for (int i = 0; i < kStreams; ++i) ids.push_back(StartSession(*busy, 0, prompt(i, 20 + i)));
+  const std::string scoring = StartSession(*busy, 0, prompt(50, 30));
+  const double before = busy->MetricValue("riskkv_batch_items_count{model=\"tiny\"}");
+  std::vector<absl::StatusOr<std::vector<int32_t>>> got(kStreams);
+  std::vector<std::thread> calls;
+  calls.reserve(kStreams + 2);
+  for (int i = 0; i < kStreams; ++i) {
+    calls.emplace_back([&, i] { got[i] = Generate(*busy, ids[i], kTokens); });
+  }
+  double nll_busy = 0;
+  std::string long_busy;
+  calls.emplace_back([&] { nll_busy = Score(*busy, scoring, scored); });
+  calls.emplace_back([&] { long_busy = StartSession(*busy, 0, prompt(60, 170)); });
+  for (auto& t : calls) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_EQ(*got[i], alone[i]) << "stream " << i;
+  }
+  EXPECT_EQ(nll_busy, nll_alone);
+  EXPECT_EQ(*Generate(*busy, long_busy, 4), *Generate(*idle, long_alone, 4));
+  // Fewer steps than items: some steps ran several sessions.
+  const std::string m = busy->Metrics();
+  const double steps = busy->MetricValue("riskkv_batch_items_count{model=\"tiny\"}") - before;
+  const double items = busy->MetricValue("riskkv_batch_items_sum{model=\"tiny\"}");
+  EXPECT_GT(steps, 0);
+  EXPECT_LT(steps, kStreams * kTokens) << m;
+  EXPECT_GT(items, steps) << m;
+  EXPECT_EQ(busy->MetricValue("riskkv_generated_tokens_total{model=\"tiny\"}"),
+            kStreams * kTokens + 4);
+  EXPECT_EQ(busy->MetricValue("riskkv_time_to_first_token_seconds_count{model=\"tiny\"}"),
+            kStreams + 1);
+  EXPECT_EQ(busy->MetricValue("riskkv_inter_token_latency_seconds_count{model=\"tiny\"}"),
+            kStreams * (kTokens - 1) + 3);
+  for (const char* kind : {"decode", "prefill", "score"}) {
+    EXPECT_GT(busy->MetricValue(std::string("riskkv_queue_wait_seconds_count{kind=\"") + kind +
+                                "\",model=\"tiny\"}"),
+              0)
+        << kind << "\n"
+        << m;
+  }
+}
+
 TEST_F(Nodes, SampledSessionsResumeTheSameRngStream) {
   auto a = Start(true), b = Start(false);
   const std::string stay = StartSession(*a, 0.9f), move = StartSession(*a, 0.9f);
