@@ -843,6 +843,36 @@ def chart(res, path):
 # ---------------------------------------------------------------------------------------------
 
 
+def chunk_sweep(args, cfg, chunks, tmp):
+    """Phase 3 once per --prefill-chunk: prefill time of the long prompt and the decodes' worst
+    gap, to choose the default chunk; writes DIR/chunk_sweep.json."""
+    rows = {}
+    for chunk in chunks:
+        n = NodeProcess(args.bin, args.model, tmp, "chunk-%d" % chunk,
+                        *(NODE_FLAGS + ["--prefill-chunk", str(chunk)]))
+        try:
+            client = n.client()
+            ids = tokenize(client, 50 + cfg["long_prompt_tokens"] + 1 + 97 * 15 + 130)
+            prompts = [ids[1 + 97 * i:1 + 97 * i + cfg["prompt_tokens"]] for i in range(16)]
+            long_ids = ids[50:50 + cfg["long_prompt_tokens"]]
+            warm_up(client, prompts[0])
+            log("chunk %d: %d-token prompt during %d decodes" % (
+                chunk, len(long_ids), cfg["decoders"]))
+            rows[chunk] = long_prompt(n, prompts, long_ids, cfg["decoders"], chunk, cfg["reps"])
+        finally:
+            n.stop()
+    with open(os.path.join(args.out, "chunk_sweep.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print("| --prefill-chunk | prompt prefill s | step mean ms | worst decode gap ms | "
+          "decode gap before ms |")
+    print("|---|---|---|---|---|")
+    for chunk, r in rows.items():
+        print("| %d | %.2f | %.1f | %.1f | %.1f |" % (
+            chunk, r["prefill_seconds"], 1e3 * (r["step_mean_seconds"] or 0),
+            1e3 * r["worst_gap_seconds"], 1e3 * (r["gap_median_before_seconds"] or 0)))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -855,6 +885,10 @@ def main():
                     help="rounds of the sweep, llama.cpp and the long prompt (default 3; quick 1)")
     ap.add_argument("--handover-reps", type=int,
                     help="hand-overs per mode and state of B (default 5; quick 1)")
+    ap.add_argument("--chunk-sweep",
+                    help="instead of the phases: the long prompt during decodes (phase 3) with "
+                         "each --prefill-chunk in this comma-separated list, e.g. 32,64,128, to "
+                         "choose the default")
     ap.add_argument("--llamacpp-worker", help=argparse.SUPPRESS)  # internal: a spec JSON
     args = ap.parse_args()
     if args.llamacpp_worker:
@@ -874,6 +908,8 @@ def main():
            "unchunked_flags": UNCHUNKED, "quick": q}
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="riskkv-serving-")
+    if args.chunk_sweep:
+        return chunk_sweep(args, cfg, [int(c) for c in args.chunk_sweep.split(",")], tmp)
     res = {"config": cfg, "machine": {
         "cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_start": os.getloadavg(),
         "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")

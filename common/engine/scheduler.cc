@@ -231,8 +231,23 @@ void Scheduler::Run() {
       continue;
     }
     last_exclusive_ = false;
+    // A hand-over's items run in a step of their own, so the paused session's downtime does not
+    // pay for every other session's decode; never twice in a row while other items wait.
+    auto handover = [](const Item* it) { return it->kind == WorkKind::kHandOver; };
+    const bool handover_waiting = std::any_of(singles_.begin(), singles_.end(), handover) ||
+                                  std::any_of(chunks_.begin(), chunks_.end(), handover);
+    const bool others_waiting = !std::all_of(singles_.begin(), singles_.end(), handover) ||
+                                !std::all_of(chunks_.begin(), chunks_.end(), handover);
+    const bool alone = handover_waiting && (!last_handover_alone_ || !others_waiting);
+    last_handover_alone_ = alone;
     int64_t budget = options_.batch_tokens;
-    Item* chunk = PickChunk();
+    Item* chunk = nullptr;
+    if (alone) {
+      auto first = std::find_if(chunks_.begin(), chunks_.end(), handover);
+      if (first != chunks_.end()) chunk = *first;
+    } else {
+      chunk = PickChunk();
+    }
     // A starving chunk item keeps room for one chunk whatever else waits.
     const int64_t reserve =
         chunk != nullptr && chunk->skips >= options_.max_skips
@@ -241,6 +256,7 @@ void Scheduler::Run() {
             : 0;
     std::vector<Item*> singles;
     for (WorkKind kind : {WorkKind::kHandOver, WorkKind::kDecode}) {
+      if (alone && kind != WorkKind::kHandOver) continue;
       for (Item* it : singles_) {
         if (it->kind != kind || budget - reserve <= 0) continue;
         singles.push_back(it);
@@ -260,7 +276,8 @@ void Scheduler::Run() {
       if (chunk_tokens <= 0) chunk = nullptr;
     }
     for (Item* it : chunks_) {
-      if (it == chunk) continue;
+      // A step of a hand-over's work alone passes over nobody: no one else could run in it.
+      if (it == chunk || (alone && !handover(it))) continue;
       ++it->skips;
     }
     if (chunk != nullptr) {
@@ -318,20 +335,24 @@ void Scheduler::RunBatch(std::vector<Item*> singles, Item* chunk, int64_t chunk_
   }
   const Stopwatch clock;
   std::vector<absl::Status> status = step_(batch);
+  const double step_seconds = clock.Seconds();
   status.resize(batch.size(), absl::InternalError("the step returned no status for an item"));
   if (observer_) {
     int64_t tokens = 0;
     for (const BatchItem& b : batch) tokens += static_cast<int64_t>(b.tokens.size());
-    observer_->StepRan(static_cast<int64_t>(batch.size()), tokens, clock.Seconds());
+    observer_->StepRan(static_cast<int64_t>(batch.size()), tokens, step_seconds);
   }
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
+  // A stream that misses the next step waits a whole step more: behind a long step (a prompt's
+  // chunk) its decoders are worth a longer wait.
+  const absl::Time gather_until =
+      absl::Now() + std::max(options_.gather, absl::Seconds(step_seconds / 10));
   for (size_t i = 0; i < singles.size(); ++i) {
     Item* it = singles[i];
     it->started = true;
     if (status[i].ok() && it->kind == WorkKind::kDecode) {
       returning_.insert(it->store);
-      gather_until_ = now + options_.gather;
+      gather_until_ = gather_until;
     }
     Finish(it, std::move(status[i]));
   }

@@ -1,10 +1,10 @@
 // The one way a node's calls reach its engine: they submit work items and wait; one thread forms
 // each step from what waits (every waiting decode plus at most one chunk of a prefill, a replay
 // or a scoring, under a token budget), runs it as one Engine::Step and hands each item its
-// result. Items of a hand-over in flight go first, then decodes, then prefill chunks, scoring
-// last; no item starves (the bounds are stated on Scheduler). A session's logits and KV rows are
-// the same bits as if it ran alone (Engine::Step's contract), so batching never changes what a
-// session generates.
+// result. Items of a hand-over in flight go first (in a step of their own), then decodes, then
+// prefill chunks, scoring last; no item starves (the bounds are stated on Scheduler). A session's
+// logits and KV rows are the same bits as if it ran alone (Engine::Step's contract), so batching
+// never changes what a session generates.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +42,8 @@ struct SchedulerOptions {
   // decodes for longer than one chunk; a hand-over's replay takes what the budget leaves.
   int64_t prefill_chunk = 64;
   // How long a step waits for the sessions that got a token from the step before to submit
-  // their next one, so generating streams stay in one batch instead of splitting into two.
+  // their next one, so generating streams stay in one batch instead of splitting into two; a
+  // tenth of the step before when that is longer (a stream that misses a step waits a whole one).
   absl::Duration gather = absl::Milliseconds(2);
   // A chunk item passed over for this many steps goes before every item that waited less.
   int max_skips = 4;
@@ -108,12 +109,17 @@ class Scheduler {
   // Items waiting for a step (not counting those in the step in flight).
   size_t waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Bounds, for items that do not fail:
-  //  - a single-token item (decode, first token) runs in the first batch step formed after it
-  //    arrives, unless more than batch_tokens of them wait: then those waiting longest go first.
-  //    At most one exclusive task runs between two batch steps while items wait for one.
+  // A hand-over's items (its first token, a chunk of its replay) run in a batch step of their
+  // own, so its downtime does not pay for the other sessions' decodes.
+  //
+  // Bounds, for items that do not fail. While items of several sorts wait, exclusive tasks and
+  // steps of a hand-over's work alone each run at most every other step, so:
+  //  - a single-token item (decode, first token) runs in the first or second batch step formed
+  //    after it arrives, unless more than batch_tokens of them wait: then those waiting longest
+  //    go first.
   //  - a chunk item (prefill, replay, scoring) gets its next chunk within max_skips + N batch
-  //    steps, N the number of other chunk items waiting.
+  //    steps that are not a hand-over's alone, N the number of other chunk items waiting; in
+  //    all steps, within 2 (max_skips + N) + 1.
 
  private:
   struct Item;
@@ -142,6 +148,7 @@ class Scheduler {
   int64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
   int submitters_ ABSL_GUARDED_BY(mu_) = 0;  // calls inside Submit; the destructor waits for them
   bool last_exclusive_ ABSL_GUARDED_BY(mu_) = false;
+  bool last_handover_alone_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Item*> singles_ ABSL_GUARDED_BY(mu_);    // single-token items, in arrival order
   std::deque<Item*> chunks_ ABSL_GUARDED_BY(mu_);     // multi-token items, in arrival order
   std::deque<Item*> exclusive_ ABSL_GUARDED_BY(mu_);  // tasks, by kind then arrival

@@ -69,7 +69,7 @@ ABSL_FLAG(int64_t, prefill_chunk, 64,
           "chunk's time behind a long prompt (at most --batch-tokens)");
 ABSL_FLAG(double, batch_gather_ms, 2,
           "how long a step waits for the streams that just got a token to ask for the next one, "
-          "so they share one step (0: never waits)");
+          "so they share one step (a tenth of the step before when that is longer)");
 ABSL_FLAG(double, link_mbps, 0, "sender-side rate limit emulating a link, Mbit/s (0: none)");
 ABSL_FLAG(int, max_sessions, 64, "sessions this node serves at most");
 ABSL_FLAG(int, max_sessions_per_identity, 16,

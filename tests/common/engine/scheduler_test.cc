@@ -223,11 +223,14 @@ TEST(SchedulerTest, HandOverFirstThenDecodesThenPrefillThenScoringWithinTheStarv
   for (auto& t : calls) t.join();
   const auto log = fake.Log();
   ASSERT_GE(log.size(), 2u);
-  // The first step after the held one: the hand-over's first token before the decode, and the
-  // hand-over's replay takes the chunk with what the budget leaves (9 - 2 tokens).
-  EXPECT_EQ(log[1], (std::vector<Seen>{{5, 1}, {4, 1}, {1, 7}}));
-  // Every chunk item gets its next chunk within max_skips + (other chunk items) batch steps.
-  const size_t bound = options.max_skips + 2;
+  // The first step after the held one: the hand-over's first token and a chunk of its replay,
+  // alone, with what the budget leaves (9 - 1 tokens); then the decode, beside the hand-over's
+  // next chunk (it still ranks first for the chunk); then the hand-over alone again.
+  EXPECT_EQ(log[1], (std::vector<Seen>{{5, 1}, {1, 8}}));
+  EXPECT_EQ(log[2], (std::vector<Seen>{{4, 1}, {1, 8}}));
+  EXPECT_EQ(log[3], (std::vector<Seen>{{1, 9}}));
+  // Every chunk item gets its next chunk within 2 (max_skips + other chunk items) + 1 steps.
+  const size_t bound = 2 * (options.max_skips + 2) + 1;
   std::map<int, size_t> last = {{1, 0}, {2, 0}, {3, 0}};  // arrived before step 1
   std::map<int, int64_t> ran;
   for (size_t i = 1; i < log.size(); ++i) {
@@ -251,11 +254,13 @@ TEST(SchedulerTest, HandOverFirstThenDecodesThenPrefillThenScoringWithinTheStarv
   EXPECT_EQ(ran[1], 40);
   EXPECT_EQ(ran[2], 24);
   EXPECT_EQ(ran[3], 24);
-  // The hand-over keeps the chunk while the others have not waited max_skips steps; then the
-  // prefill, which outranks the scoring that waited as long.
-  EXPECT_EQ(log[2], (std::vector<Seen>{{1, 9}}));
-  EXPECT_EQ(log[3], (std::vector<Seen>{{2, 8}}));
-  EXPECT_EQ(log[4], (std::vector<Seen>{{3, 8}}));
+  // The hand-over keeps the chunk while the others have not waited max_skips steps it could have
+  // shared; then the prefill, which outranks the scoring that waited as long, then the scoring.
+  ASSERT_GE(log.size(), 8u);
+  EXPECT_EQ(log[4], (std::vector<Seen>{{1, 9}}));
+  EXPECT_EQ(log[5], (std::vector<Seen>{{1, 6}}));
+  EXPECT_EQ(log[6], (std::vector<Seen>{{2, 8}}));
+  EXPECT_EQ(log[7], (std::vector<Seen>{{3, 8}}));
 }
 
 TEST(SchedulerTest, ExclusiveTasksAlternateWithBatchSteps) {
