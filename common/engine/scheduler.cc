@@ -2,6 +2,8 @@
 #include "common/engine/scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -58,6 +60,8 @@ struct Scheduler::Item {
   bool running = false;   // in the step in flight
   bool finished = false;  // status is final
   absl::Status status;
+  absl::Status cancel;       // its check failed while a chunk of it ran: stop after that chunk
+  double step_seconds = 0;   // the steps it ran in
   int skips = 0;             // steps that passed this chunk item over since it was last served
   int64_t last_served = -1;  // the step that last ran one of its chunks
 };
@@ -69,6 +73,10 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options, SchedulerObserver
 Scheduler::Scheduler(StepFn step, int64_t vocab, SchedulerOptions options,
                      SchedulerObserver* observer)
     : step_(std::move(step)), vocab_(vocab), options_(options), observer_(observer) {
+  if (absl::Status ok = options_.Validate(); !ok.ok()) {
+    std::fprintf(stderr, "Scheduler: %s\n", ok.ToString().c_str());
+    std::abort();
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -97,7 +105,8 @@ size_t Scheduler::waiting() const {
 }
 
 absl::Status Scheduler::Forward(WorkKind kind, KvStore& store, std::span<const int32_t> tokens,
-                                bool all_logits, std::vector<float>* logits, const CheckFn& check) {
+                                bool all_logits, std::vector<float>* logits, const CheckFn& check,
+                                double* step_seconds) {
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run");
   if (logits != nullptr && all_logits) {
     logits->assign(static_cast<int64_t>(tokens.size()) * vocab_, 0.0f);
@@ -108,14 +117,18 @@ absl::Status Scheduler::Forward(WorkKind kind, KvStore& store, std::span<const i
   item.tokens = tokens;
   item.all_logits = all_logits;
   item.logits = logits;
-  return Submit(item, check);
+  absl::Status ran = Submit(item, check);
+  if (step_seconds != nullptr) *step_seconds += item.step_seconds;
+  return ran;
 }
 
 absl::StatusOr<std::vector<float>> Scheduler::Prefill(WorkKind kind,
                                                       std::span<const int32_t> tokens,
-                                                      KvStore& store, const CheckFn& check) {
+                                                      KvStore& store, const CheckFn& check,
+                                                      double* step_seconds) {
   std::vector<float> logits;
-  absl::Status ran = Forward(kind, store, tokens, /*all_logits=*/false, &logits, check);
+  absl::Status ran =
+      Forward(kind, store, tokens, /*all_logits=*/false, &logits, check, step_seconds);
   if (!ran.ok()) return ran;
   return logits;
 }
@@ -162,9 +175,12 @@ absl::Status Scheduler::Submit(Item& item, const CheckFn& check) {
     mu_.Unlock();
     absl::Status ok = check();
     mu_.Lock();
-    if (!ok.ok() && !item.finished && !item.running) {
+    if (ok.ok() || item.finished) continue;
+    if (!item.running) {
       Unqueue(&item);
       Finish(&item, std::move(ok));
+    } else {
+      item.cancel = std::move(ok);  // the step in flight stops it after its chunk
     }
   }
   --submitters_;
@@ -175,7 +191,13 @@ bool Scheduler::HasWork() const {
   return stopping_ || !singles_.empty() || !chunks_.empty() || !exclusive_.empty();
 }
 
-bool Scheduler::Gathered() const { return stopping_ || returning_.empty(); }
+bool Scheduler::Gathered() const { return stopping_ || returning_.empty() || Urgent(); }
+
+bool Scheduler::Urgent() const {
+  auto handover = [](const Item* it) { return it->kind == WorkKind::kHandOver; };
+  return !exclusive_.empty() || std::any_of(singles_.begin(), singles_.end(), handover) ||
+         std::any_of(chunks_.begin(), chunks_.end(), handover);
+}
 
 void Scheduler::Unqueue(Item* item) {
   for (std::deque<Item*>* q : {&singles_, &chunks_, &exclusive_}) {
@@ -206,8 +228,9 @@ Scheduler::Item* Scheduler::PickChunk() const {
 void Scheduler::Run() {
   for (;;) {
     mu_.LockWhen(absl::Condition(this, &Scheduler::HasWork));
-    if (!stopping_ && !returning_.empty()) {
-      // Wait for the streams that just got a token, so their next decodes share this step.
+    if (!stopping_ && !returning_.empty() && !Urgent()) {
+      // Wait for the streams that just got a token, so their next decodes share this step; a
+      // hand-over's work or a rebuild does not wait for them.
       mu_.AwaitWithDeadline(absl::Condition(this, &Scheduler::Gathered), gather_until_);
       returning_.clear();
     }
@@ -350,6 +373,7 @@ void Scheduler::RunBatch(std::vector<Item*> singles, Item* chunk, int64_t chunk_
   for (size_t i = 0; i < singles.size(); ++i) {
     Item* it = singles[i];
     it->started = true;
+    it->step_seconds += step_seconds;
     if (status[i].ok() && it->kind == WorkKind::kDecode) {
       returning_.insert(it->store);
       gather_until_ = gather_until;
@@ -359,6 +383,7 @@ void Scheduler::RunBatch(std::vector<Item*> singles, Item* chunk, int64_t chunk_
   if (chunk == nullptr) return;
   chunk->started = true;
   chunk->running = false;
+  chunk->step_seconds += step_seconds;
   absl::Status& ran = status.back();
   if (ran.ok() && !chunk_logits.empty()) {
     if (chunk->all_logits) {
@@ -369,6 +394,7 @@ void Scheduler::RunBatch(std::vector<Item*> singles, Item* chunk, int64_t chunk_
     }
   }
   chunk->done_tokens += chunk_tokens;
+  if (ran.ok() && !last_chunk && !chunk->cancel.ok()) ran = chunk->cancel;
   if (!ran.ok() || last_chunk) {
     Unqueue(chunk);
     Finish(chunk, std::move(ran));

@@ -67,13 +67,15 @@ class Scheduler {
  public:
   using StepFn = std::function<std::vector<absl::Status>(std::span<const BatchItem> items)>;
   // Says whether an item may still run: a non-OK status (the call was cancelled, its session
-  // went away) fails the item with it instead. Called by the waiting thread and by the
-  // scheduler when it forms a step.
+  // went away) fails the item with it instead. The waiting thread calls it every 10 ms: an item
+  // that has not run leaves the queue then; one whose chunk is in the step in flight stops after
+  // that chunk.
   using CheckFn = std::function<absl::Status()>;
 
   // Runs its steps on `engine` (which must outlive it).
   Scheduler(Engine& engine, SchedulerOptions options, SchedulerObserver* observer = nullptr);
   // Runs its steps through `step`, whose logits rows have `vocab` values (tests use a fake).
+  // `options` must be valid (SchedulerOptions::Validate; the process aborts otherwise).
   Scheduler(StepFn step, int64_t vocab, SchedulerOptions options,
             SchedulerObserver* observer = nullptr);
   // Lets the step in flight finish, fails every waiting item with Unavailable, and stops.
@@ -84,13 +86,16 @@ class Scheduler {
   const SchedulerOptions& options() const { return options_; }
 
   // Runs `tokens` after the store's rows (as Engine::Step's item), in chunks when they are more
-  // than one, and waits: the last position's logits, or every position's when all_logits. A
-  // cancelled item (check) leaves the queue at once; one cut after some of its chunks ran leaves
-  // their rows in the store.
+  // than one, and waits: the last position's logits, or every position's when all_logits. An
+  // item stopped by its check after some of its chunks ran leaves their rows in the store.
+  // *step_seconds, when given, gains the time of the steps its chunks ran in (the engine's work,
+  // not the wait for it).
   absl::Status Forward(WorkKind kind, KvStore& store, std::span<const int32_t> tokens,
-                       bool all_logits, std::vector<float>* logits, const CheckFn& check = nullptr);
+                       bool all_logits, std::vector<float>* logits, const CheckFn& check = nullptr,
+                       double* step_seconds = nullptr);
   absl::StatusOr<std::vector<float>> Prefill(WorkKind kind, std::span<const int32_t> tokens,
-                                             KvStore& store, const CheckFn& check = nullptr);
+                                             KvStore& store, const CheckFn& check = nullptr,
+                                             double* step_seconds = nullptr);
   absl::StatusOr<std::vector<float>> Decode(WorkKind kind, int32_t token, KvStore& store,
                                             const CheckFn& check = nullptr) {
     return Prefill(kind, std::span<const int32_t>(&token, 1), store, check);
@@ -115,8 +120,9 @@ class Scheduler {
   // Bounds, for items that do not fail. While items of several sorts wait, exclusive tasks and
   // steps of a hand-over's work alone each run at most every other step, so:
   //  - a single-token item (decode, first token) runs in the first or second batch step formed
-  //    after it arrives, unless more than batch_tokens of them wait: then those waiting longest
-  //    go first.
+  //    after it arrives, unless more of them wait than the step has room for (batch_tokens, less
+  //    one chunk when a chunk item has waited max_skips steps): then those waiting longest go
+  //    first.
   //  - a chunk item (prefill, replay, scoring) gets its next chunk within max_skips + N batch
   //    steps that are not a hand-over's alone, N the number of other chunk items waiting; in
   //    all steps, within 2 (max_skips + N) + 1.
@@ -127,6 +133,8 @@ class Scheduler {
   // Submits `item` and waits for it (or for its check to fail while it waits).
   absl::Status Submit(Item& item, const CheckFn& check) ABSL_LOCKS_EXCLUDED(mu_);
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A hand-over's item or an exclusive task waits: no step waits for returning streams.
+  bool Urgent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Gathered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The chunk item to serve next, or null.
   Item* PickChunk() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -144,8 +144,8 @@ class MigrationReceiver {
   // Rows [closed_, end) are in: the store marks them, RECONSTRUCT rebuilds them, TOKEN_REPLAY
   // prefills their tokens, at `kind`'s priority.
   absl::Status ApplyRows(int64_t end, WorkKind kind);
-  // A group's rebuild of rows [begin, begin + count), or a replay of `tokens`, on the engine or
-  // through the scheduler.
+  // A group's rebuild of rows [begin, begin + count), or a replay of `tokens` (its time added to
+  // the figures' prefill_seconds), on the engine or through the scheduler.
   absl::StatusOr<double> RunRebuild(const FoldedGroup& group, int64_t begin, int64_t count,
                                     WorkKind kind);
   absl::Status RunPrefill(std::span<const int32_t> tokens, WorkKind kind);

@@ -42,7 +42,8 @@ MigrationOutcomes::Answer MigrationOutcomes::Ask(const std::string& migration_id
 
 MigrationOutcomes::Outcome& MigrationOutcomes::Record(const std::string& id,
                                                       std::optional<std::string> session) {
-  auto [it, added] = outcomes_.insert_or_assign(id, Outcome{.session = std::move(session), .told = false, .failure = ""});
+  auto [it, added] = outcomes_.insert_or_assign(
+      id, Outcome{.session = std::move(session), .told = false, .failure = ""});
   if (added) order_.push_back(id);
   while (order_.size() > kept_ && order_.front() != id) {
     outcomes_.erase(order_.front());

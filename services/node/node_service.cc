@@ -28,7 +28,8 @@ Scheduler::CheckFn Cancelled(grpc::ServerContext* ctx) {
 }
 
 // A live migration waiting for a session to reach a token group's end stops waiting when no token
-// came for this long: the session is not generating (a CPU decode step takes tens of ms).
+// came for this long: the session is not generating (a CPU decode step takes tens of ms; one that
+// shares its step with a prompt's 64-token chunk about 130 ms on 2 cores, docs/serving.md).
 constexpr absl::Duration kGeneratingGap = absl::Milliseconds(250);
 
 // A receive's minimum rate; its grace covers twice the time one largest chunk takes at that rate,
@@ -193,9 +194,12 @@ grpc::Status NodeService::StartSession(grpc::ServerContext* ctx, const v1::Start
   if (!kv.ok()) return ToGrpc(kv.status());
   s->kv = *std::move(kv);
   const Stopwatch prefill;
-  auto logits = scheduler_.Prefill(WorkKind::kPrefill, s->tokens, *s->kv, Cancelled(ctx));
+  double step_seconds = 0;  // the engine's steps, without the queue: what the planner measures
+  auto logits =
+      scheduler_.Prefill(WorkKind::kPrefill, s->tokens, *s->kv, Cancelled(ctx), &step_seconds);
   if (!logits.ok()) return ToGrpc(logits.status());
-  planner_.MeasurePrefill(prefill.Seconds(), static_cast<int64_t>(s->tokens.size()));
+  planner_.MeasurePrefill(step_seconds, static_cast<int64_t>(s->tokens.size()));
+  s->prompt_seconds = prefill.Seconds();
   s->pending_logits = *std::move(logits);
   Fill("", *s, false, info);
   auto id = sessions_.Add(std::move(s));
@@ -260,7 +264,13 @@ grpc::Status NodeService::Generate(grpc::ServerContext* ctx, const v1::GenerateR
     if (!writer->Write(r)) break;
     if (metrics_) {
       ServingMetrics& m = metrics_->serving();
-      since_token ? m.InterToken(since_token->Seconds()) : m.FirstToken(since_call.Seconds());
+      if (since_token) {
+        m.InterToken(since_token->Seconds());
+      } else {
+        // A new session's first token counts its prompt's prefill (StartSession's) too.
+        m.FirstToken(since_call.Seconds() + std::max(0.0, s.prompt_seconds));
+        s.prompt_seconds = -1;
+      }
       m.TokenGenerated();
     }
     since_token.emplace();

@@ -18,7 +18,9 @@ ServingMetrics::ServingMetrics(prometheus::Registry& r, const std::string& model
   const prometheus::Labels labels = {{"model", model}};
   first_token_ = &prometheus::BuildHistogram()
                       .Name("riskkv_time_to_first_token_seconds")
-                      .Help("A Generate call's arrival to its first token")
+                      .Help(
+                          "A Generate call's arrival to its first token, plus the session's "
+                          "StartSession prefill for its first")
                       .Register(r)
                       .Add(labels, kTokenSeconds);
   inter_token_ = &prometheus::BuildHistogram()

@@ -32,6 +32,9 @@ struct NodeSession {
   std::vector<float> pending_logits;
   std::optional<Sampler> sampler;
   int64_t generated = 0;
+  // StartSession's prefill, counted into the first Generate's time to first token; -1 once
+  // counted (and for a session that migrated here).
+  double prompt_seconds = -1;
   KvBudget::Charge charge;  // the rows of kv, against the node's KV budget
   // The identity that started it (access_list.h; "" on a node without an access file). Fixed
   // for the session's life, and carried along when it migrates.

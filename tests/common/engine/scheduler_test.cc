@@ -127,7 +127,8 @@ TEST(SchedulerOptionsTest, RefusesValuesOutOfRange) {
 TEST(SchedulerTest, WaitingDecodesShareOneStep) {
   FakeEngine fake;
   fake.step_sleep = absl::Milliseconds(2);
-  Scheduler s(fake.Step(), kVocab, {.gather = absl::Milliseconds(50)});
+  // A generous gather: sanitizers and a loaded machine may be slow to wake a stream's thread.
+  Scheduler s(fake.Step(), kVocab, {.gather = absl::Milliseconds(200)});
   constexpr int kSessions = 8, kTokens = 20;
   std::vector<std::unique_ptr<FakeStore>> stores;
   for (int i = 0; i < kSessions; ++i) stores.push_back(std::make_unique<FakeStore>(i));
@@ -154,7 +155,8 @@ TEST(SchedulerTest, WaitingDecodesShareOneStep) {
 
 TEST(SchedulerTest, ALongPromptGoesInChunksBetweenDecodes) {
   FakeEngine fake;
-  Scheduler s(fake.Step(), kVocab, {.batch_tokens = 64, .prefill_chunk = 16});
+  Scheduler s(fake.Step(), kVocab,
+              {.batch_tokens = 64, .prefill_chunk = 16, .gather = absl::Milliseconds(100)});
   FakeStore prompt(0), a(1), b(2);
   std::atomic<bool> done{false};
   std::list<std::thread> streams;
@@ -287,6 +289,7 @@ TEST(SchedulerTest, ExclusiveTasksAlternateWithBatchSteps) {
     AwaitWaiting(s, t + 1);
   }
   calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 2, a).ok()); });
+  AwaitWaiting(s, 4);
   calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 3, b).ok()); });
   AwaitWaiting(s, 5);
   gate.Notify();
@@ -349,6 +352,28 @@ TEST(SchedulerTest, ACancelledItemLeavesTheQueueAtOnce) {
   call.join();
   hold.join();
   EXPECT_TRUE(gone.seen.empty());
+}
+
+TEST(SchedulerTest, ACancelledPromptStopsAfterTheChunkInFlight) {
+  FakeEngine fake;
+  fake.step_sleep = absl::Milliseconds(30);
+  Scheduler s(fake.Step(), kVocab, {.batch_tokens = 64, .prefill_chunk = 16});
+  FakeStore prompt(0);
+  std::atomic<bool> cancelled{false};
+  absl::StatusOr<std::vector<float>> got;
+  std::thread call([&] {
+    got = s.Prefill(WorkKind::kPrefill, Range(0, 160), prompt, [&] {
+      return cancelled ? absl::CancelledError("the caller went away") : absl::OkStatus();
+    });
+  });
+  for (int i = 0; i < 2000 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  cancelled = true;  // while its first chunk runs
+  call.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  const auto log = fake.Log();
+  EXPECT_LE(log.size(), 3u) << "it stopped after the chunk in flight, not after 10";
+  EXPECT_EQ(prompt.seen.size(), 16 * log.size());
+  EXPECT_EQ(s.waiting(), 0u);
 }
 
 TEST(SchedulerTest, StoppingFailsWhatWaitsAfterTheStepInFlight) {

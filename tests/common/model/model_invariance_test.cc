@@ -133,7 +133,7 @@ TEST_P(ModelInvarianceTest, SessionsInOneStepEqualEachAlone) {
   };
   const std::vector<Case> cases = {
       {big ? 90 : 30, 1, false},   // a decode
-      {0, big ? 230 : 40, false},  // a new prompt (cut between micro-batches at SmolLM2's size)
+      {0, big ? 250 : 40, false},  // a new prompt (cut between micro-batches at SmolLM2's size)
       {big ? 40 : 12, 20, true},   // a scoring
       {big ? 150 : 50, 1, false},  // another decode
       {big ? 10 : 3, 7, false},    // a prefill chunk after a few rows
@@ -163,7 +163,9 @@ TEST_P(ModelInvarianceTest, SessionsInOneStepEqualEachAlone) {
   const std::vector<int32_t> bad = {static_cast<int32_t>(vocab)};
   for (Model* model : {two->get(), one->get()}) {
     for (const std::vector<size_t>& order :
-         {std::vector<size_t>{0, 1, 2, 3, 4}, std::vector<size_t>{1, 4, 2, 3, 0}}) {
+         {std::vector<size_t>{0, 1, 2, 3, 4}, std::vector<size_t>{2, 3, 0, 1, 4}}) {
+      // At SmolLM2's sizes the first order cuts the scoring at the 256-token micro-batch, the
+      // second the prompt.
       std::vector<std::unique_ptr<KvCache>> caches;
       std::vector<std::vector<float>> out(cases.size());
       std::vector<ForwardSegment> segments;

@@ -133,7 +133,8 @@ TEST(Gates, FallBackToExactKvWhenNothingPasses) {
 }
 
 TEST(Gates, PicksTheMostKvSavedNotTheLastPassing) {
-  std::vector<PathPoint> path = {{0.25, {0.001, 0.002}, {}, {}, {}}, {0.15, {0.001, 0.001}, {}, {}, {}}};
+  std::vector<PathPoint> path = {{0.25, {0.001, 0.002}, {}, {}, {}},
+                                 {0.15, {0.001, 0.001}, {}, {}, {}}};
   auto d = ApplyGate(Gate::kMean, path, 0.005);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->chosen, 0);

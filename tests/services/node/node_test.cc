@@ -156,6 +156,7 @@ TEST_F(Nodes, ConcurrentCallsShareStepsAndGetWhatEachGetsAlone) {
   for (int i = 0; i < kStreams; ++i) ids.push_back(StartSession(*busy, 0, prompt(i, 20 + i)));
   const std::string scoring = StartSession(*busy, 0, prompt(50, 30));
   const double before = busy->MetricValue("riskkv_batch_items_count{model=\"tiny\"}");
+  const double items_before = busy->MetricValue("riskkv_batch_items_sum{model=\"tiny\"}");
   std::vector<absl::StatusOr<std::vector<int32_t>>> got(kStreams);
   std::vector<std::thread> calls;
   calls.reserve(kStreams + 2);
@@ -176,10 +177,11 @@ TEST_F(Nodes, ConcurrentCallsShareStepsAndGetWhatEachGetsAlone) {
   // Fewer steps than items: some steps ran several sessions.
   const std::string m = busy->Metrics();
   const double steps = busy->MetricValue("riskkv_batch_items_count{model=\"tiny\"}") - before;
-  const double items = busy->MetricValue("riskkv_batch_items_sum{model=\"tiny\"}");
+  const double items = busy->MetricValue("riskkv_batch_items_sum{model=\"tiny\"}") - items_before;
+  // Alone, the streams' decodes would take 6 x 11 steps and the prompt and scoring some more.
   EXPECT_GT(steps, 0);
-  EXPECT_LT(steps, kStreams * kTokens) << m;
-  EXPECT_GT(items, steps) << m;
+  EXPECT_LE(steps, kStreams * (kTokens - 1) / 2) << m;
+  EXPECT_GE(items / steps, 2) << m;
   EXPECT_EQ(busy->MetricValue("riskkv_generated_tokens_total{model=\"tiny\"}"),
             kStreams * kTokens + 4);
   EXPECT_EQ(busy->MetricValue("riskkv_time_to_first_token_seconds_count{model=\"tiny\"}"),
