@@ -71,20 +71,13 @@ absl::StatusOr<std::unique_ptr<KvStore>> CpuEngine::CopyStore(const KvStore& fro
 
 std::vector<absl::Status> CpuEngine::Step(std::span<const BatchItem> items) {
   std::vector<absl::Status> status(items.size());
+  const std::vector<CpuKvStore*> stores = OwnItems<CpuKvStore>(items, &status);
   std::vector<ForwardSegment> segments;
   std::vector<size_t> index;  // item of each segment
   for (size_t i = 0; i < items.size(); ++i) {
-    if (items[i].store == nullptr) {
-      status[i] = absl::InvalidArgumentError("a batch item without a KV store");
-      continue;
-    }
-    absl::StatusOr<CpuKvStore*> s = Own<CpuKvStore>(*items[i].store);
-    if (!s.ok()) {
-      status[i] = s.status();
-      continue;
-    }
+    if (stores[i] == nullptr) continue;
     segments.push_back({.tokens = items[i].tokens,
-                        .cache = &(*s)->cache(),
+                        .cache = &stores[i]->cache(),
                         .all_logits = items[i].all_logits,
                         .logits = items[i].logits});
     index.push_back(i);

@@ -182,6 +182,26 @@ class Engine {
     if (absl::Status owned = CheckOwner(store); !owned.ok()) return owned;
     return static_cast<Store*>(&store);
   }
+  // A step's stores as the engine's own kind, in item order: null, with the item's (*status)
+  // set, for an item without a store or with another engine's.
+  template <typename Store>
+  std::vector<Store*> OwnItems(std::span<const BatchItem> items,
+                               std::vector<absl::Status>* status) const {
+    std::vector<Store*> stores(items.size(), nullptr);
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].store == nullptr) {
+        (*status)[i] = absl::InvalidArgumentError("a batch item without a KV store");
+        continue;
+      }
+      absl::StatusOr<Store*> s = Own<Store>(*items[i].store);
+      if (s.ok()) {
+        stores[i] = *s;
+      } else {
+        (*status)[i] = s.status();
+      }
+    }
+    return stores;
+  }
 
  private:
   const Model& model_;

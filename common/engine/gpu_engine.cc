@@ -102,22 +102,15 @@ absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::CopyStore(const KvStore& fro
 
 std::vector<absl::Status> GpuEngine::Step(std::span<const BatchItem> items) {
   std::vector<absl::Status> status(items.size());
+  const std::vector<GpuKvStore*> stores = OwnItems<GpuKvStore>(items, &status);
   std::vector<GpuSegment> segments;
   std::vector<size_t> index;  // item of each segment
   for (size_t i = 0; i < items.size(); ++i) {
-    if (items[i].store == nullptr) {
-      status[i] = absl::InvalidArgumentError("a batch item without a KV store");
-      continue;
-    }
-    absl::StatusOr<GpuKvStore*> s = Own<GpuKvStore>(*items[i].store);
-    if (!s.ok()) {
-      status[i] = s.status();
-      continue;
-    }
+    if (stores[i] == nullptr) continue;
     // GpuModel::ForwardMany refuses a session named twice; session() drops the store's host
     // copy, which a forward pass would make stale.
     segments.push_back({.tokens = items[i].tokens,
-                        .session = &(*s)->session(),
+                        .session = &stores[i]->session(),
                         .all_logits = items[i].all_logits,
                         .logits = items[i].logits});
     index.push_back(i);
