@@ -158,10 +158,14 @@ class NodeClient:
         req, call = self._method("Generate")
         return call(req(session_id=sid, max_tokens=max_tokens), timeout=timeout)
 
-    def migrate(self, sid, target, mode, live=None, timeout=600):
+    def migrate(self, sid, target, mode, live=None, wire_form=None, timeout=600):
+        """mode: FULL_KV, RECONSTRUCT, TOKEN_REPLAY or AUTO; wire_form (FULL_KV's): plain, int8
+        or int4."""
         request = {"sessionId": sid, "targetAddress": target, "mode": mode}
         if live is not None:
             request["live"] = live
+        if wire_form:
+            request["wireForm"] = "KV_WIRE_" + wire_form.upper()
         return self.call("Migrate", request, timeout)
 
 

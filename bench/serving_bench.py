@@ -19,7 +19,8 @@ names. The phases run one after another, never two loads at once:
     and the decodes), beside the StartSession latency of one --prefill-chunk prompt on the idle
     node. With the default chunking and without (--prefill-chunk 2048 --batch-tokens 2048).
  4. Live hand-over into a busy node: a session with a ~500-token history generating on node A
-    migrates live (FULL_KV, TOKEN_REPLAY) to node B, idle and then serving 8 decoding streams;
+    migrates live (RECONSTRUCT with the shipped policy, FULL_KV plain and int4, TOKEN_REPLAY)
+    to node B, idle and then serving 8 decoding streams;
     MigrateReply.downtime_seconds, medians over --reps. The client follows the stream's `moved`
     to B, which gives the gap its caller saw as well.
 
@@ -48,6 +49,11 @@ from node_client import NodeProcess, histogram_delta, histogram_max_range  # noq
 TEXT = Path("/usr/share/common-licenses/GPL-3")
 NODE_FLAGS = ["--threads", "2", "--kv-dtype", "f16", "--backend", "cpu"]
 UNCHUNKED = ["--prefill-chunk", "2048", "--batch-tokens", "2048"]
+# The hand-over's modes: the product's RECONSTRUCT (the shipped SmolLM2 policy, int4 with 6 of
+# 30 layers rebuilt) beside full KV, int4 KV alone and token replay; MODE[:FULL_KV's wire form].
+HANDOVER_MODES = ["RECONSTRUCT", "FULL_KV", "FULL_KV:int4", "TOKEN_REPLAY"]
+POLICY_DIR = Path(__file__).resolve().parent.parent / "deploy/policies/smollm2-135m-instruct"
+POLICY_FLAGS = ["--policy", str(POLICY_DIR / "policy.pb"), "--bank", str(POLICY_DIR / "bank.rkvbank")]
 T0 = time.time()
 
 
@@ -503,7 +509,8 @@ def handover(a, b, prompts, history, modes, reps, decoders, log_name):
                     time.sleep(0.01)
                 m0, mb0 = a.metrics(), b.metrics()
                 t = time.perf_counter()
-                reply = ca.migrate(sid, b.addr, mode, live=True)
+                kind, _, form = mode.partition(":")
+                reply = ca.migrate(sid, b.addr, kind, live=True, wire_form=form or None)
                 t_done = time.perf_counter()
                 call_s = t_done - t
                 m1, mb1 = a.metrics(), b.metrics()
@@ -904,7 +911,7 @@ def main():
            "long_prompt_tokens": 300 if q else 2000,
            "decoders": 2 if q else 8, "history_tokens": 500, "reps": args.reps or (1 if q else 3),
            "handover_reps": args.handover_reps or (1 if q else 5),
-           "modes": ["FULL_KV", "TOKEN_REPLAY"], "node_flags": NODE_FLAGS,
+           "modes": HANDOVER_MODES, "node_flags": NODE_FLAGS,
            "unchunked_flags": UNCHUNKED, "quick": q}
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="riskkv-serving-")
@@ -967,7 +974,7 @@ def main():
             load.phase("phase 3 (long prompt, %s)" % name)
         log("phase 4: live hand-over A -> B, modes %s, %d each" % (cfg["modes"],
                                                                 cfg["handover_reps"]))
-        na, nb = node("A"), node("B")
+        na, nb = node("A", *POLICY_FLAGS), node("B", *POLICY_FLAGS)
         warm_up(na.client(), prompts[0])
         warm_up(nb.client(), prompts[0])
         res["handover"] = handover(na, nb, prompts, history, cfg["modes"], cfg["handover_reps"],

@@ -193,11 +193,15 @@ bool Scheduler::HasWork() const {
 
 bool Scheduler::Gathered() const { return stopping_ || returning_.empty() || Urgent(); }
 
-bool Scheduler::Urgent() const {
-  auto handover = [](const Item* it) { return it->kind == WorkKind::kHandOver; };
-  return !exclusive_.empty() || std::any_of(singles_.begin(), singles_.end(), handover) ||
-         std::any_of(chunks_.begin(), chunks_.end(), handover);
+bool Scheduler::IsHandOver(const Item* it) { return it->kind == WorkKind::kHandOver; }
+
+bool Scheduler::Waiting(bool handover) const {
+  auto is = [handover](const Item* it) { return IsHandOver(it) == handover; };
+  return std::any_of(singles_.begin(), singles_.end(), is) ||
+         std::any_of(chunks_.begin(), chunks_.end(), is);
 }
+
+bool Scheduler::Urgent() const { return !exclusive_.empty() || Waiting(/*handover=*/true); }
 
 void Scheduler::Unqueue(Item* item) {
   for (std::deque<Item*>* q : {&singles_, &chunks_, &exclusive_}) {
@@ -256,17 +260,13 @@ void Scheduler::Run() {
     last_exclusive_ = false;
     // A hand-over's items run in a step of their own, so the paused session's downtime does not
     // pay for every other session's decode; never twice in a row while other items wait.
-    auto handover = [](const Item* it) { return it->kind == WorkKind::kHandOver; };
-    const bool handover_waiting = std::any_of(singles_.begin(), singles_.end(), handover) ||
-                                  std::any_of(chunks_.begin(), chunks_.end(), handover);
-    const bool others_waiting = !std::all_of(singles_.begin(), singles_.end(), handover) ||
-                                !std::all_of(chunks_.begin(), chunks_.end(), handover);
-    const bool alone = handover_waiting && (!last_handover_alone_ || !others_waiting);
+    const bool alone =
+        Waiting(/*handover=*/true) && (!last_handover_alone_ || !Waiting(/*handover=*/false));
     last_handover_alone_ = alone;
     int64_t budget = options_.batch_tokens;
     Item* chunk = nullptr;
     if (alone) {
-      auto first = std::find_if(chunks_.begin(), chunks_.end(), handover);
+      auto first = std::find_if(chunks_.begin(), chunks_.end(), IsHandOver);
       if (first != chunks_.end()) chunk = *first;
     } else {
       chunk = PickChunk();
@@ -300,7 +300,7 @@ void Scheduler::Run() {
     }
     for (Item* it : chunks_) {
       // A step of a hand-over's work alone passes over nobody: no one else could run in it.
-      if (it == chunk || (alone && !handover(it))) continue;
+      if (it == chunk || (alone && !IsHandOver(it))) continue;
       ++it->skips;
     }
     if (chunk != nullptr) {

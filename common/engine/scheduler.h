@@ -133,6 +133,9 @@ class Scheduler {
   // Submits `item` and waits for it (or for its check to fail while it waits).
   absl::Status Submit(Item& item, const CheckFn& check) ABSL_LOCKS_EXCLUDED(mu_);
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool IsHandOver(const Item* item);
+  // An item of a hand-over (or, `handover` false, of anything else) waits for a batch step.
+  bool Waiting(bool handover) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A hand-over's item or an exclusive task waits: no step waits for returning streams.
   bool Urgent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Gathered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -91,20 +91,10 @@ absl::Status Model::Forward(std::span<const int32_t> tokens, KvCache& cache,
         absl::StrCat("first_layer ", options.first_layer, " of ", config_.n_layers,
                      " layers needs first_hidden exactly when it is above 0"));
   }
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  if (logits != nullptr) logits->assign((options.all_logits ? n : 1) * config_.vocab, 0.0f);
-  for (int64_t start = 0; start < n; start += kMicroBatch) {
-    const int64_t m = std::min(kMicroBatch, n - start);
-    const bool last_batch = start + m == n;
-    Piece piece{
-        .tokens = tokens.subspan(start, m), .cache = &cache, .all_logits = options.all_logits};
-    if (logits != nullptr && options.all_logits)
-      piece.logits = logits->data() + start * config_.vocab;
-    if (logits != nullptr && !options.all_logits && last_batch) piece.logits = logits->data();
-    const float* hidden =
-        options.first_hidden == nullptr ? nullptr : options.first_hidden + start * config_.hidden;
-    ForwardBatch(std::span<const Piece>(&piece, 1), options, hidden);
-  }
+  const ForwardSegment segment{
+      .tokens = tokens, .cache = &cache, .all_logits = options.all_logits, .logits = logits};
+  const ForwardSegment* run = &segment;
+  RunSegments(std::span<const ForwardSegment* const>(&run, 1), options);
   return absl::OkStatus();
 }
 
@@ -124,18 +114,31 @@ std::vector<absl::Status> Model::ForwardMany(std::span<const ForwardSegment> seg
     } else {
       status[i] = CheckTokens(seg.tokens, *seg.cache);
     }
-    if (!status[i].ok()) continue;
-    run.push_back(&seg);
-    if (seg.logits != nullptr) {
-      const int64_t rows = seg.all_logits ? static_cast<int64_t>(seg.tokens.size()) : 1;
-      seg.logits->assign(rows * config_.vocab, 0.0f);
-    }
+    if (status[i].ok()) run.push_back(&seg);
   }
   ForwardOptions options;
   options.backend = backend;
+  RunSegments(run, options);
+  return status;
+}
+
+void Model::RunSegments(std::span<const ForwardSegment* const> run, const ForwardOptions& options) {
+  for (const ForwardSegment* seg : run) {
+    if (seg->logits == nullptr) continue;
+    const int64_t rows = seg->all_logits ? static_cast<int64_t>(seg->tokens.size()) : 1;
+    seg->logits->assign(rows * config_.vocab, 0.0f);
+  }
   // Micro-batches of at most kMicroBatch tokens, filled in segment order.
   std::vector<Piece> pieces;
-  int64_t filled = 0;
+  int64_t filled = 0, done = 0;  // tokens in the micro-batch; in the ones before it
+  auto flush = [&] {
+    const float* hidden =
+        options.first_hidden == nullptr ? nullptr : options.first_hidden + done * config_.hidden;
+    ForwardBatch(pieces, options, hidden);
+    pieces.clear();
+    done += filled;
+    filled = 0;
+  };
   for (const ForwardSegment* seg : run) {
     const int64_t n = static_cast<int64_t>(seg->tokens.size());
     for (int64_t start = 0; start < n;) {
@@ -152,15 +155,10 @@ std::vector<absl::Status> Model::ForwardMany(std::span<const ForwardSegment> seg
       pieces.push_back(piece);
       filled += m;
       start += m;
-      if (filled == kMicroBatch) {
-        ForwardBatch(pieces, options, nullptr);
-        pieces.clear();
-        filled = 0;
-      }
+      if (filled == kMicroBatch) flush();
     }
   }
-  if (!pieces.empty()) ForwardBatch(pieces, options, nullptr);
-  return status;
+  if (!pieces.empty()) flush();
 }
 
 void Model::ForwardBatch(std::span<const Piece> pieces, const ForwardOptions& options,

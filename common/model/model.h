@@ -142,6 +142,10 @@ class Model {
     bool all_logits = false;
     float* logits = nullptr;
   };
+  // Runs checked segments in micro-batches of at most 256 tokens, filled in segment order (a
+  // segment cut between two where it must); options' first_hidden and hooks with one segment
+  // only. Sizes each segment's logits.
+  void RunSegments(std::span<const ForwardSegment* const> run, const ForwardOptions& options);
   // hidden, when not null, is the batch's residual stream entering options.first_layer (one
   // piece only).
   void ForwardBatch(std::span<const Piece> pieces, const ForwardOptions& options,
