@@ -6,11 +6,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "common/model/model.h"
 #include "common/model/sampler.h"
 #include "services/cli_args.h"
@@ -27,6 +32,9 @@ ABSL_FLAG(
     std::string, activations, "int8",
     "how activations meet quantized weights: int8 (llama.cpp's arithmetic, fast) or f32 (exact)");
 ABSL_FLAG(int, repetitions, 3, "runs; medians are reported");
+ABSL_FLAG(std::string, sessions, "",
+          "comma-separated session counts: also time decode steps that advance that many "
+          "sessions at once (Model::ForwardMany), each after its own --prompt-tokens history");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache storage: f32 or f16");
 ABSL_FLAG(bool, json, true, "print the JSON result on stdout");
 ABSL_FLAG(bool, cpu_panels, true,
@@ -106,6 +114,50 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "repetition %d/%d: prefill %.3f s, decode %.3f s\n", r + 1, reps,
                  prefill_s.back(), decode_s.back());
   }
+  // Batched decode: N sessions, each with a history of its own (the text rotated by 7 tokens a
+  // session), advanced together one token a step.
+  nlohmann::json batched = nlohmann::json::array();
+  for (const absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_sessions), ',', absl::SkipEmpty())) {
+    int n_sessions = 0;
+    if (!absl::SimpleAtoi(part, &n_sessions) || n_sessions < 1 || n_sessions > 256)
+      return Fail("--sessions takes counts from 1 to 256");
+    std::vector<double> step_s;
+    for (int r = 0; r < reps; ++r) {
+      std::vector<std::unique_ptr<riskkv::KvCache>> caches;
+      std::vector<std::vector<float>> logits(n_sessions);
+      std::vector<int32_t> next(n_sessions);
+      for (int s = 0; s < n_sessions; ++s) {
+        std::vector<int32_t> history = tokens;
+        std::rotate(history.begin(), history.begin() + (7 * s) % n_prompt, history.end());
+        auto cache = (*model)->NewKvCache(n_prompt + n_decode + 1, dtype);
+        if (!cache.ok()) return Fail(cache.status().ToString());
+        auto l = (*model)->Prefill(history, **cache);
+        if (!l.ok()) return Fail(l.status().ToString());
+        next[s] = riskkv::Argmax(*l);
+        caches.push_back(std::move(*cache));
+      }
+      const auto t0 = Clock::now();
+      for (int i = 0; i < n_decode; ++i) {
+        std::vector<riskkv::ForwardSegment> segments(n_sessions);
+        for (int s = 0; s < n_sessions; ++s) {
+          segments[s] = {std::span<const int32_t>(&next[s], 1), caches[s].get(), false, &logits[s]};
+        }
+        for (const absl::Status& st : (*model)->ForwardMany(segments)) {
+          if (!st.ok()) return Fail(st.ToString());
+        }
+        for (int s = 0; s < n_sessions; ++s) next[s] = riskkv::Argmax(logits[s]);
+      }
+      step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count() /
+                       std::max(1, n_decode));
+    }
+    const double step = Median(step_s);
+    std::fprintf(stderr, "%d sessions: step %.2f ms, %.1f tokens/s all sessions\n", n_sessions,
+                 step * 1e3, n_sessions / step);
+    batched.push_back({{"sessions", n_sessions},
+                       {"step_seconds", step},
+                       {"tokens_per_second", n_sessions / step}});
+  }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const double p = Median(prefill_s), d = Median(decode_s);
@@ -124,6 +176,7 @@ int main(int argc, char** argv) {
       {"activations", absl::GetFlag(FLAGS_activations)},
       {"cpu_panels", absl::GetFlag(FLAGS_cpu_panels)},
   };
+  if (!batched.empty()) out["batched_decode"] = batched;
   std::fprintf(
       stderr,
       "prefill %d tokens: %.3f s (%.1f tokens/s); decode: %.1f tokens/s; peak RSS %.1f MiB\n",

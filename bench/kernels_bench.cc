@@ -57,11 +57,14 @@ void BM_MatMulPanels(benchmark::State& state, DType dtype) {
   MatMulBench(state, dtype, ActivationPrecision::kInt8, true);
 }
 
-// {n, rows, cols, threads}: SmolLM2 FFN up-projection (1536 x 576) and down (576 x 1536).
+// {n, rows, cols, threads}: SmolLM2 FFN up-projection (1536 x 576) and down (576 x 1536); n = 1
+// is a decode step, 8 and 16 a batch step of that many sessions, 512 a prefill.
 void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t threads : {1, 2}) {
     b->Args({1, 1536, 576, threads});
     b->Args({1, 576, 1536, threads});
+    b->Args({8, 1536, 576, threads});  // a step of eight decoding sessions
+    b->Args({16, 1536, 576, threads});
     b->Args({512, 1536, 576, threads});
   }
   b->Unit(benchmark::kMicrosecond);

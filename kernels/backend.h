@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -58,6 +59,22 @@ struct RopeParams {
 // with Q8_K activations, so int8 nodes serving K-quant files differ from it there).
 enum class ActivationPrecision : uint8_t { kF32, kInt8 };
 
+// One product of Backend::MatMulMany: y[n, w->rows] = x * w^T (+ bias).
+struct MatMulOut {
+  const WeightMatrix* w = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+
+// One session's part of Backend::AttentionMany, as Backend::Attention's arguments.
+struct AttentionCall {
+  const float* q = nullptr;
+  int64_t n = 0;
+  int64_t q_pos0 = 0;
+  KvView k, v;
+  float* out = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -68,6 +85,11 @@ class Backend {
   // y[n, w.rows] = x[n, w.cols] * w^T (+ bias[w.rows] when bias != nullptr).
   virtual void MatMul(const float* x, int64_t n, const WeightMatrix& w, const float* bias,
                       float* y) = 0;
+  // Several products of the same x (a layer's Q, K and V, or its gate and up): each output the
+  // same bits as MatMul's. The CPU runs them in one parallel pass and quantizes x once.
+  virtual void MatMulMany(const float* x, int64_t n, std::span<const MatMulOut> outs) {
+    for (const MatMulOut& o : outs) MatMul(x, n, *o.w, o.bias, o.y);
+  }
   // y[n, d] = x / sqrt(mean(x^2) + eps) * weight[d], row by row. y may alias x.
   virtual void RmsNorm(const float* x, int64_t n, int64_t d, const float* weight, float eps,
                        float* y) = 0;
@@ -85,6 +107,15 @@ class Backend {
   virtual void Attention(const float* q, int64_t n, int64_t q_pos0, const KvView& k,
                          const KvView& v, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                          float* out) = 0;
+  // Attention for several sessions (each call as Attention's arguments, outputs disjoint): each
+  // output the same bits as Attention's. The CPU runs every decode step's queries in one
+  // parallel pass.
+  virtual void AttentionMany(std::span<const AttentionCall> calls, int64_t n_heads,
+                             int64_t n_kv_heads, int64_t head_dim) {
+    for (const AttentionCall& c : calls) {
+      Attention(c.q, c.n, c.q_pos0, c.k, c.v, n_heads, n_kv_heads, head_dim, c.out);
+    }
+  }
 };
 
 // The CPU kernels need AVX2, FMA and F16C (x86-64-v3). Returns "" when this CPU has them, else

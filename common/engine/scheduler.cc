@@ -40,6 +40,10 @@ absl::Status SchedulerOptions::Validate() const {
   if (max_skips < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max skips ", max_skips, " is below 0"));
   }
+  if (handover_gap < absl::ZeroDuration() || handover_gap > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hand-over gap ", absl::FormatDuration(handover_gap), " is not in [0, 1s]"));
+  }
   return absl::OkStatus();
 }
 
@@ -90,6 +94,19 @@ Scheduler::~Scheduler() {
   mu_.LockWhen(absl::Condition(
       +[](int* n) { return *n == 0; }, &submitters_));
   mu_.Unlock();
+}
+
+Scheduler::Resuming::Resuming(Scheduler* scheduler) : scheduler_(scheduler) {
+  if (scheduler_ == nullptr) return;
+  absl::MutexLock lock(&scheduler_->mu_);
+  ++scheduler_->resuming_;
+  scheduler_->resume_until_ = absl::Now() + scheduler_->options_.handover_gap;
+}
+
+Scheduler::Resuming::~Resuming() {
+  if (scheduler_ == nullptr) return;
+  absl::MutexLock lock(&scheduler_->mu_);
+  --scheduler_->resuming_;
 }
 
 int64_t Scheduler::steps() const {
@@ -193,6 +210,12 @@ bool Scheduler::HasWork() const {
 
 bool Scheduler::Gathered() const { return stopping_ || returning_.empty() || Urgent(); }
 
+bool Scheduler::ResumeReady() const { return stopping_ || resuming_ == 0 || Urgent(); }
+
+void Scheduler::HandOverRan() {
+  if (resuming_ > 0) resume_until_ = absl::Now() + options_.handover_gap;
+}
+
 bool Scheduler::IsHandOver(const Item* it) { return it->kind == WorkKind::kHandOver; }
 
 bool Scheduler::Waiting(bool handover) const {
@@ -232,6 +255,11 @@ Scheduler::Item* Scheduler::PickChunk() const {
 void Scheduler::Run() {
   for (;;) {
     mu_.LockWhen(absl::Condition(this, &Scheduler::HasWork));
+    if (!ResumeReady() && absl::Now() < resume_until_) {
+      // A paused session is resuming: its next item (the next rebuild, replay chunk or its
+      // first token) is on its way; a step started now would hold it up for a whole step.
+      mu_.AwaitWithDeadline(absl::Condition(this, &Scheduler::ResumeReady), resume_until_);
+    }
     if (!stopping_ && !returning_.empty() && !Urgent()) {
       // Wait for the streams that just got a token, so their next decodes share this step; a
       // hand-over's work or a rebuild does not wait for them.
@@ -247,7 +275,11 @@ void Scheduler::Run() {
       continue;
     }
     const bool batch_waiting = !singles_.empty() || !chunks_.empty();
-    if (!exclusive_.empty() && (!batch_waiting || !last_exclusive_)) {
+    // A resume's items run back to back; otherwise exclusive tasks and a hand-over's steps
+    // alternate with the other sessions' steps.
+    const bool resuming = resuming_ > 0;
+    if (!exclusive_.empty() &&
+        (!batch_waiting || !last_exclusive_ || (resuming && IsHandOver(exclusive_.front())))) {
       Item* task = exclusive_.front();
       exclusive_.pop_front();
       task->running = true;
@@ -260,8 +292,8 @@ void Scheduler::Run() {
     last_exclusive_ = false;
     // A hand-over's items run in a step of their own, so the paused session's downtime does not
     // pay for every other session's decode; never twice in a row while other items wait.
-    const bool alone =
-        Waiting(/*handover=*/true) && (!last_handover_alone_ || !Waiting(/*handover=*/false));
+    const bool alone = Waiting(/*handover=*/true) &&
+                       (!last_handover_alone_ || !Waiting(/*handover=*/false) || resuming);
     last_handover_alone_ = alone;
     int64_t budget = options_.batch_tokens;
     Item* chunk = nullptr;
@@ -325,6 +357,7 @@ void Scheduler::RunExclusive(Item* item) {
   if (observer_) observer_->Waited(item->kind, absl::ToDoubleSeconds(start - item->submitted));
   absl::Status status = (*item->task)();
   absl::MutexLock lock(&mu_);
+  if (IsHandOver(item)) HandOverRan();
   Finish(item, std::move(status));
 }
 
@@ -366,6 +399,10 @@ void Scheduler::RunBatch(std::vector<Item*> singles, Item* chunk, int64_t chunk_
     observer_->StepRan(static_cast<int64_t>(batch.size()), tokens, step_seconds);
   }
   absl::MutexLock lock(&mu_);
+  if (std::any_of(singles.begin(), singles.end(), IsHandOver) ||
+      (chunk != nullptr && IsHandOver(chunk))) {
+    HandOverRan();
+  }
   // A stream that misses the next step waits a whole step more: behind a long step (a prompt's
   // chunk) its decoders are worth a longer wait.
   const absl::Time gather_until =

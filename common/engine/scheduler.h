@@ -47,6 +47,10 @@ struct SchedulerOptions {
   absl::Duration gather = absl::Milliseconds(2);
   // A chunk item passed over for this many steps goes before every item that waited less.
   int max_skips = 4;
+  // While a paused session resumes (Scheduler::Resuming), how long the scheduler keeps the
+  // engine for the resume's next item after one finishes, instead of starting a step that item
+  // would wait behind.
+  absl::Duration handover_gap = absl::Milliseconds(5);
 
   // InvalidArgument naming the field out of range.
   absl::Status Validate() const;
@@ -109,6 +113,21 @@ class Scheduler {
   absl::Status Exclusive(WorkKind kind, const std::function<absl::Status()>& task,
                          const CheckFn& check = nullptr);
 
+  // Held by a migration target from the moment its session is paused at the source until its
+  // first token's logits: the resume's items (rebuilds, replay chunks, the first token) run
+  // back to back, and between two of them the scheduler waits up to handover_gap for the next
+  // rather than start a step of other sessions' work. A null scheduler holds nothing.
+  class Resuming {
+   public:
+    explicit Resuming(Scheduler* scheduler);
+    ~Resuming();
+    Resuming(const Resuming&) = delete;
+    Resuming& operator=(const Resuming&) = delete;
+
+   private:
+    Scheduler* const scheduler_;
+  };
+
   // Steps run so far (batch and exclusive), for tests and the bench.
   int64_t steps() const ABSL_LOCKS_EXCLUDED(mu_);
   // Items waiting for a step (not counting those in the step in flight).
@@ -117,8 +136,9 @@ class Scheduler {
   // A hand-over's items (its first token, a chunk of its replay) run in a batch step of their
   // own, so its downtime does not pay for the other sessions' decodes.
   //
-  // Bounds, for items that do not fail. While items of several sorts wait, exclusive tasks and
-  // steps of a hand-over's work alone each run at most every other step, so:
+  // Bounds, for items that do not fail. Outside a resume (Resuming), while items of several
+  // sorts wait, exclusive tasks and steps of a hand-over's work alone each run at most every
+  // other step, so:
   //  - a single-token item (decode, first token) runs in the first or second batch step formed
   //    after it arrives, unless more of them wait than the step has room for (batch_tokens, less
   //    one chunk when a chunk item has waited max_skips steps): then those waiting longest go
@@ -126,6 +146,10 @@ class Scheduler {
   //  - a chunk item (prefill, replay, scoring) gets its next chunk within max_skips + N batch
   //    steps that are not a hand-over's alone, N the number of other chunk items waiting; in
   //    all steps, within 2 (max_skips + N) + 1.
+  // A resume holds the engine for its own work only: its rebuild groups, its replay in chunks of
+  // batch_tokens and its first token, plus at most handover_gap after each; then the bounds above
+  // apply again. That is the paused session's downtime, which is what the hand-over's priority
+  // is for.
 
  private:
   struct Item;
@@ -139,6 +163,10 @@ class Scheduler {
   // A hand-over's item or an exclusive task waits: no step waits for returning streams.
   bool Urgent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Gathered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A resume's next item arrived, or no resume is under way (or the scheduler stops).
+  bool ResumeReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A hand-over's item finished: a resume under way gets handover_gap for its next one.
+  void HandOverRan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The chunk item to serve next, or null.
   Item* PickChunk() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes `item` out of whichever queue holds it.
@@ -160,6 +188,8 @@ class Scheduler {
   int submitters_ ABSL_GUARDED_BY(mu_) = 0;  // calls inside Submit; the destructor waits for them
   bool last_exclusive_ ABSL_GUARDED_BY(mu_) = false;
   bool last_handover_alone_ ABSL_GUARDED_BY(mu_) = false;
+  int resuming_ ABSL_GUARDED_BY(mu_) = 0;             // Resuming scopes open
+  absl::Time resume_until_ ABSL_GUARDED_BY(mu_);      // how long to wait for a resume's next item
   std::deque<Item*> singles_ ABSL_GUARDED_BY(mu_);    // single-token items, in arrival order
   std::deque<Item*> chunks_ ABSL_GUARDED_BY(mu_);     // multi-token items, in arrival order
   std::deque<Item*> exclusive_ ABSL_GUARDED_BY(mu_);  // tasks, by kind then arrival

@@ -181,6 +181,7 @@ void Model::ForwardBatch(std::span<const Piece> pieces, const ForwardOptions& op
   std::vector<float> x(n * c.hidden), xn(n * c.hidden), q(n * q_width), k(n * kv_width),
       v(n * kv_width), attn(n * q_width), proj(n * c.hidden), gate(n * c.ffn), up(n * c.ffn);
   const RopeParams rope = c.rope();
+  std::vector<AttentionCall> attention;
   const float eps = static_cast<float>(c.rms_eps);
 
   if (hidden != nullptr) {
@@ -193,11 +194,13 @@ void Model::ForwardBatch(std::span<const Piece> pieces, const ForwardOptions& op
     if (options.residual_hook) options.residual_hook(l, pos0[0], n, x.data());
     be.RmsNorm(x.data(), n, c.hidden, w.attn_norm.data(), eps, xn.data());
     if (options.attn_input_hook) options.attn_input_hook(l, pos0[0], n, xn.data());
-    be.MatMul(xn.data(), n, w.wq, w.bq.empty() ? nullptr : w.bq.data(), q.data());
-    be.MatMul(xn.data(), n, w.wk, w.bk.empty() ? nullptr : w.bk.data(), k.data());
-    be.MatMul(xn.data(), n, w.wv, w.bv.empty() ? nullptr : w.bv.data(), v.data());
+    const MatMulOut qkv[] = {{&w.wq, w.bq.empty() ? nullptr : w.bq.data(), q.data()},
+                             {&w.wk, w.bk.empty() ? nullptr : w.bk.data(), k.data()},
+                             {&w.wv, w.bv.empty() ? nullptr : w.bv.data(), v.data()}};
+    be.MatMulMany(xn.data(), n, qkv);
     be.Rope(q.data(), n, c.n_heads, positions.data(), rope, /*inverse=*/false);
     be.Rope(k.data(), n, c.n_kv_heads, positions.data(), rope, /*inverse=*/false);
+    attention.clear();
     for (size_t p = 0; p < pieces.size(); ++p) {
       KvCache& cache = *pieces[p].cache;
       const int64_t m = static_cast<int64_t>(pieces[p].tokens.size());
@@ -205,15 +208,16 @@ void Model::ForwardBatch(std::span<const Piece> pieces, const ForwardOptions& op
       // Ranges were validated by CheckTokens, so these writes cannot fail.
       (void)cache.WriteKeys(l, pos0[p], m, k.data() + o * kv_width);
       (void)cache.WriteValues(l, pos0[p], m, v.data() + o * kv_width);
-      be.Attention(q.data() + o * q_width, m, pos0[p], cache.KeyView(l, m), cache.ValueView(l, m),
-                   c.n_heads, c.n_kv_heads, c.head_dim, attn.data() + o * q_width);
+      attention.push_back({q.data() + o * q_width, m, pos0[p], cache.KeyView(l, m),
+                           cache.ValueView(l, m), attn.data() + o * q_width});
     }
+    be.AttentionMany(attention, c.n_heads, c.n_kv_heads, c.head_dim);
     be.MatMul(attn.data(), n, w.wo, nullptr, proj.data());
     for (int64_t i = 0; i < n * c.hidden; ++i) x[i] += proj[i];
 
     be.RmsNorm(x.data(), n, c.hidden, w.ffn_norm.data(), eps, xn.data());
-    be.MatMul(xn.data(), n, w.w_gate, nullptr, gate.data());
-    be.MatMul(xn.data(), n, w.w_up, nullptr, up.data());
+    const MatMulOut gate_up[] = {{&w.w_gate, nullptr, gate.data()}, {&w.w_up, nullptr, up.data()}};
+    be.MatMulMany(xn.data(), n, gate_up);
     be.SwiGlu(gate.data(), up.data(), n * c.ffn, gate.data());
     be.MatMul(gate.data(), n, w.w_down, nullptr, proj.data());
     for (int64_t i = 0; i < n * c.hidden; ++i) x[i] += proj[i];

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -26,6 +27,9 @@ constexpr int64_t kSmallBatch = 4;
 constexpr int64_t kTileRows = 64;
 // Output rows per claimed chunk for a small batch.
 constexpr int64_t kSmallGrain = 32;
+// Panel products: runs of at most kMaxPanelGrain panels, about kChunksPerThread per thread.
+constexpr int64_t kChunksPerThread = 4;
+constexpr int64_t kMaxPanelGrain = 32;
 // Queries processed together in attention (bounds the score buffer to kQueryBlock x n_ctx).
 constexpr int64_t kQueryBlock = 128;
 // Calls with at most this many queries (decode steps) take the per-query attention path.
@@ -50,12 +54,18 @@ class CpuBackend final : public Backend {
     } else {
       MatMulF32(x, n, w, y);
     }
-    if (bias != nullptr) {
-      for (int64_t i = 0; i < n; ++i) {
-        float* row = y + i * w.rows;
-        for (int64_t j = 0; j < w.rows; ++j) row[j] += bias[j];
-      }
+    AddBias(n, w, bias, y);
+  }
+
+  void MatMulMany(const float* x, int64_t n, std::span<const MatMulOut> outs) override {
+    bool panels = precision_ == ActivationPrecision::kInt8 && cpu::PanelsSupported();
+    for (const MatMulOut& o : outs) {
+      panels = panels && o.w->panels != nullptr && o.w->cols == outs.front().w->cols;
     }
+    if (!panels || outs.size() < 2) return Backend::MatMulMany(x, n, outs);
+    const cpu::Q8Block* xq = QuantizeActivations(x, n, outs.front().w->cols);
+    PanelProducts(xq, n, outs);
+    for (const MatMulOut& o : outs) AddBias(n, *o.w, o.bias, o.y);
   }
 
   void RmsNorm(const float* x, int64_t n, int64_t d, const float* weight, float eps,
@@ -110,6 +120,21 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void AttentionMany(std::span<const AttentionCall> calls, int64_t n_heads, int64_t n_kv_heads,
+                     int64_t head_dim) override {
+    // Every session's decode queries in one pass; longer calls (prefill chunks, scoring) are
+    // parallel within themselves.
+    std::vector<AttentionCall> few;
+    for (const AttentionCall& c : calls) {
+      if (c.n <= kFewQueries) {
+        few.push_back(c);
+      } else {
+        Attention(c.q, c.n, c.q_pos0, c.k, c.v, n_heads, n_kv_heads, head_dim, c.out);
+      }
+    }
+    FewQueries(few, n_heads, n_kv_heads, head_dim);
+  }
+
   void SwiGlu(const float* gate, const float* up, int64_t n, float* out) override {
     pool_.ParallelFor(n, 16384, [&](int64_t begin, int64_t end) {
       cpu::SwiGluRow(gate + begin, up + begin, end - begin, out + begin);
@@ -124,7 +149,8 @@ class CpuBackend final : public Backend {
     const int64_t kv_stride = n_kv_heads * head_dim;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     if (n <= kFewQueries) {
-      return FewQueries(q, n, q_pos0, k, v, n_heads, n_kv_heads, head_dim, scale, out);
+      const AttentionCall call{q, n, q_pos0, k, v, out};
+      return FewQueries(std::span<const AttentionCall>(&call, 1), n_heads, n_kv_heads, head_dim);
     }
     // Work items: (kv head, query block). All query heads of one KV head share its K/V: read in
     // place from an f32 cache, converted once per head from an f16 one.
@@ -170,41 +196,53 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // Attention for a decode step or a few queries: one query at a time, the query heads of a KV
-  // head together, so each cached key and value row is read once per query for all of them (and
-  // an f16 one converted as it is read, not into a copy of the whole head). Every score and
-  // output is the same sum as the blocked path's, so a row's bits do not depend on which ran.
-  void FewQueries(const float* q, int64_t n, int64_t q_pos0, const KvView& k, const KvView& v,
-                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out) {
+  // Attention for decode steps or a few queries, of one session or several: one query at a
+  // time, the query heads of a KV head together, so each cached key and value row is read once
+  // per query for all of them (and an f16 one converted as it is read, not into a copy of the
+  // whole head). Every score and output is the same sum as the blocked path's, so a row's bits
+  // do not depend on which ran, nor on the other sessions of the pass.
+  void FewQueries(std::span<const AttentionCall> calls, int64_t n_heads, int64_t n_kv_heads,
+                  int64_t head_dim) {
+    if (calls.empty()) return;
     const int64_t group = n_heads / n_kv_heads;
     const int64_t q_stride = n_heads * head_dim;
     const int64_t kv_stride = n_kv_heads * head_dim;
-    const bool f16 = k.dtype == DType::kF16;
-    pool_.ParallelFor(n * n_kv_heads, 1, [&](int64_t item_begin, int64_t item_end) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    // Work items: (call, query, kv head), numbered call by call.
+    std::vector<int64_t> first(calls.size() + 1, 0);
+    int64_t longest = 0;
+    for (size_t c = 0; c < calls.size(); ++c) {
+      first[c + 1] = first[c] + calls[c].n * n_kv_heads;
+      longest = std::max(longest, calls[c].q_pos0 + calls[c].n);
+    }
+    pool_.ParallelFor(first.back(), 1, [&](int64_t item_begin, int64_t item_end) {
       thread_local std::vector<float> score_buf;  // grows only, as in Attention
-      score_buf.resize(group * (q_pos0 + n));
+      score_buf.resize(group * longest);
+      size_t c = 0;
       for (int64_t item = item_begin; item < item_end; ++item) {
-        const int64_t i = item / n_kv_heads;
-        const int64_t kvh = item % n_kv_heads;
-        const int64_t visible = q_pos0 + i + 1;
+        while (item >= first[c + 1]) ++c;
+        const AttentionCall& call = calls[c];
+        const int64_t i = (item - first[c]) / n_kv_heads;
+        const int64_t kvh = (item - first[c]) % n_kv_heads;
+        const int64_t visible = call.q_pos0 + i + 1;
         // The group's query heads are adjacent in the query row: they are DotTile's tokens.
-        const float* qh = q + i * q_stride + kvh * group * head_dim;
-        float* oh = out + i * q_stride + kvh * group * head_dim;
+        const float* qh = call.q + i * q_stride + kvh * group * head_dim;
+        float* oh = call.out + i * q_stride + kvh * group * head_dim;
         float* scores = score_buf.data();
-        if (f16) {
-          const uint16_t* kh = static_cast<const uint16_t*>(k.data) + kvh * head_dim;
+        if (call.k.dtype == DType::kF16) {
+          const uint16_t* kh = static_cast<const uint16_t*>(call.k.data) + kvh * head_dim;
           cpu::DotTileF16(kh, kv_stride, visible, qh, head_dim, group, head_dim, scores, visible);
         } else {
-          const float* kh = static_cast<const float*>(k.data) + kvh * head_dim;
+          const float* kh = static_cast<const float*>(call.k.data) + kvh * head_dim;
           cpu::DotTile(kh, kv_stride, visible, qh, head_dim, group, head_dim, scores, visible);
         }
         for (int64_t h = 0; h < group; ++h) cpu::Softmax(scores + h * visible, visible, scale);
-        if (f16) {
-          const uint16_t* vh = static_cast<const uint16_t*>(v.data) + kvh * head_dim;
+        if (call.v.dtype == DType::kF16) {
+          const uint16_t* vh = static_cast<const uint16_t*>(call.v.data) + kvh * head_dim;
           cpu::WeightedRowsSharedF16(scores, visible, group, visible, vh, kv_stride, head_dim, oh,
                                      head_dim);
         } else {
-          const float* vh = static_cast<const float*>(v.data) + kvh * head_dim;
+          const float* vh = static_cast<const float*>(call.v.data) + kvh * head_dim;
           cpu::WeightedRowsShared(scores, visible, group, visible, vh, kv_stride, head_dim, oh,
                                   head_dim);
         }
@@ -221,35 +259,70 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // 8-bit activations: quantize every row of x once, then integer block dots. Rows of w are
-  // claimed in chunks and tokens visited in blocks so both stay in cache.
-  void MatMulQ8(const float* x, int64_t n, const WeightMatrix& w, float* y) {
-    const int64_t blocks = w.cols / 32;
+  static void AddBias(int64_t n, const WeightMatrix& w, const float* bias, float* y) {
+    if (bias == nullptr) return;
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = y + i * w.rows;
+      for (int64_t j = 0; j < w.rows; ++j) row[j] += bias[j];
+    }
+  }
+
+  // Every row of x quantized to 8 bits once, into this thread's buffer (valid until its next
+  // call).
+  const cpu::Q8Block* QuantizeActivations(const float* x, int64_t n, int64_t cols) {
+    const int64_t blocks = cols / 32;
     thread_local std::vector<cpu::Q8Block> xq;
     xq.resize(n * blocks);
     cpu::Q8Block* xq_data = xq.data();
     pool_.ParallelFor(n, 8, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i)
-        cpu::QuantizeQ8(x + i * w.cols, w.cols, xq_data + i * blocks);
+        cpu::QuantizeQ8(x + i * cols, cols, xq_data + i * blocks);
     });
+    return xq_data;
+  }
+
+  // Products over panels (16 weight rows at a time, four tokens at a time; the same bits as the
+  // row kernel) of several weights of the same width, in one parallel pass over all their
+  // panels.
+  void PanelProducts(const cpu::Q8Block* xq, int64_t n, std::span<const MatMulOut> outs) {
+    constexpr int64_t kTokenBlock = 64;
+    const int64_t cols = outs.front().w->cols, blocks = cols / 32;
+    std::vector<int64_t> first(outs.size() + 1, 0);  // each weight's first panel in the pass
+    for (size_t j = 0; j < outs.size(); ++j) {
+      first[j + 1] = first[j] + outs[j].w->rows / cpu::kPanelRows;
+    }
+    // Runs of adjacent panels, so each thread reads the weights as one sequential stream the
+    // hardware prefetcher follows; about kChunksPerThread runs a thread, so one the OS holds back
+    // leaves its share to the others.
+    const int64_t grain =
+        std::clamp<int64_t>(first.back() / (kChunksPerThread * pool_.threads()), 1, kMaxPanelGrain);
+    pool_.ParallelFor(first.back(), grain, [&](int64_t begin, int64_t end) {
+      for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
+        const int64_t t1 = std::min(n, t0 + kTokenBlock);
+        size_t j = 0;
+        for (int64_t p = begin; p < end; ++p) {
+          while (p >= first[j + 1]) ++j;
+          const WeightMatrix& w = *outs[j].w;
+          const int64_t panel = p - first[j];
+          for (int64_t i = t0; i < t1; i += 4) {
+            cpu::DotPanelQ8(w.dtype, w.panels + panel * cpu::PanelBytes(w.dtype, cols),
+                            xq + i * blocks, blocks, static_cast<int>(std::min<int64_t>(4, t1 - i)),
+                            cols, outs[j].y + i * w.rows + panel * cpu::kPanelRows, w.rows);
+          }
+        }
+      }
+    });
+  }
+
+  // 8-bit activations: quantize every row of x once, then integer block dots. Rows of w are
+  // claimed in chunks and tokens visited in blocks so both stay in cache.
+  void MatMulQ8(const float* x, int64_t n, const WeightMatrix& w, float* y) {
+    const int64_t blocks = w.cols / 32;
+    const cpu::Q8Block* xq_data = QuantizeActivations(x, n, w.cols);
     constexpr int64_t kTokenBlock = 64;
     if (w.panels != nullptr && cpu::PanelsSupported()) {
-      // 16 rows at a time, four tokens at a time; the same bits as the row kernel below.
-      const int64_t panel_bytes = cpu::PanelBytes(w.dtype, w.cols);
-      pool_.ParallelFor(
-          w.rows / cpu::kPanelRows, n <= kSmallBatch ? 2 : 1, [&](int64_t begin, int64_t end) {
-            for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
-              const int64_t t1 = std::min(n, t0 + kTokenBlock);
-              for (int64_t p = begin; p < end; ++p) {
-                for (int64_t i = t0; i < t1; i += 4) {
-                  cpu::DotPanelQ8(w.dtype, w.panels + p * panel_bytes, xq_data + i * blocks, blocks,
-                                  static_cast<int>(std::min<int64_t>(4, t1 - i)), w.cols,
-                                  y + i * w.rows + p * cpu::kPanelRows, w.rows);
-                }
-              }
-            }
-          });
-      return;
+      const MatMulOut out{&w, nullptr, y};
+      return PanelProducts(xq_data, n, std::span<const MatMulOut>(&out, 1));
     }
     const int64_t row_bytes = RowBytes(w.dtype, w.cols);
     pool_.ParallelFor(w.rows, n <= kSmallBatch ? kSmallGrain : 16, [&](int64_t begin, int64_t end) {

@@ -29,6 +29,9 @@ struct Q8_0Block {
 };
 static_assert(sizeof(Q8_0Block) == kPanelRows * 34);
 
+// Four activation codes read as one 32-bit group.
+typedef int32_t Group __attribute__((may_alias, aligned(4)));
+
 #define RISKKV_PANEL_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
 // Lane r of token t's accumulator is DotRowsQ8's output for row r: per block, the integer dot
@@ -61,8 +64,8 @@ RISKKV_PANEL_TARGET void PanelTokens(const uint8_t* panel, const Q8Block* x, int
     }
     for (int t = 0; t < T; ++t) {
       const Q8Block& xb = x[t * stride + b];
-      int32_t groups[8];
-      std::memcpy(groups, xb.q, sizeof(groups));
+      // Read in place, so that each broadcast folds into its vpdpbusd as a memory operand.
+      const auto* groups = reinterpret_cast<const Group*>(xb.q);
       // Q8_0 codes are stored plus 128: the block's dot is 128 * sum(q) too large.
       __m512i even = kQ4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum);
       __m512i odd = _mm512_setzero_si512();

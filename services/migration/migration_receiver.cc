@@ -436,6 +436,9 @@ absl::Status MigrationReceiver::OnRound(const v1::PrecopyRound& round) {
 }
 
 absl::Status MigrationReceiver::OnTrailer(const v1::MigrationTrailer& t) {
+  // The session is paused at the source from here to its first token's logits: its rebuilds,
+  // replay and first token hold the engine back to back.
+  const Scheduler::Resuming resuming(ctx_.scheduler);
   if (live_) return OnLiveTrailer(t);
   const int64_t received = figures_.kv_bytes_received;
   if (t.has_session()) {

@@ -120,6 +120,65 @@ INSTANTIATE_TEST_SUITE_P(KvTypes, AttentionInvarianceTest,
                          ::testing::Values(DType::kF32, DType::kF16),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
+// Several sessions' attention in one call (a batch step: decodes, a few queries, a prefill
+// chunk; f32 and f16 caches of different lengths): each session's output the same bits as
+// Attention gives it alone.
+TEST(BatchInvariance, AttentionManyEqualsEachSessionAlone) {
+  const int64_t n_heads = 6, n_kv_heads = 2, hd = 64, row = n_heads * hd;
+  struct Session {
+    DType dtype = DType::kF32;
+    int64_t n = 0, q_pos0 = 0;
+    std::vector<float> q, k, v;
+    std::vector<uint16_t> k16, v16;
+    KvView kv_k, kv_v;
+  };
+  const std::tuple<DType, int64_t, int64_t> shapes[] = {
+      {DType::kF16, 1, 130}, {DType::kF32, 1, 7}, {DType::kF16, 3, 200},
+      {DType::kF16, 40, 60}, {DType::kF32, 1, 0}, {DType::kF16, 1, 301}};
+  std::vector<Session> sessions;
+  uint32_t seed = 60;
+  for (const auto& [dtype, n, q_pos0] : shapes) {
+    Session s;
+    s.dtype = dtype;
+    s.n = n;
+    s.q_pos0 = q_pos0;
+    const int64_t ctx = q_pos0 + n;
+    s.q = RandomVector(n * row, seed++);
+    s.k = RandomVector(ctx * n_kv_heads * hd, seed++);
+    s.v = RandomVector(ctx * n_kv_heads * hd, seed++);
+    s.k16.resize(s.k.size());
+    s.v16.resize(s.v.size());
+    F32ToF16Row(s.k.data(), s.k16.data(), s.k.size());
+    F32ToF16Row(s.v.data(), s.v16.data(), s.v.size());
+    sessions.push_back(std::move(s));
+  }
+  for (Session& s : sessions) {
+    const bool f16 = s.dtype == DType::kF16;
+    const int64_t ctx = s.q_pos0 + s.n;
+    s.kv_k = {s.dtype, f16 ? static_cast<const void*>(s.k16.data()) : s.k.data(), ctx};
+    s.kv_v = {s.dtype, f16 ? static_cast<const void*>(s.v16.data()) : s.v.data(), ctx};
+  }
+  for (int threads : {1, 2, 3}) {
+    auto be = MakeCpuBackend(threads);
+    std::vector<std::vector<float>> alone, together;
+    std::vector<AttentionCall> calls;
+    for (const Session& s : sessions) {
+      alone.emplace_back(s.n * row);
+      be->Attention(s.q.data(), s.n, s.q_pos0, s.kv_k, s.kv_v, n_heads, n_kv_heads, hd,
+                    alone.back().data());
+      together.emplace_back(s.n * row, -1.0f);
+    }
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      const Session& s = sessions[i];
+      calls.push_back({s.q.data(), s.n, s.q_pos0, s.kv_k, s.kv_v, together[i].data()});
+    }
+    be->AttentionMany(calls, n_heads, n_kv_heads, hd);
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      EXPECT_TRUE(SameBits(together[i], alone[i])) << "session " << i << " threads=" << threads;
+    }
+  }
+}
+
 // The row-wise ops, over the same splits and thread counts.
 TEST(BatchInvariance, RowWiseOps) {
   const int64_t n = 41, d = 576, heads = 9, hd = 64;

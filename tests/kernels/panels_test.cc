@@ -161,5 +161,50 @@ TEST_P(PanelMatMulTest, EqualsTheRowPath) {
 
 INSTANTIATE_TEST_SUITE_P(Types, PanelMatMulTest, ::testing::Values(DType::kQ4_1, DType::kQ8_0));
 
+// MatMulMany over several weights of one width (a layer's Q, K and V: one pass over all their
+// panels, the activations quantized once) gives each product the bits MatMul gives it over the
+// GGUF rows; with a weight that has no panels it takes MatMul's path for each.
+TEST(Panels, MatMulManyEqualsEachMatMul) {
+  if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
+  constexpr int64_t kCols = 576;
+  const DType types[] = {DType::kQ4_1, DType::kQ8_0, DType::kQ4_1};
+  const int64_t rows[] = {5 * kPanelRows, 2 * kPanelRows, 3 * kPanelRows};
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<Panels> panels;
+  std::vector<WeightMatrix> plain, packed;
+  for (int j = 0; j < 3; ++j) {
+    bytes.push_back(RandomRows(types[j], rows[j], kCols, 40 + j));
+    panels.push_back(Pack(types[j], bytes.back(), rows[j], kCols));
+    plain.push_back({types[j], bytes.back().data(), rows[j], kCols});
+    packed.push_back(plain.back());
+    packed.back().panels = panels.back().get();
+  }
+  const auto bias = testing::RandomVector(rows[1], 44);
+  for (const bool all_packed : {true, false}) {
+    std::vector<WeightMatrix> used = packed;
+    if (!all_packed) used[2] = plain[2];
+    for (const int threads : {1, 2, 3}) {
+      auto backend = MakeCpuBackend(threads, ActivationPrecision::kInt8);
+      for (const int64_t n : {1, 3, 8, 16, 67}) {
+        const auto x = testing::RandomVector(n * kCols, 45 + static_cast<uint32_t>(n));
+        std::vector<std::vector<float>> want(3), got(3);
+        std::vector<MatMulOut> outs;
+        for (int j = 0; j < 3; ++j) {
+          want[j].resize(n * rows[j]);
+          got[j].assign(n * rows[j], -1.0f);
+          backend->MatMul(x.data(), n, plain[j], j == 1 ? bias.data() : nullptr, want[j].data());
+          outs.push_back({&used[j], j == 1 ? bias.data() : nullptr, got[j].data()});
+        }
+        backend->MatMulMany(x.data(), n, outs);
+        for (int j = 0; j < 3; ++j) {
+          ASSERT_EQ(std::memcmp(want[j].data(), got[j].data(), want[j].size() * sizeof(float)), 0)
+              << "weight " << j << " n=" << n << " threads=" << threads
+              << " all packed=" << all_packed;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace riskkv::cpu

@@ -1,7 +1,8 @@
 // The step scheduler against a fake engine: waiting decodes share one step, a long prompt goes
 // in chunks between them, a hand-over's work goes first, no chunk item waits past its bound,
-// exclusive tasks alternate with batch steps, and an item that fails, is cancelled or outlives
-// the scheduler fails alone.
+// exclusive tasks alternate with batch steps, a resume's items run back to back (for no longer
+// than its gap allows), and an item that fails, is cancelled or outlives the scheduler fails
+// alone.
 #include "common/engine/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -122,6 +123,9 @@ TEST(SchedulerOptionsTest, RefusesValuesOutOfRange) {
   EXPECT_NE(chunk.message().find("prefill chunk 9"), std::string_view::npos) << chunk;
   EXPECT_FALSE(SchedulerOptions{.gather = absl::Seconds(2)}.Validate().ok());
   EXPECT_FALSE(SchedulerOptions{.max_skips = -1}.Validate().ok());
+  SchedulerOptions gap;
+  gap.handover_gap = absl::Milliseconds(-1);
+  EXPECT_FALSE(gap.Validate().ok());
 }
 
 TEST(SchedulerTest, WaitingDecodesShareOneStep) {
@@ -302,6 +306,75 @@ TEST(SchedulerTest, ExclusiveTasksAlternateWithBatchSteps) {
   const auto log = fake.Log();
   ASSERT_EQ(log.size(), 2u);
   EXPECT_EQ(log[1], (std::vector<Seen>{{1, 1}, {2, 1}}));
+}
+
+// A resuming target (Scheduler::Resuming) submits its items one after another, each when the one
+// before has finished; its rebuilds, its replay's chunks and its first token run back to back
+// while two decodes wait, and the decodes run right after.
+TEST(SchedulerTest, AResumeRunsItsItemsBackToBack) {
+  FakeEngine fake;
+  absl::Notification gate;
+  fake.gate = &gate;
+  SchedulerOptions options;
+  options.handover_gap = absl::Milliseconds(500);  // far more than a thread's next call takes
+  Scheduler s(fake.Step(), kVocab, options);
+  FakeStore held(0), a(1), b(2), target(3);
+  absl::Mutex mu;
+  std::vector<std::string> order;
+  std::list<std::thread> calls;
+  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
+  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 2, a).ok()); });
+  AwaitWaiting(s, 1);
+  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 3, b).ok()); });
+  AwaitWaiting(s, 2);
+  const std::vector<int32_t> replay = Range(10, 300);
+  calls.emplace_back([&] {
+    const Scheduler::Resuming resuming(&s);
+    for (int t = 0; t < 2; ++t) {
+      ASSERT_TRUE(s.Exclusive(WorkKind::kHandOver, [&, t] {
+                     absl::MutexLock lock(&mu);
+                     order.push_back("task" + std::to_string(t) + "@" +
+                                     std::to_string(fake.Log().size()));
+                     return absl::OkStatus();
+                   }).ok());
+    }
+    ASSERT_TRUE(s.Prefill(WorkKind::kHandOver, replay, target).ok());
+    ASSERT_TRUE(s.Decode(WorkKind::kHandOver, 7, target).ok());
+  });
+  AwaitWaiting(s, 3);
+  gate.Notify();
+  for (auto& t : calls) t.join();
+  EXPECT_EQ(order, (std::vector<std::string>{"task0@1", "task1@1"}));
+  EXPECT_EQ(fake.Log(), (std::vector<std::vector<Seen>>{
+                            {{0, 1}}, {{3, 256}}, {{3, 44}}, {{3, 1}}, {{1, 1}, {2, 1}}}));
+}
+
+// A resume holds the engine only for handover_gap after its last item: a resuming target that
+// takes longer to send its next item finds the waiting decodes run before it.
+TEST(SchedulerTest, AResumeHoldsTheEngineNoLongerThanTheGap) {
+  FakeEngine fake;
+  absl::Notification gate;
+  fake.gate = &gate;
+  SchedulerOptions options;
+  options.handover_gap = absl::Milliseconds(20);
+  Scheduler s(fake.Step(), kVocab, options);
+  FakeStore held(0), a(1), target(3);
+  std::list<std::thread> calls;
+  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
+  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 2, a).ok()); });
+  AwaitWaiting(s, 1);
+  calls.emplace_back([&] {
+    const Scheduler::Resuming resuming(&s);
+    ASSERT_TRUE(s.Exclusive(WorkKind::kHandOver, [] { return absl::OkStatus(); }).ok());
+    absl::SleepFor(absl::Milliseconds(500));
+    ASSERT_TRUE(s.Decode(WorkKind::kHandOver, 7, target).ok());
+  });
+  AwaitWaiting(s, 2);
+  gate.Notify();
+  for (auto& t : calls) t.join();
+  EXPECT_EQ(fake.Log(), (std::vector<std::vector<Seen>>{{{0, 1}}, {{1, 1}}, {{3, 1}}}));
 }
 
 TEST(SchedulerTest, AFailedItemFailsAloneAndTheRestOfItsStepCompletes) {
