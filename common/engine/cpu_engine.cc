@@ -69,7 +69,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> CpuEngine::CopyStore(const KvStore& fro
   return std::make_unique<CpuKvStore>(this, std::move(copy));
 }
 
-std::vector<absl::Status> CpuEngine::Step(std::span<const BatchItem> items) {
+std::vector<absl::Status> CpuEngine::Step(std::span<const BatchItem> items,
+                                          const BetweenLayers& between_layers) {
   std::vector<absl::Status> status(items.size());
   const std::vector<CpuKvStore*> stores = OwnItems<CpuKvStore>(items, &status);
   std::vector<ForwardSegment> segments;
@@ -84,7 +85,9 @@ std::vector<absl::Status> CpuEngine::Step(std::span<const BatchItem> items) {
   }
   if (segments.empty()) return status;
   absl::MutexLock lock(&mu_);
-  std::vector<absl::Status> ran = model_->ForwardMany(segments);
+  std::function<void()> yield;
+  if (between_layers) yield = [&] { CallUnlocked(between_layers); };
+  std::vector<absl::Status> ran = model_->ForwardMany(segments, nullptr, std::move(yield));
   for (size_t j = 0; j < ran.size(); ++j) status[index[j]] = std::move(ran[j]);
   return status;
 }

@@ -47,7 +47,9 @@ class CpuEngine final : public Engine {
   std::string Describe() const override { return "cpu"; }
   absl::StatusOr<std::unique_ptr<KvStore>> NewStore(int64_t capacity) override;
   absl::StatusOr<std::unique_ptr<KvStore>> CopyStore(const KvStore& from) override;
-  std::vector<absl::Status> Step(std::span<const BatchItem> items) override;
+  using Engine::Step;
+  std::vector<absl::Status> Step(std::span<const BatchItem> items,
+                                 const BetweenLayers& between_layers) override;
   absl::StatusOr<std::shared_ptr<const EnginePredictors>> LoadPredictors(
       std::shared_ptr<const PredictorBank> bank) override;
   absl::StatusOr<double> Rebuild(KvStore& store, const EnginePredictors& predictors,
@@ -57,6 +59,15 @@ class CpuEngine final : public Engine {
   absl::StatusOr<double> WaitRebuilds(KvStore& store) override;
 
  private:
+  // Runs `fn` with mu_ released, in the middle of a step that holds it (between two layers,
+  // when the backend's scratch holds nothing of the step).
+  void CallUnlocked(const BetweenLayers& fn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    mu_.Unlock();
+    fn();
+    mu_.Lock();
+  }
+
   // One step or rebuild at a time: the backend's scratch is shared.
   absl::Mutex mu_;
   Model* const model_ ABSL_PT_GUARDED_BY(mu_);

@@ -133,7 +133,15 @@ class Engine {
   // leaves its store as it was; the others run. On the CPU each item's logits and KV rows are
   // bit for bit those of running it alone, in any batch and at any thread count; the GPU's
   // cuBLAS products may pick other kernels for other row counts (docs/gpu.md).
-  virtual std::vector<absl::Status> Step(std::span<const BatchItem> items) = 0;
+  //
+  // `between_layers`, when set, is called on the calling thread between two layers of the
+  // step's pass (the CPU engine; the GPU engine never calls it), with the engine free for other
+  // calls on sessions not in the step: the scheduler runs a hand-over's work there rather than
+  // after the whole step.
+  using BetweenLayers = std::function<void()>;
+  virtual std::vector<absl::Status> Step(std::span<const BatchItem> items,
+                                         const BetweenLayers& between_layers) = 0;
+  std::vector<absl::Status> Step(std::span<const BatchItem> items) { return Step(items, nullptr); }
 
   // Step with one item: runs `tokens` after the store's rows and returns the last position's
   // logits [vocab].

@@ -100,7 +100,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> GpuEngine::CopyStore(const KvStore& fro
   return to;
 }
 
-std::vector<absl::Status> GpuEngine::Step(std::span<const BatchItem> items) {
+std::vector<absl::Status> GpuEngine::Step(std::span<const BatchItem> items,
+                                          const BetweenLayers& /*between_layers*/) {
   std::vector<absl::Status> status(items.size());
   const std::vector<GpuKvStore*> stores = OwnItems<GpuKvStore>(items, &status);
   std::vector<GpuSegment> segments;

@@ -62,7 +62,9 @@ class GpuEngine final : public Engine {
   std::string Describe() const override { return description_; }
   absl::StatusOr<std::unique_ptr<KvStore>> NewStore(int64_t capacity) override;
   absl::StatusOr<std::unique_ptr<KvStore>> CopyStore(const KvStore& from) override;
-  std::vector<absl::Status> Step(std::span<const BatchItem> items) override;
+  using Engine::Step;
+  std::vector<absl::Status> Step(std::span<const BatchItem> items,
+                                 const BetweenLayers& between_layers) override;
   absl::StatusOr<std::shared_ptr<const EnginePredictors>> LoadPredictors(
       std::shared_ptr<const PredictorBank> bank) override;
   absl::StatusOr<double> Rebuild(KvStore& store, const EnginePredictors& predictors,

@@ -71,8 +71,11 @@ struct Scheduler::Item {
 };
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options, SchedulerObserver* observer)
-    : Scheduler([&engine](std::span<const BatchItem> items) { return engine.Step(items); },
-                engine.config().vocab, options, observer) {}
+    : Scheduler(
+          [&engine](std::span<const BatchItem> items, const Engine::BetweenLayers& between) {
+            return engine.Step(items, between);
+          },
+          engine.config().vocab, options, observer) {}
 
 Scheduler::Scheduler(StepFn step, int64_t vocab, SchedulerOptions options,
                      SchedulerObserver* observer)
@@ -219,7 +222,8 @@ void Scheduler::HandOverRan() {
 bool Scheduler::IsHandOver(const Item* it) { return it->kind == WorkKind::kHandOver; }
 
 bool Scheduler::Waiting(bool handover) const {
-  auto is = [handover](const Item* it) { return IsHandOver(it) == handover; };
+  // A chunk item stays queued while a chunk of it runs (inside that step, it is not waiting).
+  auto is = [handover](const Item* it) { return IsHandOver(it) == handover && !it->running; };
   return std::any_of(singles_.begin(), singles_.end(), is) ||
          std::any_of(chunks_.begin(), chunks_.end(), is);
 }
@@ -352,6 +356,56 @@ void Scheduler::Run() {
   }
 }
 
+void Scheduler::BetweenLayers() {
+  Item* task = nullptr;
+  Item* chunk = nullptr;
+  int64_t chunk_tokens = 0;
+  std::vector<Item*> singles;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    if (!exclusive_.empty() && IsHandOver(exclusive_.front())) {
+      task = exclusive_.front();
+      exclusive_.pop_front();
+      task->running = true;
+    } else if (Waiting(/*handover=*/true)) {
+      int64_t budget = options_.batch_tokens;
+      for (Item* it : singles_) {
+        if (IsHandOver(it) && budget > 0) {
+          singles.push_back(it);
+          --budget;
+        }
+      }
+      for (Item* it : singles) {
+        singles_.erase(std::find(singles_.begin(), singles_.end(), it));
+        it->running = true;
+      }
+      auto first = std::find_if(chunks_.begin(), chunks_.end(),
+                                [](const Item* it) { return IsHandOver(it) && !it->running; });
+      if (first != chunks_.end() && budget > 0) {
+        chunk = *first;
+        chunk_tokens =
+            std::min(static_cast<int64_t>(chunk->tokens.size()) - chunk->done_tokens, budget);
+        chunk->skips = 0;
+        chunk->last_served = steps_;
+        chunk->running = true;
+      }
+    } else {
+      return;
+    }
+    ++steps_;
+  }
+  const Stopwatch clock;
+  nested_ = true;
+  if (task != nullptr) {
+    RunExclusive(task);
+  } else {
+    RunBatch(std::move(singles), chunk, chunk_tokens);
+  }
+  nested_ = false;
+  nested_seconds_ += clock.Seconds();
+}
+
 void Scheduler::RunExclusive(Item* item) {
   const absl::Time start = absl::Now();
   if (observer_) observer_->Waited(item->kind, absl::ToDoubleSeconds(start - item->submitted));
@@ -390,8 +444,16 @@ void Scheduler::RunBatch(std::vector<Item*> singles, Item* chunk, int64_t chunk_
     }
   }
   const Stopwatch clock;
-  std::vector<absl::Status> status = step_(batch);
-  const double step_seconds = clock.Seconds();
+  std::vector<absl::Status> status;
+  double step_seconds = 0;
+  if (nested_) {
+    status = step_(batch, nullptr);
+    step_seconds = clock.Seconds();
+  } else {
+    nested_seconds_ = 0;
+    status = step_(batch, [this] { BetweenLayers(); });
+    step_seconds = clock.Seconds() - nested_seconds_;
+  }
   status.resize(batch.size(), absl::InternalError("the step returned no status for an item"));
   if (observer_) {
     int64_t tokens = 0;

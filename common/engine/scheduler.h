@@ -69,7 +69,10 @@ class SchedulerObserver {
 
 class Scheduler {
  public:
-  using StepFn = std::function<std::vector<absl::Status>(std::span<const BatchItem> items)>;
+  // Engine::Step: the scheduler passes a hook to call between layers (where it runs a
+  // hand-over's waiting work), or null for a step that runs inside another's.
+  using StepFn = std::function<std::vector<absl::Status>(
+      std::span<const BatchItem> items, const Engine::BetweenLayers& between_layers)>;
   // Says whether an item may still run: a non-OK status (the call was cancelled, its session
   // went away) fails the item with it instead. The waiting thread calls it every 10 ms: an item
   // that has not run leaves the queue then; one whose chunk is in the step in flight stops after
@@ -146,6 +149,9 @@ class Scheduler {
   //  - a chunk item (prefill, replay, scoring) gets its next chunk within max_skips + N batch
   //    steps that are not a hand-over's alone, N the number of other chunk items waiting; in
   //    all steps, within 2 (max_skips + N) + 1.
+  // A hand-over's item that arrives while a batch step runs does not wait for the whole step: the
+  // scheduler runs it between two of the step's layers (on the CPU engine), as a step of its own
+  // inside the other.
   // A resume holds the engine for its own work only: its rebuild groups, its replay in chunks of
   // batch_tokens and its first token, plus at most handover_gap after each; then the bounds above
   // apply again. That is the paused session's downtime, which is what the hand-over's priority
@@ -175,6 +181,9 @@ class Scheduler {
   void RunExclusive(Item* item) ABSL_LOCKS_EXCLUDED(mu_);
   void RunBatch(std::vector<Item*> singles, Item* chunk, int64_t chunk_tokens)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Between two layers of a batch step: runs a waiting hand-over's exclusive task or its items
+  // (its first tokens and one chunk of its replay) as a step inside the step.
+  void BetweenLayers() ABSL_LOCKS_EXCLUDED(mu_);
 
   const StepFn step_;
   const int64_t vocab_;
@@ -188,8 +197,12 @@ class Scheduler {
   int submitters_ ABSL_GUARDED_BY(mu_) = 0;  // calls inside Submit; the destructor waits for them
   bool last_exclusive_ ABSL_GUARDED_BY(mu_) = false;
   bool last_handover_alone_ ABSL_GUARDED_BY(mu_) = false;
-  int resuming_ ABSL_GUARDED_BY(mu_) = 0;             // Resuming scopes open
-  absl::Time resume_until_ ABSL_GUARDED_BY(mu_);      // how long to wait for a resume's next item
+  int resuming_ ABSL_GUARDED_BY(mu_) = 0;         // Resuming scopes open
+  absl::Time resume_until_ ABSL_GUARDED_BY(mu_);  // how long to wait for a resume's next item
+  // The scheduler thread's alone: a step runs inside another (BetweenLayers), and the time such
+  // steps took inside the step in flight (not the outer step's own).
+  bool nested_ = false;
+  double nested_seconds_ = 0;
   std::deque<Item*> singles_ ABSL_GUARDED_BY(mu_);    // single-token items, in arrival order
   std::deque<Item*> chunks_ ABSL_GUARDED_BY(mu_);     // multi-token items, in arrival order
   std::deque<Item*> exclusive_ ABSL_GUARDED_BY(mu_);  // tasks, by kind then arrival

@@ -99,7 +99,8 @@ absl::Status Model::Forward(std::span<const int32_t> tokens, KvCache& cache,
 }
 
 std::vector<absl::Status> Model::ForwardMany(std::span<const ForwardSegment> segments,
-                                             Backend* backend) {
+                                             Backend* backend,
+                                             std::function<void()> between_layers) {
   std::vector<absl::Status> status(segments.size());
   std::vector<const ForwardSegment*> run;
   for (size_t i = 0; i < segments.size(); ++i) {
@@ -118,6 +119,7 @@ std::vector<absl::Status> Model::ForwardMany(std::span<const ForwardSegment> seg
   }
   ForwardOptions options;
   options.backend = backend;
+  options.between_layers = std::move(between_layers);
   RunSegments(run, options);
   return status;
 }
@@ -221,6 +223,7 @@ void Model::ForwardBatch(std::span<const Piece> pieces, const ForwardOptions& op
     be.SwiGlu(gate.data(), up.data(), n * c.ffn, gate.data());
     be.MatMul(gate.data(), n, w.w_down, nullptr, proj.data());
     for (int64_t i = 0; i < n * c.hidden; ++i) x[i] += proj[i];
+    if (options.between_layers && l + 1 < c.n_layers) options.between_layers();
   }
   for (size_t p = 0; p < pieces.size(); ++p) {
     (void)pieces[p].cache->SetTokens(pos0[p] + static_cast<int64_t>(pieces[p].tokens.size()));

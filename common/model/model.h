@@ -55,6 +55,10 @@ struct ForwardOptions {
   // request workers each drive a single-threaded one. It must use the model's activation
   // precision; the CPU backend's results do not depend on its thread count.
   Backend* backend = nullptr;
+  // Called on the calling thread after each layer but the last of every micro-batch, outside
+  // any parallel region: the engine's chance to run other sessions' work (a hand-over's) in
+  // the middle of a long pass. It must not touch this pass's caches.
+  std::function<void()> between_layers;
 };
 
 struct NllResult {
@@ -120,7 +124,8 @@ class Model {
   // cache is left as it was. A segment's logits and KV rows are bit for bit those of Forward
   // over it alone. `backend` as ForwardOptions::backend.
   std::vector<absl::Status> ForwardMany(std::span<const ForwardSegment> segments,
-                                        Backend* backend = nullptr);
+                                        Backend* backend = nullptr,
+                                        std::function<void()> between_layers = nullptr);
   // Last-position logits after appending the tokens.
   absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens, KvCache& cache);
   absl::StatusOr<std::vector<float>> Decode(int32_t token, KvCache& cache);

@@ -54,13 +54,15 @@ struct Seen {
 };
 
 // A fake engine: appends each item's tokens to its store and writes logits {token, position, 0,
-// 0} for each row wanted; a token < 0 fails its item. Records every step; `gate`, when set,
-// holds the first step until notified.
+// 0} for each row wanted; a token < 0 fails its item. Records every step when it ends; `gate`,
+// when set, holds the first step until notified. A step has `layers` layers: it calls the
+// scheduler's hook between each two, before it records itself.
 class FakeEngine {
  public:
   Scheduler::StepFn Step() {
-    return [this](std::span<const BatchItem> items) {
+    return [this](std::span<const BatchItem> items, const Engine::BetweenLayers& between) {
       if (gate != nullptr && steps_run_++ == 0) gate->WaitForNotification();
+      for (int l = 0; between && l + 1 < layers; ++l) between();
       std::vector<absl::Status> status;
       std::vector<Seen> step;
       for (const BatchItem& item : items) {
@@ -96,6 +98,7 @@ class FakeEngine {
 
   absl::Notification* gate = nullptr;
   absl::Duration step_sleep = absl::ZeroDuration();
+  int layers = 1;
   absl::Mutex mu;
   std::vector<std::vector<Seen>> log ABSL_GUARDED_BY(mu);
 
@@ -375,6 +378,52 @@ TEST(SchedulerTest, AResumeHoldsTheEngineNoLongerThanTheGap) {
   gate.Notify();
   for (auto& t : calls) t.join();
   EXPECT_EQ(fake.Log(), (std::vector<std::vector<Seen>>{{{0, 1}}, {{1, 1}}, {{3, 1}}}));
+}
+
+// A hand-over's rebuild and first token that arrive while a step runs run between its layers,
+// each as a step of its own inside it, before the step ends; the decode that waited with them
+// goes in the next step.
+TEST(SchedulerTest, AHandOverRunsBetweenTheLayersOfTheStepInFlight) {
+  FakeEngine fake;
+  absl::Notification gate;
+  fake.gate = &gate;
+  fake.layers = 4;
+  Scheduler s(fake.Step(), kVocab, {});
+  FakeStore held(0), a(1), target(3);
+  std::string task_ran;
+  std::list<std::thread> calls;
+  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
+  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 2, a).ok()); });
+  AwaitWaiting(s, 1);
+  calls.emplace_back([&] {
+    ASSERT_TRUE(s.Exclusive(WorkKind::kHandOver, [&] {
+                   task_ran = "after " + std::to_string(fake.Log().size()) + " steps";
+                   return absl::OkStatus();
+                 }).ok());
+  });
+  AwaitWaiting(s, 2);
+  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kHandOver, 7, target).ok()); });
+  AwaitWaiting(s, 3);
+  gate.Notify();
+  for (auto& t : calls) t.join();
+  EXPECT_EQ(task_ran, "after 0 steps");
+  EXPECT_EQ(fake.Log(), (std::vector<std::vector<Seen>>{{{3, 1}}, {{0, 1}}, {{1, 1}}}));
+  EXPECT_EQ(target.seen, (std::vector<int32_t>{7}));
+  EXPECT_EQ(s.steps(), 4);
+}
+
+// The chunk of a hand-over's replay that a step runs is not waiting work between that step's
+// layers: its next chunk goes in the next step, not inside this one.
+TEST(SchedulerTest, AReplayChunkInFlightIsNotRunAgainBetweenItsLayers) {
+  FakeEngine fake;
+  fake.layers = 4;
+  Scheduler s(fake.Step(), kVocab, {});
+  FakeStore target(3);
+  const std::vector<int32_t> replay = Range(10, 300);
+  ASSERT_TRUE(s.Prefill(WorkKind::kHandOver, replay, target).ok());
+  EXPECT_EQ(fake.Log(), (std::vector<std::vector<Seen>>{{{3, 256}}, {{3, 44}}}));
+  EXPECT_EQ(target.seen, replay);
 }
 
 TEST(SchedulerTest, AFailedItemFailsAloneAndTheRestOfItsStepCompletes) {
