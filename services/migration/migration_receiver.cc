@@ -20,6 +20,13 @@ namespace {
 
 absl::Status Refuse(const std::string& m) { return absl::FailedPreconditionError(m); }
 
+// A pre-copy round of at most this many rows is one of the last before the pause: the source
+// pauses once a round would carry its pause rows or fewer, and every millisecond a busy target
+// makes such a round wait, the session grows at the source. It runs at a hand-over's priority
+// (between the layers of the step in flight), so the rounds shrink to the pause on a busy node
+// as they do on an idle one; larger rounds are a prefill's.
+constexpr int64_t kClosingRoundRows = 16;
+
 }  // namespace
 
 MigrationReceiver::MigrationReceiver(TargetContext context) : ctx_(std::move(context)) {}
@@ -429,8 +436,11 @@ absl::Status MigrationReceiver::OnRound(const v1::PrecopyRound& round) {
   const std::vector<int32_t> ids(round.token_ids().begin(), round.token_ids().end());
   if (auto st = ctx_.engine->CheckTokenIds(ids); !st.ok()) return Fail("bad_chunk", st);
   session_.tokens.insert(session_.tokens.end(), ids.begin(), ids.end());
-  // Pre-copy: the session still generates at the source, so this is not downtime yet.
-  if (auto st = ApplyRows(end, WorkKind::kPrefill); !st.ok()) return Fail("resume", st);
+  // Pre-copy: the session still generates at the source, so this is not downtime yet; but a
+  // closing round decides how much is left to the downtime.
+  const WorkKind kind =
+      end - closed_ <= kClosingRoundRows ? WorkKind::kHandOver : WorkKind::kPrefill;
+  if (auto st = ApplyRows(end, kind); !st.ok()) return Fail("resume", st);
   ++rounds_;
   return absl::OkStatus();
 }

@@ -258,6 +258,36 @@ TEST_F(LiveMigration, TheRoundCapPausesASessionThatOutgrowsTheLink) {
   EXPECT_EQ(run->received.session.tokens, source.tokens);
 }
 
+// Through a scheduler: the first rounds (the whole history, then 20 new tokens) replay at a
+// prefill's priority, the closing rounds of 2 tokens at a hand-over's, as the resume does.
+TEST_F(LiveMigration, ClosingRoundsGoAtAHandOversPriority) {
+  class Kinds final : public SchedulerObserver {
+   public:
+    void Waited(WorkKind kind, double) override {
+      absl::MutexLock lock(&mu);
+      seen.push_back(kind);
+    }
+    absl::Mutex mu;
+    std::vector<WorkKind> seen ABSL_GUARDED_BY(mu);
+  } kinds;
+  Scheduler scheduler(*engine_, {}, &kinds);
+  TargetContext ctx = Target();
+  ctx.scheduler = &scheduler;
+  Session source = Start(3);
+  SendOptions o = Options(MigrationMode::kTokenReplay, *fingerprint_, policy_, 4000);
+  o.max_rounds = 4;
+  o.pause_rows = 1;
+  auto run = RunLive(source, o, {20, 2}, ctx);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->rounds, 4);
+  EXPECT_EQ(run->received.session.tokens, source.tokens);
+  absl::MutexLock lock(&kinds.mu);
+  // Rounds 1 to 4, then the resume's replay of the last rows with the last token.
+  EXPECT_EQ(kinds.seen,
+            (std::vector<WorkKind>{WorkKind::kPrefill, WorkKind::kPrefill, WorkKind::kHandOver,
+                                   WorkKind::kHandOver, WorkKind::kHandOver}));
+}
+
 TEST_F(LiveMigration, TheSenderRefusesTokensThatDoNotExtendWhatItSent) {
   Session source = Start(3);
   SendOptions o = Options(MigrationMode::kFullKv, *fingerprint_, policy_, 100000);
