@@ -24,8 +24,11 @@ absl::Status Refuse(const std::string& m) { return absl::FailedPreconditionError
 // pauses once a round would carry its pause rows or fewer, and every millisecond a busy target
 // makes such a round wait, the session grows at the source. It runs at a hand-over's priority
 // (between the layers of the step in flight), so the rounds shrink to the pause on a busy node
-// as they do on an idle one; larger rounds are a prefill's.
+// as they do on an idle one; larger rounds are a prefill's, and so are closing rounds past the
+// first kMostClosingRounds (the source's round cap is its own setting: a peer that keeps
+// sending small rounds does not keep the priority).
 constexpr int64_t kClosingRoundRows = 16;
+constexpr int kMostClosingRounds = 8;
 
 }  // namespace
 
@@ -438,8 +441,9 @@ absl::Status MigrationReceiver::OnRound(const v1::PrecopyRound& round) {
   session_.tokens.insert(session_.tokens.end(), ids.begin(), ids.end());
   // Pre-copy: the session still generates at the source, so this is not downtime yet; but a
   // closing round decides how much is left to the downtime.
-  const WorkKind kind =
-      end - closed_ <= kClosingRoundRows ? WorkKind::kHandOver : WorkKind::kPrefill;
+  const bool closing = end - closed_ <= kClosingRoundRows && closing_rounds_ < kMostClosingRounds;
+  closing_rounds_ += closing ? 1 : 0;
+  const WorkKind kind = closing ? WorkKind::kHandOver : WorkKind::kPrefill;
   if (auto st = ApplyRows(end, kind); !st.ok()) return Fail("resume", st);
   ++rounds_;
   return absl::OkStatus();

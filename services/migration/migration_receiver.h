@@ -181,6 +181,7 @@ class MigrationReceiver {
   int64_t closed_ = 0;  // live: rows of the rounds applied
   int64_t rows_reached_ = 0;
   int rounds_ = 0;
+  int closing_rounds_ = 0;            // pre-copy rounds run at a hand-over's priority
   std::vector<int64_t> tensor_rows_;  // [layer * 2 + values]: rows received
 };
 

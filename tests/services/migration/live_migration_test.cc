@@ -259,7 +259,8 @@ TEST_F(LiveMigration, TheRoundCapPausesASessionThatOutgrowsTheLink) {
 }
 
 // Through a scheduler: the first rounds (the whole history, then 20 new tokens) replay at a
-// prefill's priority, the closing rounds of 2 tokens at a hand-over's, as the resume does.
+// prefill's priority, the closing rounds of 2 tokens at a hand-over's (the first 8 of them, the
+// rest a prefill's again), and the resume at a hand-over's.
 TEST_F(LiveMigration, ClosingRoundsGoAtAHandOversPriority) {
   class Kinds final : public SchedulerObserver {
    public:
@@ -275,17 +276,18 @@ TEST_F(LiveMigration, ClosingRoundsGoAtAHandOversPriority) {
   ctx.scheduler = &scheduler;
   Session source = Start(3);
   SendOptions o = Options(MigrationMode::kTokenReplay, *fingerprint_, policy_, 4000);
-  o.max_rounds = 4;
+  o.max_rounds = 12;
   o.pause_rows = 1;
   auto run = RunLive(source, o, {20, 2}, ctx);
   ASSERT_TRUE(run.ok()) << run.status();
-  ASSERT_EQ(run->rounds, 4);
+  ASSERT_EQ(run->rounds, 12);
   EXPECT_EQ(run->received.session.tokens, source.tokens);
+  std::vector<WorkKind> want(2, WorkKind::kPrefill);  // rounds 1 and 2
+  want.insert(want.end(), 8, WorkKind::kHandOver);    // rounds 3 to 10
+  want.insert(want.end(), 2, WorkKind::kPrefill);     // rounds 11 and 12
+  want.push_back(WorkKind::kHandOver);                // the resume
   absl::MutexLock lock(&kinds.mu);
-  // Rounds 1 to 4, then the resume's replay of the last rows with the last token.
-  EXPECT_EQ(kinds.seen,
-            (std::vector<WorkKind>{WorkKind::kPrefill, WorkKind::kPrefill, WorkKind::kHandOver,
-                                   WorkKind::kHandOver, WorkKind::kHandOver}));
+  EXPECT_EQ(kinds.seen, want);
 }
 
 TEST_F(LiveMigration, TheSenderRefusesTokensThatDoNotExtendWhatItSent) {
