@@ -85,8 +85,16 @@ std::vector<absl::Status> CpuEngine::Step(std::span<const BatchItem> items,
   }
   if (segments.empty()) return status;
   absl::MutexLock lock(&mu_);
+  // Between two layers the backend's scratch holds nothing of the step: the hook runs with the
+  // lock released, so the work it starts (a hand-over's step or rebuild) can take it.
   std::function<void()> yield;
-  if (between_layers) yield = [&] { CallUnlocked(between_layers); };
+  if (between_layers) {
+    yield = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      mu_.Unlock();
+      between_layers();
+      mu_.Lock();
+    };
+  }
   std::vector<absl::Status> ran = model_->ForwardMany(segments, nullptr, std::move(yield));
   for (size_t j = 0; j < ran.size(); ++j) status[index[j]] = std::move(ran[j]);
   return status;

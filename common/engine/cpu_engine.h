@@ -59,15 +59,6 @@ class CpuEngine final : public Engine {
   absl::StatusOr<double> WaitRebuilds(KvStore& store) override;
 
  private:
-  // Runs `fn` with mu_ released, in the middle of a step that holds it (between two layers,
-  // when the backend's scratch holds nothing of the step).
-  void CallUnlocked(const BetweenLayers& fn)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    mu_.Unlock();
-    fn();
-    mu_.Lock();
-  }
-
   // One step or rebuild at a time: the backend's scratch is shared.
   absl::Mutex mu_;
   Model* const model_ ABSL_PT_GUARDED_BY(mu_);
