@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llamacpp_build import llamacpp_build  # noqa: E402
+
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")
 
 
@@ -108,7 +111,8 @@ def llamacpp_worker(model: str, tokens: list[int], decode_tokens: int, threads: 
     return {"prefill_seconds": med, "prefill_tokens_per_second": n / med,
             "decode_tokens_per_second": statistics.median(decode),
             "all_prefill_seconds": prefill, "all_decode_tokens_per_second": decode,
-            "llama_cpp_version": getattr(llama_cpp, "__version__", "?")}
+            "llama_cpp_version": getattr(llama_cpp, "__version__", "?"),
+            "llama_cpp_build": llamacpp_build()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +218,7 @@ def main() -> int:
     ratios = {mode: {} for mode in ours}
     print(f"{args.model.name}: prompt {args.prompt_tokens} tokens, decode {args.decode_tokens}, "
           f"{args.threads} threads, median of {args.repetitions}, same prompt tokens on both sides")
+    print(f"llama.cpp {ref.get('llama_cpp_version', '?')}, {ref.get('llama_cpp_build', '?')}")
     print(f"{'':20s} {'llama.cpp':>12s} {'riskkv int8':>12s} {'riskkv f32':>12s} "
           f"{'int8/llama.cpp':>15s} {'f32/llama.cpp':>14s}")
     for key, label, fmt in metrics:

@@ -44,6 +44,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llamacpp_build import llamacpp_build  # noqa: E402
 from node_client import NodeProcess, histogram_delta, histogram_max_range  # noqa: E402
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")
@@ -387,8 +388,8 @@ def llamacpp_worker(model, prompts, ns, decode_tokens, threads, reps):
                                                 "n_threads", "kv_unified", "flash_attn_type")
               if hasattr(cparams, k)}
     params["type_k"], params["type_v"] = cparams.type_k, cparams.type_v
-    return {"version": getattr(llama_cpp, "__version__", "?"), "context_params": params,
-            "results": out}
+    return {"version": getattr(llama_cpp, "__version__", "?"), "build": llamacpp_build(),
+            "context_params": params, "results": out}
 
 
 def llamacpp(model, prompts, ns, tokens, reps, tmp):
@@ -646,11 +647,11 @@ def goals_and_table(res):
                           r["over_llamacpp"] >= 1.0, "%.2fx" % r["over_llamacpp"]))
     if lc:
         lines.append("")
-        lines.append("llama.cpp (llama-cpp-python %s) is an in-process loop of llama_decode calls; "
+        lines.append("llama.cpp (llama-cpp-python %s, %s) is an in-process loop of llama_decode calls; "
                      "riskkv's figure goes through gRPC to a separate process, with a Python "
                      "client "
                      "on the same 2 cores. llama.cpp's step p50/p99 ms by N: %s." % (
-                         res["llamacpp"]["version"], ", ".join(
+                         res["llamacpp"]["version"], res["llamacpp"].get("build", "?"), ", ".join(
                              "%d: %s/%s" % (n, ms(x["step_median_seconds"]),
                                             ms(x["step_p99_seconds"]))
                              for n, x in sorted(lc.items()))))

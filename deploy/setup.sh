@@ -74,10 +74,57 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 want="${PY_PACKAGES[*]}"
-[ "$WITH_BENCH" = 1 ] && want="$want llama-cpp-python==0.3.36"
+# llama.cpp for bench/ is built for the vector extensions the kernel reports in /proc/cpuinfo,
+# not with -march=native: the compiler's own probe (cpuid) also enables what the CPU has but the
+# kernel does not let processes use, such as AMX on a kernel without its tile state, and that
+# build dies with an illegal instruction. The chosen set is kept beside the packages and the
+# bench scripts print it.
+# ggml's option for each extension, and the /proc/cpuinfo flags it needs (its AVX512 option
+# compiles for F, CD, VL, DQ and BW together).
+LLAMA_CPP_OPTIONS=(AVX:avx AVX2:avx2 FMA:fma F16C:f16c BMI2:bmi2
+  AVX512:avx512f+avx512cd+avx512vl+avx512dq+avx512bw AVX512_VBMI:avx512vbmi
+  AVX512_VNNI:avx512_vnni AVX512_BF16:avx512_bf16 AVX_VNNI:avx_vnni AMX_TILE:amx_tile
+  AMX_INT8:amx_int8 AMX_BF16:amx_bf16)
+# The ggml options this machine's kernel lets a process use, e.g. "AVX AVX2 FMA ...".
+llama_cpp_features() {
+  local flags entry needs need on out=""
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  for entry in "${LLAMA_CPP_OPTIONS[@]}"; do
+    on=1
+    needs="${entry#*:}"
+    for need in ${needs//+/ }; do
+      case "$flags" in *" $need "*) ;; *) on=0 ;; esac
+    done
+    [ "$on" = 1 ] && out="$out ${entry%%:*}"
+  done
+  echo "${out# }"
+}
+# CMake arguments for llama.cpp: each option on when in $1, off otherwise; never -march=native.
+llama_cpp_cmake_args() {
+  local args="-DGGML_NATIVE=OFF" entry on
+  for entry in "${LLAMA_CPP_OPTIONS[@]}"; do
+    on=OFF
+    case " $1 " in *" ${entry%%:*} "*) on=ON ;; esac
+    args="$args -DGGML_${entry%%:*}=$on"
+  done
+  echo "$args"
+}
+if [ "$WITH_BENCH" = 1 ]; then
+  LLAMA_FEATURES="$(llama_cpp_features)"
+  want="$want llama-cpp-python==0.3.36 [llama.cpp for: $LLAMA_FEATURES]"
+fi
 if [ "$(cat "$VENV/.riskkv-packages" 2>/dev/null)" != "$want" ]; then
-  log "installing Python packages: $want"
-  "$VENV/bin/pip" install -q --disable-pip-version-check $want
+  log "installing Python packages: ${PY_PACKAGES[*]}"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  if [ "$WITH_BENCH" = 1 ]; then
+    log "building llama-cpp-python 0.3.36 for: $LLAMA_FEATURES (about 10 minutes)"
+    # No wheel cache: a cached wheel may be one built natively.
+    CMAKE_ARGS="$(llama_cpp_cmake_args "$LLAMA_FEATURES")" "$VENV/bin/pip" install -q \
+      --disable-pip-version-check --no-cache-dir --force-reinstall --no-deps \
+      llama-cpp-python==0.3.36
+    "$VENV/bin/pip" install -q --disable-pip-version-check llama-cpp-python==0.3.36
+    echo "$LLAMA_FEATURES" > "$VENV/.llama-cpp-features"
+  fi
   echo "$want" > "$VENV/.riskkv-packages"
 else
   log "Python packages present"

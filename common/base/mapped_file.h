@@ -47,4 +47,10 @@ class MappedFile {
   uint64_t size_ = 0;
 };
 
+// Lets the kernel drop the resident pages of [p, p + n), bytes of a MappedFile's mapping that
+// the process keeps a copy of elsewhere (weights regrouped in panels): its resident set shrinks,
+// and a later read brings the bytes back from the file. Only the whole pages inside the range
+// go. A hint: nothing fails.
+void DropMappedPages(const void* p, uint64_t n);
+
 }  // namespace riskkv

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/mapped_file.h"
 #include "common/base/status_macros.h"
 #include "common/model/model_internal.h"
 #include "kernels/cpu/fixed_order.h"
@@ -31,8 +32,13 @@ Model::KvProjection Model::kv_projection(int64_t layer) const {
 }
 
 void Model::ForEachWeight(const WeightVisitor& fn) const {
-  auto matrix = [&fn](const std::string& name, const WeightMatrix& w) {
-    fn(name, w.dtype, w.data, static_cast<size_t>(w.rows * RowBytes(w.dtype, w.cols)));
+  auto matrix = [&](const std::string& name, const WeightMatrix& w) {
+    const auto bytes = static_cast<size_t>(w.rows * RowBytes(w.dtype, w.cols));
+    fn(name, w.dtype, w.data, bytes);
+    // A matrix the products read from panels (the token embedding too, when the LM head is the
+    // same bytes) goes back out of the resident set once visited, as it did after packing.
+    const bool packed = w.panels != nullptr || (w.data == lm_head_.data && lm_head_.panels);
+    if (packed && files_->gguf != nullptr) DropMappedPages(w.data, bytes);
   };
   auto vector = [&fn](const std::string& name, const std::vector<float>& v) {
     fn(name, DType::kF32, v.data(), v.size() * sizeof(float));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/substitute.h"
+#include "common/base/mapped_file.h"
 #include "common/base/status_macros.h"
 #include "common/model/arch/arch.h"
 #include "common/model/model_internal.h"
@@ -205,6 +206,11 @@ void Model::AddPanels(WeightMatrix& w) {
   if (!cpu::HasPanels(w.dtype) || w.rows % cpu::kPanelRows != 0) return;
   panels_.push_back(cpu::PackPanels(w.dtype, w.data, w.rows, w.cols));
   w.panels = panels_.back().get();
+  // The panels are the copy the products read: the file's pages of these rows leave the
+  // resident set (a GGUF's matrices point into its read-only mapping).
+  if (files_->gguf != nullptr) {
+    DropMappedPages(w.data, static_cast<uint64_t>(w.rows * RowBytes(w.dtype, w.cols)));
+  }
 }
 
 }  // namespace riskkv

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tests/common/base/resident_bytes.h"
 #include "tests/common/base/test_dir.h"
 
 namespace riskkv {
@@ -46,6 +47,24 @@ TEST_F(MappedFileTest, MapsTheWholeFile) {
   EXPECT_EQ(f->size(), bytes.size());
   EXPECT_EQ(f->path(), path);
   EXPECT_EQ(Contents(*f), bytes);
+}
+
+// Dropped pages leave the process's resident set and read back as the file's bytes; the pages
+// that a range only partly covers stay.
+TEST_F(MappedFileTest, DroppedPagesLeaveTheResidentSetAndReadBackTheSameBytes) {
+  constexpr size_t kPage = 4096;
+  const std::string bytes = Pattern(256 * kPage);
+  const std::string path = Path("weights.bin");
+  Write(path, bytes);
+  auto f = MappedFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ(Contents(*f), bytes);  // every page read: all resident
+  ASSERT_GE(testing::ResidentBytesOfMapping(f->data()), static_cast<int64_t>(bytes.size()));
+  // From inside the first page to inside the last: pages 1 to 254 go.
+  DropMappedPages(f->data() + 100, bytes.size() - 200);
+  EXPECT_LE(testing::ResidentBytesOfMapping(f->data()), static_cast<int64_t>(2 * kPage));
+  EXPECT_EQ(Contents(*f), bytes);
+  EXPECT_GE(testing::ResidentBytesOfMapping(f->data()), static_cast<int64_t>(bytes.size()));
 }
 
 TEST_F(MappedFileTest, MissingFileIsNotFoundNamingThePath) {

@@ -13,6 +13,8 @@
 #include <span>
 #include <string>
 
+#include "kernels/cpu/panels.h"
+#include "tests/common/base/resident_bytes.h"
 #include "tests/common/model/golden.h"
 #include "tests/test_paths.h"
 
@@ -313,6 +315,43 @@ TEST_F(MicroBatchTest, TeacherForcedNllScoresFirstTokenFromGivenLogits) {
   EXPECT_DOUBLE_EQ(nll->nll[0], TokenNll(first, tokens_[0]));
   for (int64_t i = 0; i + 1 < kTokens; ++i) {
     EXPECT_NEAR(nll->nll[i + 1], TokenNll(Row(i), tokens_[i + 1]), 1e-4) << "token " << i + 1;
+  }
+}
+
+// Weights regrouped in panels are the copy the products read: the GGUF's pages of them are not
+// resident after the load, nor after a pass over every weight (the fingerprint's), while a model
+// without panels keeps what it read.
+TEST(Model, WeightsInPanelsLeaveTheFilesPagesOutOfTheResidentSet) {
+  if (!cpu::PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
+  int64_t file_bytes = 0;
+  const void* first = nullptr;
+  uint64_t sum = 0;
+  auto visit = [&](std::string_view, DType, const void* data, size_t bytes) {
+    if (first == nullptr) first = data;  // token_embd, in the file's mapping
+    file_bytes += static_cast<int64_t>(bytes);
+    // Read every page, as the fingerprint's hash does.
+    for (size_t i = 0; i < bytes; i += 512) sum += static_cast<const uint8_t*>(data)[i];
+  };
+  for (const bool panels : {true, false}) {
+    SCOPED_TRACE(panels ? "panels" : "no panels");
+    auto m = Model::Load(
+        testing::DefaultModelPath().string(),
+        {.threads = 2, .activations = ActivationPrecision::kInt8, .cpu_panels = panels});
+    ASSERT_TRUE(m.ok()) << m.status();
+    file_bytes = 0;
+    first = nullptr;
+    (*m)->ForEachWeight(visit);  // reads every weight's bytes
+    const int64_t resident = testing::ResidentBytesOfMapping(first);
+    ASSERT_GT(file_bytes, 90'000'000);
+    if (panels) {
+      EXPECT_LT(resident, file_bytes / 20) << "of " << file_bytes;
+    } else {
+      EXPECT_GT(resident, file_bytes / 2) << "of " << file_bytes;
+    }
+    EXPECT_GT(sum, 0u);
+    // The products still run, from the panels.
+    auto cache = (*m)->NewKvCache(8);
+    EXPECT_TRUE((*m)->Prefill(std::vector<int32_t>{1, 2, 3}, **cache).ok());
   }
 }
 
