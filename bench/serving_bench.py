@@ -19,7 +19,7 @@ names. The phases run one after another, never two loads at once:
     and the decodes), beside the StartSession latency of one --prefill-chunk prompt on the idle
     node. With the default chunking and without (--prefill-chunk 2048 --batch-tokens 2048).
  4. Live hand-over into a busy node: a session with a ~500-token history generating on node A
-    migrates live (RECONSTRUCT with the shipped policy, FULL_KV plain and int4, TOKEN_REPLAY)
+    migrates live (RECONSTRUCT with the shipped policy, FULL_KV plain, int8 and int4, TOKEN_REPLAY)
     to node B, idle and then serving 8 decoding streams;
     MigrateReply.downtime_seconds, medians over --reps. The client follows the stream's `moved`
     to B, which gives the gap its caller saw as well.
@@ -51,8 +51,9 @@ TEXT = Path("/usr/share/common-licenses/GPL-3")
 NODE_FLAGS = ["--threads", "2", "--kv-dtype", "f16", "--backend", "cpu"]
 UNCHUNKED = ["--prefill-chunk", "2048", "--batch-tokens", "2048"]
 # The hand-over's modes: the product's RECONSTRUCT (the shipped SmolLM2 policy, int4 with 6 of
-# 30 layers rebuilt) beside full KV, int4 KV alone and token replay; MODE[:FULL_KV's wire form].
-HANDOVER_MODES = ["RECONSTRUCT", "FULL_KV", "FULL_KV:int4", "TOKEN_REPLAY"]
+# 30 layers rebuilt) beside full KV, int8 and int4 KV alone and token replay; MODE[:FULL_KV's wire
+# form].
+HANDOVER_MODES = ["RECONSTRUCT", "FULL_KV", "FULL_KV:int8", "FULL_KV:int4", "TOKEN_REPLAY"]
 POLICY_DIR = Path(__file__).resolve().parent.parent / "deploy/policies/smollm2-135m-instruct"
 POLICY_FLAGS = ["--policy", str(POLICY_DIR / "policy.pb"), "--bank", str(POLICY_DIR / "bank.rkvbank")]
 T0 = time.time()

@@ -299,50 +299,14 @@ void Scheduler::Run() {
     const bool alone = Waiting(/*handover=*/true) &&
                        (!last_handover_alone_ || !Waiting(/*handover=*/false) || resuming);
     last_handover_alone_ = alone;
-    int64_t budget = options_.batch_tokens;
-    Item* chunk = nullptr;
-    if (alone) {
-      auto first = std::find_if(chunks_.begin(), chunks_.end(), IsHandOver);
-      if (first != chunks_.end()) chunk = *first;
-    } else {
-      chunk = PickChunk();
-    }
-    // A starving chunk item keeps room for one chunk whatever else waits.
-    const int64_t reserve =
-        chunk != nullptr && chunk->skips >= options_.max_skips
-            ? std::min<int64_t>(options_.prefill_chunk,
-                                static_cast<int64_t>(chunk->tokens.size()) - chunk->done_tokens)
-            : 0;
     std::vector<Item*> singles;
-    for (WorkKind kind : {WorkKind::kHandOver, WorkKind::kDecode}) {
-      if (alone && kind != WorkKind::kHandOver) continue;
-      for (Item* it : singles_) {
-        if (it->kind != kind || budget - reserve <= 0) continue;
-        singles.push_back(it);
-        --budget;
-      }
-    }
-    for (Item* it : singles) {
-      singles_.erase(std::find(singles_.begin(), singles_.end(), it));
-      it->running = true;
-    }
     int64_t chunk_tokens = 0;
-    if (chunk != nullptr) {
-      const int64_t left = static_cast<int64_t>(chunk->tokens.size()) - chunk->done_tokens;
-      const int64_t most =
-          chunk->kind == WorkKind::kHandOver ? budget : std::min(options_.prefill_chunk, budget);
-      chunk_tokens = std::min(left, most);
-      if (chunk_tokens <= 0) chunk = nullptr;
-    }
+    Item* chunk = FormStep(alone ? FirstHandOverChunk() : PickChunk(), /*handover_only=*/alone,
+                           &singles, &chunk_tokens);
     for (Item* it : chunks_) {
       // A step of a hand-over's work alone passes over nobody: no one else could run in it.
       if (it == chunk || (alone && !IsHandOver(it))) continue;
       ++it->skips;
-    }
-    if (chunk != nullptr) {
-      chunk->skips = 0;
-      chunk->last_served = steps_;
-      chunk->running = true;
     }
     ++steps_;
     mu_.Unlock();
@@ -354,6 +318,46 @@ void Scheduler::Run() {
     for (Item* it : *q) Finish(it, absl::UnavailableError("the engine's scheduler stopped"));
     q->clear();
   }
+}
+
+Scheduler::Item* Scheduler::FirstHandOverChunk() const {
+  auto first = std::find_if(chunks_.begin(), chunks_.end(),
+                            [](const Item* it) { return IsHandOver(it) && !it->running; });
+  return first == chunks_.end() ? nullptr : *first;
+}
+
+Scheduler::Item* Scheduler::FormStep(Item* chunk, bool handover_only, std::vector<Item*>* singles,
+                                     int64_t* chunk_tokens) {
+  int64_t budget = options_.batch_tokens;
+  // A starving chunk item keeps room for one chunk whatever else waits.
+  const int64_t reserve =
+      chunk != nullptr && chunk->skips >= options_.max_skips
+          ? std::min<int64_t>(options_.prefill_chunk,
+                              static_cast<int64_t>(chunk->tokens.size()) - chunk->done_tokens)
+          : 0;
+  for (WorkKind kind : {WorkKind::kHandOver, WorkKind::kDecode}) {
+    if (handover_only && kind != WorkKind::kHandOver) continue;
+    for (Item* it : singles_) {
+      if (it->kind != kind || budget - reserve <= 0) continue;
+      singles->push_back(it);
+      --budget;
+    }
+  }
+  for (Item* it : *singles) {
+    singles_.erase(std::find(singles_.begin(), singles_.end(), it));
+    it->running = true;
+  }
+  *chunk_tokens = 0;
+  if (chunk == nullptr) return nullptr;
+  const int64_t left = static_cast<int64_t>(chunk->tokens.size()) - chunk->done_tokens;
+  const int64_t most =
+      chunk->kind == WorkKind::kHandOver ? budget : std::min(options_.prefill_chunk, budget);
+  *chunk_tokens = std::min(left, most);
+  if (*chunk_tokens <= 0) return nullptr;
+  chunk->skips = 0;
+  chunk->last_served = steps_;
+  chunk->running = true;
+  return chunk;
 }
 
 void Scheduler::BetweenLayers() {
@@ -369,27 +373,7 @@ void Scheduler::BetweenLayers() {
       exclusive_.pop_front();
       task->running = true;
     } else if (Waiting(/*handover=*/true)) {
-      int64_t budget = options_.batch_tokens;
-      for (Item* it : singles_) {
-        if (IsHandOver(it) && budget > 0) {
-          singles.push_back(it);
-          --budget;
-        }
-      }
-      for (Item* it : singles) {
-        singles_.erase(std::find(singles_.begin(), singles_.end(), it));
-        it->running = true;
-      }
-      auto first = std::find_if(chunks_.begin(), chunks_.end(),
-                                [](const Item* it) { return IsHandOver(it) && !it->running; });
-      if (first != chunks_.end() && budget > 0) {
-        chunk = *first;
-        chunk_tokens =
-            std::min(static_cast<int64_t>(chunk->tokens.size()) - chunk->done_tokens, budget);
-        chunk->skips = 0;
-        chunk->last_served = steps_;
-        chunk->running = true;
-      }
+      chunk = FormStep(FirstHandOverChunk(), /*handover_only=*/true, &singles, &chunk_tokens);
     } else {
       return;
     }

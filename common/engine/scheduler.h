@@ -175,6 +175,15 @@ class Scheduler {
   void HandOverRan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The chunk item to serve next, or null.
   Item* PickChunk() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first hand-over chunk item not in the step in flight, or null.
+  Item* FirstHandOverChunk() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a step's items out of the queues and marks them running: the waiting single-token
+  // items (hand-overs' first, and only theirs when handover_only) up to batch_tokens, less room
+  // for one chunk of `chunk` when it starves; then what the budget leaves of `chunk` (a
+  // hand-over's replay takes all of it, others at most prefill_chunk). Returns the chunk item
+  // served, with *chunk_tokens, or null.
+  Item* FormStep(Item* chunk, bool handover_only, std::vector<Item*>* singles,
+                 int64_t* chunk_tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes `item` out of whichever queue holds it.
   void Unqueue(Item* item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(Item* item, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/fixed_order.h"
 #include "kernels/cpu/panels.h"
@@ -27,6 +28,8 @@ constexpr int64_t kSmallBatch = 4;
 constexpr int64_t kTileRows = 64;
 // Output rows per claimed chunk for a small batch.
 constexpr int64_t kSmallGrain = 32;
+// 8-bit products visit the activation rows in blocks of this many, so they stay in cache.
+constexpr int64_t kTokenBlock = 64;
 // Panel products: runs of at most kMaxPanelGrain panels, about kChunksPerThread per thread.
 constexpr int64_t kChunksPerThread = 4;
 constexpr int64_t kMaxPanelGrain = 32;
@@ -124,7 +127,7 @@ class CpuBackend final : public Backend {
                      int64_t head_dim) override {
     // Every session's decode queries in one pass; longer calls (prefill chunks, scoring) are
     // parallel within themselves.
-    std::vector<AttentionCall> few;
+    absl::InlinedVector<AttentionCall, 16> few;
     for (const AttentionCall& c : calls) {
       if (c.n <= kFewQueries) {
         few.push_back(c);
@@ -209,7 +212,7 @@ class CpuBackend final : public Backend {
     const int64_t kv_stride = n_kv_heads * head_dim;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     // Work items: (call, query, kv head), numbered call by call.
-    std::vector<int64_t> first(calls.size() + 1, 0);
+    absl::InlinedVector<int64_t, 17> first(calls.size() + 1, 0);
     int64_t longest = 0;
     for (size_t c = 0; c < calls.size(); ++c) {
       first[c + 1] = first[c] + calls[c].n * n_kv_heads;
@@ -285,9 +288,8 @@ class CpuBackend final : public Backend {
   // row kernel) of several weights of the same width, in one parallel pass over all their
   // panels.
   void PanelProducts(const cpu::Q8Block* xq, int64_t n, std::span<const MatMulOut> outs) {
-    constexpr int64_t kTokenBlock = 64;
     const int64_t cols = outs.front().w->cols, blocks = cols / 32;
-    std::vector<int64_t> first(outs.size() + 1, 0);  // each weight's first panel in the pass
+    absl::InlinedVector<int64_t, 4> first(outs.size() + 1, 0);  // each weight's first panel
     for (size_t j = 0; j < outs.size(); ++j) {
       first[j + 1] = first[j] + outs[j].w->rows / cpu::kPanelRows;
     }
@@ -319,7 +321,6 @@ class CpuBackend final : public Backend {
   void MatMulQ8(const float* x, int64_t n, const WeightMatrix& w, float* y) {
     const int64_t blocks = w.cols / 32;
     const cpu::Q8Block* xq_data = QuantizeActivations(x, n, w.cols);
-    constexpr int64_t kTokenBlock = 64;
     if (w.panels != nullptr && cpu::PanelsSupported()) {
       const MatMulOut out{&w, nullptr, y};
       return PanelProducts(xq_data, n, std::span<const MatMulOut>(&out, 1));

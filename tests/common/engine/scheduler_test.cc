@@ -112,6 +112,14 @@ void AwaitWaiting(const Scheduler& s, size_t n) {
   ASSERT_EQ(s.waiting(), n);
 }
 
+// A decode of token 1 into `held` whose step the fake engine's gate holds: returns its thread
+// once the step has started, so what is submitted next waits behind it.
+std::thread HoldAStep(Scheduler& s, FakeStore& held) {
+  std::thread hold([&s, &held] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
+  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  return hold;
+}
+
 std::vector<int32_t> Range(int32_t from, int32_t n) {
   std::vector<int32_t> t(n);
   for (int32_t i = 0; i < n; ++i) t[i] = from + i;
@@ -210,8 +218,7 @@ TEST(SchedulerTest, HandOverFirstThenDecodesThenPrefillThenScoringWithinTheStarv
   Scheduler s(fake.Step(), kVocab, options);
   FakeStore held(0), handover(1), prefill(2), score(3), decode(4), first(5);
   std::list<std::thread> calls;
-  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
-  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  calls.push_back(HoldAStep(s, held));
   // Queued behind the held step, in the reverse of their priority.
   calls.emplace_back([&] {
     std::vector<float> logits;
@@ -283,8 +290,7 @@ TEST(SchedulerTest, ExclusiveTasksAlternateWithBatchSteps) {
   absl::Mutex mu;
   std::vector<std::string> order;
   std::list<std::thread> calls;
-  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
-  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  calls.push_back(HoldAStep(s, held));
   for (int t = 0; t < 3; ++t) {
     calls.emplace_back([&, t] {
       const std::function<absl::Status()> task = [&, t] {
@@ -325,8 +331,7 @@ TEST(SchedulerTest, AResumeRunsItsItemsBackToBack) {
   absl::Mutex mu;
   std::vector<std::string> order;
   std::list<std::thread> calls;
-  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
-  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  calls.push_back(HoldAStep(s, held));
   calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 2, a).ok()); });
   AwaitWaiting(s, 1);
   calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 3, b).ok()); });
@@ -364,8 +369,7 @@ TEST(SchedulerTest, AResumeHoldsTheEngineNoLongerThanTheGap) {
   Scheduler s(fake.Step(), kVocab, options);
   FakeStore held(0), a(1), target(3);
   std::list<std::thread> calls;
-  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
-  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  calls.push_back(HoldAStep(s, held));
   calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 2, a).ok()); });
   AwaitWaiting(s, 1);
   calls.emplace_back([&] {
@@ -392,8 +396,7 @@ TEST(SchedulerTest, AHandOverRunsBetweenTheLayersOfTheStepInFlight) {
   FakeStore held(0), a(1), target(3);
   std::string task_ran;
   std::list<std::thread> calls;
-  calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
-  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  calls.push_back(HoldAStep(s, held));
   calls.emplace_back([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 2, a).ok()); });
   AwaitWaiting(s, 1);
   calls.emplace_back([&] {
@@ -432,8 +435,7 @@ TEST(SchedulerTest, AFailedItemFailsAloneAndTheRestOfItsStepCompletes) {
   fake.gate = &gate;
   Scheduler s(fake.Step(), kVocab, {});
   FakeStore held(0), good(1), bad(2);
-  std::thread hold([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
-  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  std::thread hold = HoldAStep(s, held);
   std::thread first([&] { EXPECT_TRUE(s.Decode(WorkKind::kDecode, 5, good).ok()); });
   AwaitWaiting(s, 1);
   std::thread second([&] {
@@ -456,8 +458,7 @@ TEST(SchedulerTest, ACancelledItemLeavesTheQueueAtOnce) {
   fake.gate = &gate;
   Scheduler s(fake.Step(), kVocab, {});
   FakeStore held(0), gone(1);
-  std::thread hold([&] { ASSERT_TRUE(s.Decode(WorkKind::kDecode, 1, held).ok()); });
-  for (int i = 0; i < 200 && s.steps() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  std::thread hold = HoldAStep(s, held);
   std::atomic<bool> cancelled{false};
   absl::Notification returned;
   std::thread call([&] {
