@@ -67,17 +67,6 @@ static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 
-// Scale and min of sub-block j of a Q4_K / Q5_K super-block (ggml's get_scale_min_k4).
-void ScaleMinK4(int j, const uint8_t* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Q4_K and Q5_K: eight sub-blocks of 32, value = (d * sc) * q - (dmin * m), two roundings as
 // ggml's reference dequantizer (and gguf-py's) computes it. qh is null for Q4_K.
 void DequantizeK4K5(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const uint8_t* qh,
@@ -85,7 +74,7 @@ void DequantizeK4K5(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const 
   const float d = F16ToF32(d16), dmin = F16ToF32(dmin16);
   for (int j = 0; j < 8; ++j) {
     int sc = 0, m = 0;
-    ScaleMinK4(j, scales, &sc, &m);
+    KQuantScaleMin(j, scales, &sc, &m);
     const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
     const uint8_t* q = qs + (j / 2) * 32;
     const int shift = (j % 2) * 4;
@@ -98,6 +87,16 @@ void DequantizeK4K5(uint16_t d16, uint16_t dmin16, const uint8_t* scales, const 
 }
 
 }  // namespace
+
+void KQuantScaleMin(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
 
 void DequantizeBlock(DType t, const void* block, float* y) {
   switch (t) {

@@ -47,6 +47,10 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 // One block (BlockSize(t) values) of a quantized type, the values DequantizeRow writes for it.
 void DequantizeBlock(DType t, const void* block, float* dst);
 
+// The 6-bit scale and min of sub-block j (0 to 7) of a Q4_K / Q5_K super-block whose 12 bytes of
+// packed scales start at q (ggml's get_scale_min_k4).
+void KQuantScaleMin(int j, const uint8_t* q, int* sc, int* m);
+
 // Bulk f32 <-> f16 conversion (vectorised with F16C where available).
 void F32ToF16Row(const float* src, uint16_t* dst, int64_t n);
 void F16ToF32Row(const uint16_t* src, float* dst, int64_t n);

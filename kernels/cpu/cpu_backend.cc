@@ -51,8 +51,7 @@ class CpuBackend final : public Backend {
 
   void MatMul(const float* x, int64_t n, const WeightMatrix& w, const float* bias,
               float* y) override {
-    if (precision_ == ActivationPrecision::kInt8 &&
-        (w.dtype == DType::kQ4_0 || w.dtype == DType::kQ4_1 || w.dtype == DType::kQ8_0)) {
+    if (precision_ == ActivationPrecision::kInt8 && cpu::HasQ8Products(w.dtype)) {
       MatMulQ8(x, n, w, y);
     } else {
       MatMulF32(x, n, w, y);

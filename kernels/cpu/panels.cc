@@ -9,79 +9,234 @@
 namespace riskkv::cpu {
 namespace {
 
-// One block of 32 columns of a Q4_1 panel. Byte 4c + i of row r's 16 nibble bytes (value 4c + i
-// in its low nibble, 16 + 4c + i in its high one) goes to q[64c + 4r + i]: the low nibbles of
-// chunk c are the rows' values 4c..4c+3, the high nibbles their values 16+4c..16+4c+3, which are
-// the four-value groups c and c + 4 of DotRowsQ8's integer dot.
-struct Q4_1Block {
-  uint16_t d[kPanelRows];
-  uint16_t m[kPanelRows];
-  uint8_t q[4 * 64];
+// A panel holds, per block of 32 columns, the 16 rows' codes regrouped so that each row is one
+// lane of a vector, and their scales side by side. Nibble codes (every type but Q8_0): byte
+// 64c + 4r + i of q holds row r's value 4c + i in its low nibble and 16 + 4c + i in its high one,
+// so the low nibbles of chunk c are the rows' four-value group c of the integer dot and the high
+// nibbles group c + 4. A fifth (Q5_0, Q5_1, Q5_K) or fifth and sixth (Q6_K) code bit is a 64-bit
+// mask per group (bit 4r + i: row r's value 4j + i), one plane per bit. Q8_0's codes are the
+// groups as they are (group j of row r at q[64j + 4r]), each plus 128 so that it is an unsigned
+// byte for vpdpbusd (the 128 * sum(a) this adds to a block's dot is subtracted in exact integers).
+// K-quant panels start every eight blocks (a super-block) with the rows' f16 d (and dmin).
+struct Layout {
+  int header;  // bytes before each super-block's eight blocks
+  int block;   // bytes of a block
+  int d;       // f16 scales (-1: the super-block's)
+  int m;       // f16 offsets (Q4_1, Q5_1)
+  int sc;      // 8-bit sub-block scales (K-quants; Q6_K: 16 for values 0-15, then 16 for 16-31)
+  int mins;    // 6-bit sub-block mins (Q4_K, Q5_K)
+  int bits;    // code bit planes (64 bytes each)
+  int planes;
+  int q;  // codes
 };
-static_assert(sizeof(Q4_1Block) == kPanelRows * 20);
 
-// One block of a Q8_0 panel: group j (values 4j..4j+3) of row r at q[64j + 4r], each value plus
-// 128 so that it is an unsigned byte for vpdpbusd; the 128 * sum(x) this adds to a group's dot
-// is subtracted in exact integers, which leaves DotRowsQ8's integer sum.
-struct Q8_0Block {
-  uint16_t d[kPanelRows];
-  uint8_t q[8 * 64];
-};
-static_assert(sizeof(Q8_0Block) == kPanelRows * 34);
+constexpr Layout LayoutOf(DType t) {
+  switch (t) {
+    case DType::kQ4_0:
+      return {0, 288, 256, -1, -1, -1, -1, 0, 0};
+    case DType::kQ4_1:
+      return {0, 320, 0, 32, -1, -1, -1, 0, 64};
+    case DType::kQ5_0:
+      return {0, 352, 320, -1, -1, -1, 256, 1, 0};
+    case DType::kQ5_1:
+      return {0, 384, 0, 32, -1, -1, 64, 1, 128};
+    case DType::kQ8_0:
+      return {0, 544, 0, -1, -1, -1, -1, 0, 32};
+    case DType::kQ4_K:
+      return {64, 288, -1, -1, 256, 272, -1, 0, 0};
+    case DType::kQ5_K:
+      return {64, 352, -1, -1, 320, 336, 256, 1, 0};
+    case DType::kQ6_K:
+      return {64, 416, -1, -1, 384, -1, 256, 2, 0};
+    default:
+      return {};
+  }
+}
+
+constexpr bool IsKQuant(DType t) {
+  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+}
 
 // Four activation codes read as one 32-bit group.
 typedef int32_t Group __attribute__((may_alias, aligned(4)));
 
 #define RISKKV_PANEL_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-// Lane r of token t's accumulator is DotRowsQ8's output for row r: per block, the integer dot
-// of the 32 products (eight vertical four-value dots, summed as exact integers in two chains),
-// converted, times d * x.d, fused in block order; Q4_1 adds m * x.s block by block into its own
-// sum, added at the end.
-template <int T, bool kQ4_1>
+RISKKV_PANEL_TARGET inline __m512 Negate(__m512 v) {
+  return _mm512_castsi512_ps(
+      _mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(static_cast<int>(0x80000000))));
+}
+
+RISKKV_PANEL_TARGET inline __m512 HalfVector(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// 16 unsigned bytes as floats.
+RISKKV_PANEL_TARGET inline __m512 ByteVector(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Lane r of token t's accumulator is DotRowsQ8's output for row r, operation for operation
+// (quant_dot.h's arithmetic): per block, the exact integer dot (eight vertical four-value dots in
+// two chains, Q6_K's halves apart and times their scales, the zero point's share subtracted),
+// converted, times d * a.d, fused in block order; the offsets (m * a.s) summed block by block into
+// their own sum, added at the end.
+template <int T, DType kT>
 RISKKV_PANEL_TARGET void PanelTokens(const uint8_t* panel, const Q8Block* x, int64_t stride,
                                      int64_t blocks, float* y, int64_t y_stride) {
+  constexpr Layout L = LayoutOf(kT);
+  constexpr bool kOffset =
+      kT == DType::kQ4_1 || kT == DType::kQ5_1 || kT == DType::kQ4_K || kT == DType::kQ5_K;
+  constexpr int kZero = kT == DType::kQ4_0   ? 8
+                        : kT == DType::kQ5_0 ? 16
+                        : kT == DType::kQ8_0 ? 128
+                                             : 0;
   __m512 acc[T], offset[T];
   for (int t = 0; t < T; ++t) acc[t] = offset[t] = _mm512_setzero_ps();
-  const __m512i mask = _mm512_set1_epi8(0x0f);
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  __m512 super_d = _mm512_setzero_ps(), super_min = _mm512_setzero_ps();
+  const uint8_t* p = panel;
   for (int64_t b = 0; b < blocks; ++b) {
-    __m512 d, m;
-    __m512i w[8];
-    if constexpr (kQ4_1) {
-      const auto* pb = reinterpret_cast<const Q4_1Block*>(panel) + b;
-      d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pb->d)));
-      m = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pb->m)));
-      for (int c = 0; c < 4; ++c) {
-        const __m512i p = _mm512_load_si512(pb->q + 64 * c);
-        w[c] = _mm512_and_si512(p, mask);
-        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), mask);
+    if constexpr (IsKQuant(kT)) {
+      if (b % 8 == 0) {
+        super_d = HalfVector(p);
+        if constexpr (kOffset) super_min = HalfVector(p + 32);
+        p += L.header;
       }
+    }
+    __m512i w[8];
+    if constexpr (kT == DType::kQ8_0) {
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(p + L.q + 64 * j);
     } else {
-      const auto* pb = reinterpret_cast<const Q8_0Block*>(panel) + b;
-      d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pb->d)));
-      // 544-byte blocks: only every other one starts on a cache line.
-      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(pb->q + 64 * j);
+      for (int c = 0; c < 4; ++c) {
+        const __m512i q = _mm512_loadu_si512(p + L.q + 64 * c);
+        w[c] = _mm512_and_si512(q, low4);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+      }
+      for (int plane = 0; plane < L.planes; ++plane) {
+        const __m512i bit = _mm512_set1_epi8(static_cast<char>(16 << plane));
+        for (int j = 0; j < 8; ++j) {
+          uint64_t bits;
+          std::memcpy(&bits, p + L.bits + 64 * plane + 8 * j, 8);
+          w[j] = _mm512_mask_add_epi8(w[j], _cvtu64_mask64(bits), w[j], bit);
+        }
+      }
+    }
+    __m512 d, m = _mm512_setzero_ps();
+    __m512i lo_scale = _mm512_setzero_si512(), hi_scale = _mm512_setzero_si512();
+    if constexpr (kT == DType::kQ6_K) {
+      d = super_d;
+      lo_scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + L.sc)));
+      hi_scale =
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + L.sc + 16)));
+    } else if constexpr (IsKQuant(kT)) {
+      d = _mm512_mul_ps(super_d, ByteVector(p + L.sc));
+      m = Negate(_mm512_mul_ps(super_min, ByteVector(p + L.mins)));
+    } else {
+      d = HalfVector(p + L.d);
+      if constexpr (kOffset) m = HalfVector(p + L.m);
     }
     for (int t = 0; t < T; ++t) {
       const Q8Block& xb = x[t * stride + b];
       // Read in place, so that each broadcast folds into its vpdpbusd as a memory operand.
       const auto* groups = reinterpret_cast<const Group*>(xb.q);
-      // Q8_0 codes are stored plus 128: the block's dot is 128 * sum(q) too large.
-      __m512i even = kQ4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xb.sum);
-      __m512i odd = _mm512_setzero_si512();
-      for (int j = 0; j < 8; j += 2) {
-        even = _mm512_dpbusd_epi32(even, w[j], _mm512_set1_epi32(groups[j]));
-        odd = _mm512_dpbusd_epi32(odd, w[j + 1], _mm512_set1_epi32(groups[j + 1]));
+      __m512i dot;
+      if constexpr (kT == DType::kQ6_K) {
+        __m512i lo = _mm512_set1_epi32(-32 * xb.sum_lo);
+        __m512i hi = _mm512_set1_epi32(-32 * (xb.sum - xb.sum_lo));
+        for (int j = 0; j < 4; ++j) {
+          lo = _mm512_dpbusd_epi32(lo, w[j], _mm512_set1_epi32(groups[j]));
+          hi = _mm512_dpbusd_epi32(hi, w[j + 4], _mm512_set1_epi32(groups[j + 4]));
+        }
+        dot = _mm512_add_epi32(_mm512_mullo_epi32(lo, lo_scale), _mm512_mullo_epi32(hi, hi_scale));
+      } else {
+        __m512i even = _mm512_set1_epi32(-kZero * xb.sum);
+        __m512i odd = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j += 2) {
+          even = _mm512_dpbusd_epi32(even, w[j], _mm512_set1_epi32(groups[j]));
+          odd = _mm512_dpbusd_epi32(odd, w[j + 1], _mm512_set1_epi32(groups[j + 1]));
+        }
+        dot = _mm512_add_epi32(even, odd);
       }
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), dot, acc[t]);
-      if constexpr (kQ4_1) {
+      acc[t] =
+          _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(dot), acc[t]);
+      if constexpr (kOffset) {
         offset[t] = _mm512_add_ps(offset[t], _mm512_mul_ps(m, _mm512_set1_ps(xb.s)));
       }
     }
+    p += L.block;
   }
   for (int t = 0; t < T; ++t) {
-    _mm512_storeu_ps(y + t * y_stride, kQ4_1 ? _mm512_add_ps(acc[t], offset[t]) : acc[t]);
+    _mm512_storeu_ps(y + t * y_stride, kOffset ? _mm512_add_ps(acc[t], offset[t]) : acc[t]);
+  }
+}
+
+template <DType kT>
+void PanelCall(const uint8_t* panel, const Q8Block* x, int64_t stride, int count, int64_t blocks,
+               float* y, int64_t y_stride) {
+  switch (count) {
+    case 1:
+      return PanelTokens<1, kT>(panel, x, stride, blocks, y, y_stride);
+    case 2:
+      return PanelTokens<2, kT>(panel, x, stride, blocks, y, y_stride);
+    case 3:
+      return PanelTokens<3, kT>(panel, x, stride, blocks, y, y_stride);
+    default:
+      return PanelTokens<4, kT>(panel, x, stride, blocks, y, y_stride);
+  }
+}
+
+// Block b of the 16 rows at `rows` (row_bytes apart) into its place `out` in a panel.
+void PackBlock(DType t, const Layout& L, const uint8_t* rows, int64_t row_bytes, int64_t b,
+               uint8_t* out) {
+  for (int64_t r = 0; r < kPanelRows; ++r) {
+    const uint8_t* row = rows + r * row_bytes;
+    if (t == DType::kQ8_0) {
+      const uint8_t* blk = row + b * 34;
+      std::memcpy(out + L.d + 2 * r, blk, 2);
+      for (int j = 0; j < 8; ++j) {
+        for (int i = 0; i < 4; ++i) out[L.q + 64 * j + 4 * r + i] = blk[2 + 4 * j + i] ^ 0x80;
+      }
+      continue;
+    }
+    uint8_t u[32];
+    BlockCodes(t, row, b, u);
+    for (int c = 0; c < 4; ++c) {
+      for (int i = 0; i < 4; ++i) {
+        out[L.q + 64 * c + 4 * r + i] =
+            static_cast<uint8_t>((u[4 * c + i] & 0x0f) | ((u[16 + 4 * c + i] & 0x0f) << 4));
+      }
+    }
+    for (int plane = 0; plane < L.planes; ++plane) {
+      for (int j = 0; j < 8; ++j) {
+        for (int i = 0; i < 4; ++i) {
+          const int bit = 4 * static_cast<int>(r) + i;
+          if ((u[4 * j + i] >> (4 + plane)) & 1) {
+            out[L.bits + 64 * plane + 8 * j + bit / 8] |= static_cast<uint8_t>(1 << (bit % 8));
+          }
+        }
+      }
+    }
+    if (IsKQuant(t)) {
+      const int j = static_cast<int>(b % 8);
+      if (t == DType::kQ6_K) {
+        const int half = j / 4, quarter = j % 4;
+        const uint8_t* scales = row + b / 8 * 210 + 192 + 8 * half + 2 * quarter;
+        out[L.sc + r] = scales[0];
+        out[L.sc + 16 + r] = scales[1];
+      } else {
+        const uint8_t* sb = row + b / 8 * (t == DType::kQ4_K ? 144 : 176);
+        int sc = 0, mn = 0;
+        KQuantScaleMin(j, sb + 4, &sc, &mn);
+        out[L.sc + r] = static_cast<uint8_t>(sc);
+        out[L.mins + r] = static_cast<uint8_t>(mn);
+      }
+    } else {
+      const uint8_t* blk = row + b * BlockBytes(t);
+      std::memcpy(out + L.d + 2 * r, blk, 2);
+      if (L.m >= 0) std::memcpy(out + L.m + 2 * r, blk + 2, 2);
+    }
   }
 }
 
@@ -94,37 +249,41 @@ bool PanelsSupported() {
   return supported;
 }
 
-bool HasPanels(DType t) { return t == DType::kQ4_1 || t == DType::kQ8_0; }
+bool HasPanels(DType t) { return LayoutOf(t).block > 0; }
 
 int64_t PanelBytes(DType t, int64_t cols) {
-  return cols / 32 *
-         static_cast<int64_t>(t == DType::kQ4_1 ? sizeof(Q4_1Block) : sizeof(Q8_0Block));
+  const Layout L = LayoutOf(t);
+  return cols / 32 * L.block + cols / 256 * L.header;
 }
 
 void PanelsFree::operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
 
 Panels PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols) {
-  Panels panels(new (std::align_val_t(64)) uint8_t[n_rows / kPanelRows * PanelBytes(t, cols)]);
-  uint8_t* out = panels.get();
+  const int64_t bytes = n_rows / kPanelRows * PanelBytes(t, cols);
+  Panels panels(new (std::align_val_t(64)) uint8_t[bytes]);
+  std::memset(panels.get(), 0, bytes);
+  const Layout L = LayoutOf(t);
   const auto* src = static_cast<const uint8_t*>(rows);
-  const int64_t blocks = cols / 32, block_bytes = BlockBytes(t), row_bytes = blocks * block_bytes;
+  const int64_t row_bytes = RowBytes(t, cols);
+  uint8_t* out = panels.get();
   for (int64_t p = 0; p < n_rows / kPanelRows; ++p) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      for (int64_t r = 0; r < kPanelRows; ++r) {
-        const uint8_t* blk = src + (p * kPanelRows + r) * row_bytes + b * block_bytes;
-        if (t == DType::kQ4_1) {
-          auto* dst = reinterpret_cast<Q4_1Block*>(out) + p * blocks + b;
-          std::memcpy(&dst->d[r], blk, 2);
-          std::memcpy(&dst->m[r], blk + 2, 2);
-          for (int c = 0; c < 4; ++c) std::memcpy(&dst->q[64 * c + 4 * r], blk + 4 + 4 * c, 4);
-        } else {
-          auto* dst = reinterpret_cast<Q8_0Block*>(out) + p * blocks + b;
-          std::memcpy(&dst->d[r], blk, 2);
-          for (int j = 0; j < 8; ++j) {
-            for (int i = 0; i < 4; ++i) dst->q[64 * j + 4 * r + i] = blk[2 + 4 * j + i] ^ 0x80;
+    const uint8_t* panel_rows = src + p * kPanelRows * row_bytes;
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      if (IsKQuant(t) && b % 8 == 0) {
+        // The rows' super-block scales: Q4_K and Q5_K start with d and dmin, Q6_K ends with d.
+        for (int64_t r = 0; r < kPanelRows; ++r) {
+          const uint8_t* sb = panel_rows + r * row_bytes + b / 8 * BlockBytes(t);
+          if (t == DType::kQ6_K) {
+            std::memcpy(out + 2 * r, sb + 208, 2);
+          } else {
+            std::memcpy(out + 2 * r, sb, 2);
+            std::memcpy(out + 32 + 2 * r, sb + 2, 2);
           }
         }
+        out += L.header;
       }
+      PackBlock(t, L, panel_rows, row_bytes, b, out);
+      out += L.block;
     }
   }
   return panels;
@@ -133,20 +292,25 @@ Panels PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols) {
 void DotPanelQ8(DType t, const uint8_t* panel, const Q8Block* x, int64_t stride, int count,
                 int64_t cols, float* y, int64_t y_stride) {
   const int64_t blocks = cols / 32;
-  const bool q4_1 = t == DType::kQ4_1;
-  switch (count) {
-    case 1:
-      return q4_1 ? PanelTokens<1, true>(panel, x, stride, blocks, y, y_stride)
-                  : PanelTokens<1, false>(panel, x, stride, blocks, y, y_stride);
-    case 2:
-      return q4_1 ? PanelTokens<2, true>(panel, x, stride, blocks, y, y_stride)
-                  : PanelTokens<2, false>(panel, x, stride, blocks, y, y_stride);
-    case 3:
-      return q4_1 ? PanelTokens<3, true>(panel, x, stride, blocks, y, y_stride)
-                  : PanelTokens<3, false>(panel, x, stride, blocks, y, y_stride);
+  switch (t) {
+    case DType::kQ4_0:
+      return PanelCall<DType::kQ4_0>(panel, x, stride, count, blocks, y, y_stride);
+    case DType::kQ4_1:
+      return PanelCall<DType::kQ4_1>(panel, x, stride, count, blocks, y, y_stride);
+    case DType::kQ5_0:
+      return PanelCall<DType::kQ5_0>(panel, x, stride, count, blocks, y, y_stride);
+    case DType::kQ5_1:
+      return PanelCall<DType::kQ5_1>(panel, x, stride, count, blocks, y, y_stride);
+    case DType::kQ8_0:
+      return PanelCall<DType::kQ8_0>(panel, x, stride, count, blocks, y, y_stride);
+    case DType::kQ4_K:
+      return PanelCall<DType::kQ4_K>(panel, x, stride, count, blocks, y, y_stride);
+    case DType::kQ5_K:
+      return PanelCall<DType::kQ5_K>(panel, x, stride, count, blocks, y, y_stride);
+    case DType::kQ6_K:
+      return PanelCall<DType::kQ6_K>(panel, x, stride, count, blocks, y, y_stride);
     default:
-      return q4_1 ? PanelTokens<4, true>(panel, x, stride, blocks, y, y_stride)
-                  : PanelTokens<4, false>(panel, x, stride, blocks, y, y_stride);
+      return;
   }
 }
 

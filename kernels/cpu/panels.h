@@ -1,9 +1,10 @@
-// Q4_1 and Q8_0 weight matrices regrouped in panels of 16 rows for AVX-512 VNNI: each output row
-// is one vector lane, so a block of 32 values takes eight vertical integer dots per 16 rows
-// instead of one horizontal dot per row. The arithmetic of every output is DotRowsQ8's
-// (quant_dot.h), operation for operation: the same exact integer dot per block, converted and
-// fused into the output's accumulator with the same scale, then (Q4_1) the same offsets. So a
-// MatMul over panels gives the same bits as one over the GGUF rows.
+// Quantized weight matrices regrouped in panels of 16 rows for AVX-512 VNNI: each output row is
+// one vector lane, so a block of 32 values takes eight vertical integer dots per 16 rows instead
+// of one horizontal dot per row. The arithmetic of every output is DotRowsQ8's (quant_dot.h),
+// operation for operation: the same exact integer dot per block, converted and fused into the
+// output's accumulator with the same scale, then the same offsets. So a MatMul over panels gives
+// the same bits as one over the GGUF rows. A panel takes the bytes its rows take in the GGUF
+// (within 3% for Q4_K and Q5_K, whose super-block scales it keeps per row).
 #pragma once
 
 #include <cstdint>
@@ -20,11 +21,10 @@ inline constexpr int64_t kPanelRows = 16;
 // kernel is compiled for them whatever the build's -march).
 bool PanelsSupported();
 
-// Whether t has a panel layout (Q4_1, Q8_0).
+// Whether t has a panel layout (every quantized type).
 bool HasPanels(DType t);
 
-// Bytes of one panel of 16 rows of `cols` values (cols % 32 == 0): per block of 32 columns the
-// same bytes the 16 rows' blocks hold in GGUF (320 for Q4_1, 544 for Q8_0).
+// Bytes of one panel of 16 rows of `cols` values (a whole number of t's blocks).
 int64_t PanelBytes(DType t, int64_t cols);
 
 // A 64-byte-aligned buffer of panels.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/avx2_util.h"
 
@@ -174,47 +175,116 @@ inline void SumLanes(const __m256i* v, int32_t* sums) {
   for (int i = 0; i < K; ++i) sums[i] = all[i];
 }
 
-// The 8-bit weight formats DotRowsQ8 multiplies: Q4_1 codes are unsigned (the activation codes
-// times them directly, plus the offset term m * s), Q4_0 and Q8_0 codes signed (|w| times the
-// activations with w's sign).
-enum class Q8Weights { kQ4_1, kQ4_0, kQ8_0 };
+// 32 bits as 32 bytes: byte l is `value` where bit l is set, else 0.
+inline __m256i BitsToBytes(uint32_t bits, uint8_t value) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int32_t>(bits)),
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                          _mm256_set1_epi8(static_cast<char>(value)));
+}
+
+inline __m256i Load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// Block b of a weight row as the integer dot reads it (quant_dot.h's arithmetic).
+struct RowBlock {
+  __m256i u;   // unsigned codes; Q8_0: the codes' magnitudes
+  __m256i w;   // Q8_0: the signed codes
+  float d;     // scale of the integer dot
+  float m;     // offset per unit of the activations' s
+  int32_t lo;  // Q6_K: the sub-scales of values 0-15 and 16-31
+  int32_t hi;
+};
+
+template <DType kT>
+constexpr int kZeroPoint = kT == DType::kQ4_0   ? 8
+                           : kT == DType::kQ5_0 ? 16
+                                                : 0;
+template <DType kT>
+constexpr bool kHasOffset =
+    kT == DType::kQ4_1 || kT == DType::kQ5_1 || kT == DType::kQ4_K || kT == DType::kQ5_K;
+
+template <DType kT>
+inline void LoadBlock(const uint8_t* row, int64_t b, RowBlock* o) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  if constexpr (kT == DType::kQ8_0) {
+    const uint8_t* blk = row + b * 34;
+    o->d = Half(blk);
+    o->w = Load32(blk + 2);
+    o->u = _mm256_sign_epi8(o->w, o->w);
+  } else if constexpr (kT == DType::kQ4_0 || kT == DType::kQ4_1) {
+    const uint8_t* blk = row + b * (kT == DType::kQ4_1 ? 20 : 18);
+    o->d = Half(blk);
+    if constexpr (kT == DType::kQ4_1) o->m = Half(blk + 2);
+    o->u = Nibbles(blk + (kT == DType::kQ4_1 ? 4 : 2));
+  } else if constexpr (kT == DType::kQ5_0 || kT == DType::kQ5_1) {
+    constexpr int kHigh = kT == DType::kQ5_1 ? 4 : 2;  // offset of the fifth bits
+    const uint8_t* blk = row + b * (kT == DType::kQ5_1 ? 24 : 22);
+    o->d = Half(blk);
+    if constexpr (kT == DType::kQ5_1) o->m = Half(blk + 2);
+    uint32_t bits;
+    std::memcpy(&bits, blk + kHigh, 4);
+    o->u = _mm256_or_si256(Nibbles(blk + kHigh + 4), BitsToBytes(bits, 0x10));
+  } else if constexpr (kT == DType::kQ4_K || kT == DType::kQ5_K) {
+    constexpr int64_t kSuper = kT == DType::kQ4_K ? 144 : 176;
+    const uint8_t* sb = row + b / 8 * kSuper;
+    const int j = static_cast<int>(b % 8);
+    int sc = 0, mn = 0;
+    KQuantScaleMin(j, sb + 4, &sc, &mn);
+    o->d = Half(sb) * static_cast<float>(sc);
+    o->m = -(Half(sb + 2) * static_cast<float>(mn));
+    const uint8_t* qs = sb + (kT == DType::kQ4_K ? 16 : 48) + (j / 2) * 32;
+    __m256i u = _mm256_and_si256(_mm256_srli_epi16(Load32(qs), 4 * (j % 2)), low4);
+    if constexpr (kT == DType::kQ5_K) {
+      const __m256i fifth =
+          _mm256_and_si256(_mm256_srli_epi16(Load32(sb + 16), j), _mm256_set1_epi8(1));
+      u = _mm256_or_si256(u, _mm256_slli_epi16(fifth, 4));
+    }
+    o->u = u;
+  } else {
+    static_assert(kT == DType::kQ6_K);
+    const uint8_t* sb = row + b / 8 * 210;
+    const int j = static_cast<int>(b % 8), half = j / 4, quarter = j % 4;
+    const __m256i low = _mm256_and_si256(
+        _mm256_srli_epi16(Load32(sb + 64 * half + 32 * (quarter & 1)), 4 * (quarter >> 1)), low4);
+    const __m256i high = _mm256_and_si256(
+        _mm256_srli_epi16(Load32(sb + 128 + 32 * half), 2 * quarter), _mm256_set1_epi8(3));
+    o->u = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    const auto* scales = reinterpret_cast<const int8_t*>(sb + 192) + 8 * half + 2 * quarter;
+    o->lo = scales[0];
+    o->hi = scales[1];
+    o->d = Half(sb + 208);
+  }
+}
 
 // Dots R weight rows (row_bytes apart) with N activation rows (token t's blocks start at
 // x + t * stride): a weight block is unpacked once per N tokens and an activation block loaded
 // once per R rows. Output (r, t) goes to out[r * N + t] and takes the same operations in the
-// same order whatever R and N are, so a row's result does not depend on its neighbours: per
-// block, acc = fma(d_w * d_x, float(integer dot of the block), acc); for Q4_1 also
-// offset = offset + m * s; then acc + offset.
-template <int R, int N, Q8Weights kW>
+// same order whatever R and N are (quant_dot.h's arithmetic), so a row's result does not depend
+// on its neighbours.
+template <int R, int N, DType kT>
 void DotBlocksQ8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
                  int64_t n, float* out) {
-  constexpr bool kQ4_1 = kW == Q8Weights::kQ4_1;
-  constexpr int64_t kBlockBytes = kQ4_1 ? 20 : kW == Q8Weights::kQ4_0 ? 18 : 34;
   float acc[R][N] = {}, offset[R][N] = {};
   for (int64_t b = 0; b < n / 32; ++b) {
-    __m256i u[R], w[R];  // unsigned codes (Q4_1) or |w|; the signed codes
-    float d[R], m[R];
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = rows + r * row_bytes + b * kBlockBytes;
-      d[r] = Half(blk);
-      if constexpr (kQ4_1) {
-        u[r] = Nibbles(blk + 4);
-        m[r] = Half(blk + 2);
-      } else {
-        w[r] = kW == Q8Weights::kQ4_0
-                   ? _mm256_sub_epi8(Nibbles(blk + 2), _mm256_set1_epi8(8))
-                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-        u[r] = _mm256_sign_epi8(w[r], w[r]);
-      }
-    }
+    RowBlock w[R];
+    for (int r = 0; r < R; ++r) LoadBlock<kT>(rows + r * row_bytes, b, &w[r]);
     __m256i lanes[R * N];
     for (int t = 0; t < N; ++t) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t * stride + b].q));
       for (int r = 0; r < R; ++r) {
-        if constexpr (kQ4_1) {
-          lanes[r * N + t] = DotU8S8(u[r], q);
+        if constexpr (kT == DType::kQ8_0) {
+          lanes[r * N + t] = DotU8S8(w[r].u, _mm256_sign_epi8(q, w[r].w));
+        } else if constexpr (kT == DType::kQ6_K) {
+          // Lanes 0-3 hold values 0-15, lanes 4-7 values 16-31: each half times its scale.
+          lanes[r * N + t] = _mm256_mullo_epi32(
+              DotU8S8(w[r].u, q), _mm256_setr_epi32(w[r].lo, w[r].lo, w[r].lo, w[r].lo, w[r].hi,
+                                                    w[r].hi, w[r].hi, w[r].hi));
         } else {
-          lanes[r * N + t] = DotU8S8(u[r], _mm256_sign_epi8(q, w[r]));
+          lanes[r * N + t] = DotU8S8(w[r].u, q);
         }
       }
     }
@@ -223,13 +293,21 @@ void DotBlocksQ8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64
     for (int t = 0; t < N; ++t) {
       const Q8Block& xb = x[t * stride + b];
       for (int r = 0; r < R; ++r) {
-        acc[r][t] = std::fma(d[r] * xb.d, static_cast<float>(sums[r * N + t]), acc[r][t]);
-        if constexpr (kQ4_1) offset[r][t] = offset[r][t] + m[r] * xb.s;
+        int32_t dot = sums[r * N + t];
+        if constexpr (kT == DType::kQ6_K) {
+          dot -= 32 * (w[r].lo * xb.sum_lo + w[r].hi * (xb.sum - xb.sum_lo));
+        } else if constexpr (kZeroPoint<kT> != 0) {
+          dot -= kZeroPoint<kT> * xb.sum;
+        }
+        acc[r][t] = std::fma(w[r].d * xb.d, static_cast<float>(dot), acc[r][t]);
+        if constexpr (kHasOffset<kT>) offset[r][t] = offset[r][t] + w[r].m * xb.s;
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < N; ++t) out[r * N + t] = kQ4_1 ? acc[r][t] + offset[r][t] : acc[r][t];
+    for (int t = 0; t < N; ++t) {
+      out[r * N + t] = kHasOffset<kT> ? acc[r][t] + offset[r][t] : acc[r][t];
+    }
   }
 }
 
@@ -237,13 +315,25 @@ template <int R, int N>
 void DotRowsQ8N(DType t, const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64_t stride,
                 int64_t n, float* out) {
   switch (t) {
-    case DType::kQ4_1:
-      return DotBlocksQ8<R, N, Q8Weights::kQ4_1>(rows, row_bytes, x, stride, n, out);
     case DType::kQ4_0:
-      return DotBlocksQ8<R, N, Q8Weights::kQ4_0>(rows, row_bytes, x, stride, n, out);
+      return DotBlocksQ8<R, N, DType::kQ4_0>(rows, row_bytes, x, stride, n, out);
+    case DType::kQ4_1:
+      return DotBlocksQ8<R, N, DType::kQ4_1>(rows, row_bytes, x, stride, n, out);
+    case DType::kQ5_0:
+      return DotBlocksQ8<R, N, DType::kQ5_0>(rows, row_bytes, x, stride, n, out);
+    case DType::kQ5_1:
+      return DotBlocksQ8<R, N, DType::kQ5_1>(rows, row_bytes, x, stride, n, out);
     case DType::kQ8_0:
-      return DotBlocksQ8<R, N, Q8Weights::kQ8_0>(rows, row_bytes, x, stride, n, out);
-    default:  // float weights never take the 8-bit path
+      return DotBlocksQ8<R, N, DType::kQ8_0>(rows, row_bytes, x, stride, n, out);
+    case DType::kQ4_K:
+      return DotBlocksQ8<R, N, DType::kQ4_K>(rows, row_bytes, x, stride, n, out);
+    case DType::kQ5_K:
+      return DotBlocksQ8<R, N, DType::kQ5_K>(rows, row_bytes, x, stride, n, out);
+    case DType::kQ6_K:
+      return DotBlocksQ8<R, N, DType::kQ6_K>(rows, row_bytes, x, stride, n, out);
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:  // float weights never take the 8-bit path
       for (int i = 0; i < R * N; ++i) out[i] = 0.0f;
   }
 }
@@ -276,11 +366,44 @@ void QuantizeQ8(const float* x, int64_t n, Q8Block* out) {
       const int q = static_cast<int>(std::nearbyint(x[j] * id));
       out->q[j] = static_cast<int8_t>(q);
       sum += q;
+      if (j == 15) out->sum_lo = sum;
     }
     out->d = F16ToF32(F32ToF16(d));
     out->s = F16ToF32(F32ToF16(d * static_cast<float>(sum)));
     out->sum = sum;
   }
+}
+
+bool HasQ8Products(DType t) { return IsQuantized(t); }
+
+void BlockCodes(DType t, const uint8_t* row, int64_t b, uint8_t u[32]) {
+  RowBlock o;
+  switch (t) {
+    case DType::kQ4_0:
+      LoadBlock<DType::kQ4_0>(row, b, &o);
+      break;
+    case DType::kQ4_1:
+      LoadBlock<DType::kQ4_1>(row, b, &o);
+      break;
+    case DType::kQ5_0:
+      LoadBlock<DType::kQ5_0>(row, b, &o);
+      break;
+    case DType::kQ5_1:
+      LoadBlock<DType::kQ5_1>(row, b, &o);
+      break;
+    case DType::kQ4_K:
+      LoadBlock<DType::kQ4_K>(row, b, &o);
+      break;
+    case DType::kQ5_K:
+      LoadBlock<DType::kQ5_K>(row, b, &o);
+      break;
+    case DType::kQ6_K:
+      LoadBlock<DType::kQ6_K>(row, b, &o);
+      break;
+    default:
+      o.u = _mm256_setzero_si256();
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(u), o.u);
 }
 
 void DotRowsQ8(DType t, const void* rows, int64_t row_bytes, int n_rows, const Q8Block* xq,

@@ -17,12 +17,14 @@ void DotDequantizedRows(DType t, const void* rows, int64_t row_bytes, int64_t n_
                         int64_t y_stride);
 
 // Activations quantized to 8 bits in blocks of 32, as ggml's Q8_0 / Q8_1 (the layout llama.cpp
-// multiplies its Q4/Q8 weights with): x ~= d * q, s = d * sum(q) for the Q4_1 offset term, and
-// sum = sum(q) exactly (the panel kernels' correction for their unsigned Q8_0 codes).
+// multiplies its Q4/Q5/Q8 weights with): x ~= d * q, s = d * sum(q) for the offset term of the
+// weight types with a min, and the exact integer sums of all 32 codes and of the first 16 (the
+// zero-point corrections of the unsigned weight codes).
 struct Q8Block {
   float d;
   float s;
   int32_t sum;
+  int32_t sum_lo;
   int8_t q[32];
 };
 
@@ -30,16 +32,37 @@ struct Q8Block {
 // like ggml's so integer dot products match llama.cpp's.
 void QuantizeQ8(const float* x, int64_t n, Q8Block* out);
 
+// The arithmetic every 8-bit product of a weight row with an activation row follows, for every
+// quantized weight type, whichever kernel (row or panel) computes it. Weights are read in blocks
+// of 32 values (a K-quant super-block is eight of them); block b of a row has unsigned codes u,
+// a float scale d, for some types a float offset m and (Q6_K) two integer sub-scales. Per block,
+// with the activation block's codes a:
+//   I = sum(u * a) - z * sum(a)                               Q4_0 (z = 8), Q5_0 (16), others 0
+//   I = lo * (sum16(u * a) - 32 * sum16(a)) + hi * (...)      Q6_K, over its two halves
+//   I = sum(w * a)                                            Q8_0 (signed codes w)
+// all exact integers; then acc = fma(d * a.d, float(I), acc) in block order, and for the types
+// with an offset (Q4_1, Q5_1: m; Q4_K, Q5_K: -(dmin * m_j)) offset = offset + m * a.s; the output
+// is acc (+ offset). d is exact: the block's f16 scale, or for Q4_K and Q5_K the super-block's
+// f16 d times the 6-bit sub-block scale (at most 17 significant bits); Q6_K's d is its f16 d.
+// The activations use one format for every weight type (blocks of 32, where llama.cpp's K-quant
+// products use Q8_K's blocks of 256): products of weights of mixed types share one quantization,
+// and each block keeps its own scale.
+
+// Whether t takes the 8-bit products (every quantized type).
+bool HasQ8Products(DType t);
+
+// The 32 unsigned codes of block b of a row of type t (a quantized type other than Q8_0), in
+// value order: the u of the arithmetic above.
+void BlockCodes(DType t, const uint8_t* row, int64_t b, uint8_t u[32]);
+
 // Weight rows dotted together by DotRowsQ8: each activation block is loaded once for them.
 inline constexpr int kDotRowsQ8 = 2;
 
-// out[r * count + i] = dot(row r, dequantized activation row i) for r < n_rows (1 to
+// out[r * count + i] = the product above of row r and activation row i for r < n_rows (1 to
 // kDotRowsQ8; row r starts at rows + r * row_bytes) and i < count (1 to 4), where activation row
-// i starts at xq + i * stride blocks; rows are Q4_0, Q4_1 or Q8_0 with n values. Each block's
-// dot is one exact integer sum of its 32 products, converted once and fused into the output's
-// accumulator with the block's scale (weight d times activation d), in block order; Q4_1 adds
-// its offsets (m * s) in a second sum, added at the end. Each weight block is unpacked once for
-// all `count` rows. Every output is the same bits whatever n_rows and count are.
+// i starts at xq + i * stride blocks; rows are of type t (HasQ8Products) with n values. Each
+// weight block is unpacked once for all `count` rows. Every output is the same bits whatever
+// n_rows and count are.
 void DotRowsQ8(DType t, const void* rows, int64_t row_bytes, int n_rows, const Q8Block* xq,
                int64_t stride, int count, int64_t n, float* out);
 

@@ -221,6 +221,37 @@ inline std::vector<uint8_t> QuantizeRow(DType t, const float* x, int64_t n) {
   return out;
 }
 
+// n_rows rows of type t (quantized) whose code bytes are random, so every code value, sub-block
+// scale and min occurs, and whose f16 scales are finite, of both signs and magnitudes 0.001-0.1.
+inline std::vector<uint8_t> RandomBlocks(DType t, int64_t n_rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> out(n_rows * RowBytes(t, cols));
+  for (uint8_t& byte : out) byte = static_cast<uint8_t>(rng());
+  std::vector<int> halves;  // offsets of a block's f16 scales
+  switch (t) {
+    case DType::kQ4_1:
+    case DType::kQ5_1:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+      halves = {0, 2};
+      break;
+    case DType::kQ6_K:
+      halves = {208};
+      break;
+    default:
+      halves = {0};
+  }
+  std::uniform_real_distribution<float> magnitude(0.001f, 0.1f);
+  for (size_t b = 0; b < out.size(); b += BlockBytes(t)) {
+    for (const int at : halves) {
+      const float v = (rng() % 2 ? -1.0f : 1.0f) * magnitude(rng);
+      const uint16_t h = F32ToF16(v);
+      std::memcpy(out.data() + b + at, &h, 2);
+    }
+  }
+  return out;
+}
+
 // Normalised mean squared error, as in ggml's test-backend-ops.
 inline double Nmse(const float* a, const float* ref, int64_t n) {
   double err = 0, norm = 0;

@@ -1,8 +1,8 @@
-// The Q4_1 and Q8_0 panel kernels (kernels/cpu/panels.h) against the row kernel they restate,
-// DotRowsQ8 (itself checked against a scalar statement of the arithmetic in quant_dot_test): every
-// output bit for bit, for one to four tokens at a time, random and extreme codes; and the CPU
-// backend's MatMul with panels against the same matrix without them, for batches of every shape
-// and several thread counts.
+// The panel kernels of every quantized type (kernels/cpu/panels.h) against the row kernel they
+// restate, DotRowsQ8 (itself checked against a scalar statement of the arithmetic in
+// quant_dot_test): every output bit for bit, for one to four tokens at a time, random and extreme
+// codes; and the CPU backend's MatMul with panels against the same matrix without them, for batches
+// of every shape and several thread counts.
 #include "kernels/cpu/panels.h"
 
 #include <gtest/gtest.h>
@@ -85,9 +85,31 @@ TEST_P(PanelTest, EveryOutputEqualsTheRowKernel) {
                    kTokens);
 }
 
-INSTANTIATE_TEST_SUITE_P(TypesAndWidths, PanelTest,
-                         ::testing::Combine(::testing::Values(DType::kQ4_1, DType::kQ8_0),
-                                            ::testing::Values<int64_t>(32, 576, 1536)));
+// Rows of random bytes: every code, sub-block scale and min each type can hold.
+TEST_P(PanelTest, EveryCodeEqualsTheRowKernel) {
+  const auto [t, cols] = GetParam();
+  const int64_t n_rows = 2 * kPanelRows;
+  constexpr int kTokens = 4;
+  ExpectSameAsRows(t, testing::RandomBlocks(t, n_rows, cols, 13), n_rows, cols,
+                   Activations(kTokens, cols, 14), kTokens);
+}
+
+constexpr DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                            DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+std::vector<std::tuple<DType, int64_t>> TypesAndWidths() {
+  std::vector<std::tuple<DType, int64_t>> out;
+  for (const DType t : kTypes) {
+    for (const int64_t cols : {32, 256, 576, 1536}) {
+      if (cols % BlockSize(t) == 0 && (cols != 256 || BlockSize(t) == 256)) {
+        out.emplace_back(t, cols);
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(TypesAndWidths, PanelTest, ::testing::ValuesIn(TypesAndWidths()));
 
 // Q4_1 weights of 15 and 0 against activations of +127 and -127, with scales and offsets of both
 // signs: the largest integer dots the format allows, and rows whose outputs cancel.
@@ -139,7 +161,7 @@ class PanelMatMulTest : public ::testing::TestWithParam<DType> {};
 TEST_P(PanelMatMulTest, EqualsTheRowPath) {
   if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
   const DType t = GetParam();
-  constexpr int64_t kRows = 5 * kPanelRows, kCols = 576;
+  constexpr int64_t kRows = 5 * kPanelRows, kCols = 1536;
   const std::vector<uint8_t> rows = RandomRows(t, kRows, kCols, 21);
   const Panels panels = Pack(t, rows, kRows, kCols);
   const WeightMatrix plain{t, rows.data(), kRows, kCols};
@@ -159,15 +181,15 @@ TEST_P(PanelMatMulTest, EqualsTheRowPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, PanelMatMulTest, ::testing::Values(DType::kQ4_1, DType::kQ8_0));
+INSTANTIATE_TEST_SUITE_P(Types, PanelMatMulTest, ::testing::ValuesIn(kTypes));
 
-// MatMulMany over several weights of one width (a layer's Q, K and V: one pass over all their
-// panels, the activations quantized once) gives each product the bits MatMul gives it over the
-// GGUF rows; with a weight that has no panels it takes MatMul's path for each.
+// MatMulMany over several weights of one width and mixed types (a layer's Q, K and V: one pass over
+// all their panels, the activations quantized once) gives each product the bits MatMul gives it
+// over the GGUF rows; with a weight that has no panels it takes MatMul's path for each.
 TEST(Panels, MatMulManyEqualsEachMatMul) {
   if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
-  constexpr int64_t kCols = 576;
-  const DType types[] = {DType::kQ4_1, DType::kQ8_0, DType::kQ4_1};
+  constexpr int64_t kCols = 1536;
+  const DType types[] = {DType::kQ4_K, DType::kQ8_0, DType::kQ6_K};
   const int64_t rows[] = {5 * kPanelRows, 2 * kPanelRows, 3 * kPanelRows};
   std::vector<std::vector<uint8_t>> bytes;
   std::vector<Panels> panels;
