@@ -24,9 +24,10 @@ struct ModelOptions {
   // kInt8 (llama.cpp's arithmetic, faster) or kF32 (exact: the oracle the golden tests and
   // other backends are checked against). Only quantized weights are affected.
   ActivationPrecision activations = ActivationPrecision::kInt8;
-  // With kInt8 on a CPU with AVX-512 VNNI: a second copy of the Q4_1 and Q8_0 matrices regrouped
-  // for the panel kernel (kernels/cpu/panels.h), as many bytes again (96 MB for SmolLM2) for about
-  // twice the speed of their products, with the same bits. Off: the row kernel alone.
+  // The matrices regrouped in panels (kernels/cpu/panels.h) for products with the same bits at
+  // about twice the speed: quantized ones with kInt8 on a CPU with AVX-512 VNNI, F16 and BF16
+  // ones always. The file's pages of a packed matrix leave the resident set, so memory stays
+  // about that of the file. Off: the row kernels alone.
   bool cpu_panels = true;
 };
 
@@ -165,12 +166,11 @@ class Model {
   std::vector<float> output_norm_;
   std::vector<Layer> layers_;
   int64_t weight_bytes_ = 0;
-  // Regroups w in panels for the CPU's 8-bit kernel when its type has them and its rows fill
-  // whole panels.
-  void AddPanels(WeightMatrix& w);
+  // Regroups w in panels when its type and shape have them: quantized types where `quantized`
+  // (8-bit products on a CPU that runs their kernel), F16 and BF16 always.
+  void AddPanels(WeightMatrix& w, bool quantized);
 
-  // The Q4_1 and Q8_0 matrices' panels (WeightMatrix::panels), for 8-bit arithmetic on CPUs that
-  // run them.
+  // The packed matrices' panels (WeightMatrix::panels).
   std::vector<cpu::Panels> panels_;
 };
 

@@ -188,13 +188,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    model->tokenizer_->vocab_size(),
                                                    " tokens but the model only ", c.vocab));
   }
-  if (options.cpu_panels && options.activations == ActivationPrecision::kInt8 &&
-      cpu::PanelsSupported()) {
-    model->AddPanels(model->lm_head_);
+  if (options.cpu_panels) {
+    // Quantized panels serve 8-bit products on AVX-512 VNNI; float ones any f32 product.
+    const bool quantized =
+        options.activations == ActivationPrecision::kInt8 && cpu::PanelsSupported();
+    model->AddPanels(model->lm_head_, quantized);
     for (Layer& layer : model->layers_) {
       for (WeightMatrix* w : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate,
                               &layer.w_up, &layer.w_down}) {
-        model->AddPanels(*w);
+        model->AddPanels(*w, quantized);
       }
     }
   }
@@ -202,8 +204,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   return model;
 }
 
-void Model::AddPanels(WeightMatrix& w) {
-  if (!cpu::HasPanels(w.dtype) || w.rows % cpu::kPanelRows != 0) return;
+void Model::AddPanels(WeightMatrix& w, bool quantized) {
+  if (!cpu::FitsPanels(w.dtype, w.rows, w.cols) || (IsQuantized(w.dtype) && !quantized)) return;
   panels_.push_back(cpu::PackPanels(w.dtype, w.data, w.rows, w.cols));
   w.panels = panels_.back().get();
   // The panels are the copy the products read: the file's pages of these rows leave the

@@ -26,6 +26,7 @@ namespace {
 // these, never a result.
 constexpr int64_t kSmallBatch = 4;
 constexpr int64_t kTileRows = 64;
+static_assert(kTileRows % cpu::kPanelRows == 0);
 // Output rows per claimed chunk for a small batch.
 constexpr int64_t kSmallGrain = 32;
 // 8-bit products visit the activation rows in blocks of this many, so they stay in cache.
@@ -62,7 +63,8 @@ class CpuBackend final : public Backend {
   void MatMulMany(const float* x, int64_t n, std::span<const MatMulOut> outs) override {
     bool panels = precision_ == ActivationPrecision::kInt8 && cpu::PanelsSupported();
     for (const MatMulOut& o : outs) {
-      panels = panels && o.w->panels != nullptr && o.w->cols == outs.front().w->cols;
+      panels = panels && o.w->panels != nullptr && cpu::HasQ8Products(o.w->dtype) &&
+               o.w->cols == outs.front().w->cols;
     }
     if (!panels || outs.size() < 2) return Backend::MatMulMany(x, n, outs);
     const cpu::Q8Block* xq = QuantizeActivations(x, n, outs.front().w->cols);
@@ -283,6 +285,13 @@ class CpuBackend final : public Backend {
     return xq_data;
   }
 
+  // Rows a thread takes at a time for a small batch: runs of adjacent rows, so each thread reads
+  // the weights as one sequential stream the hardware prefetcher follows; about
+  // kChunksPerThread runs a thread, so one the OS holds back leaves its share to the others.
+  int64_t RowRun(int64_t rows) const {
+    return std::max(kSmallGrain, rows / (kChunksPerThread * pool_.threads()));
+  }
+
   // Products over panels (16 weight rows at a time, four tokens at a time; the same bits as the
   // row kernel) of several weights of the same width, in one parallel pass over all their
   // panels.
@@ -325,31 +334,47 @@ class CpuBackend final : public Backend {
       return PanelProducts(xq_data, n, std::span<const MatMulOut>(&out, 1));
     }
     const int64_t row_bytes = RowBytes(w.dtype, w.cols);
-    pool_.ParallelFor(w.rows, n <= kSmallBatch ? kSmallGrain : 16, [&](int64_t begin, int64_t end) {
-      for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
-        const int64_t t1 = std::min(n, t0 + kTokenBlock);
-        for (int64_t r = begin; r < end; r += cpu::kDotRowsQ8) {
-          const int n_rows = static_cast<int>(std::min<int64_t>(cpu::kDotRowsQ8, end - r));
-          for (int64_t i = t0; i < t1; i += 4) {
-            const int count = static_cast<int>(std::min<int64_t>(4, t1 - i));
-            float out[cpu::kDotRowsQ8 * 4];
-            cpu::DotRowsQ8(w.dtype, w.row(r), row_bytes, n_rows, xq_data + i * blocks, blocks,
-                           count, w.cols, out);
-            for (int k = 0; k < n_rows; ++k) {
-              for (int j = 0; j < count; ++j) y[(i + j) * w.rows + r + k] = out[k * count + j];
+    pool_.ParallelFor(
+        w.rows, n <= kSmallBatch ? RowRun(w.rows) : 16, [&](int64_t begin, int64_t end) {
+          for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
+            const int64_t t1 = std::min(n, t0 + kTokenBlock);
+            for (int64_t r = begin; r < end; r += cpu::kDotRowsQ8) {
+              const int n_rows = static_cast<int>(std::min<int64_t>(cpu::kDotRowsQ8, end - r));
+              for (int64_t i = t0; i < t1; i += 4) {
+                const int count = static_cast<int>(std::min<int64_t>(4, t1 - i));
+                float out[cpu::kDotRowsQ8 * 4];
+                cpu::DotRowsQ8(w.dtype, w.row(r), row_bytes, n_rows, xq_data + i * blocks, blocks,
+                               count, w.cols, out);
+                for (int k = 0; k < n_rows; ++k) {
+                  for (int j = 0; j < count; ++j) y[(i + j) * w.rows + r + k] = out[k * count + j];
+                }
+              }
             }
           }
-        }
-      }
-    });
+        });
   }
 
   // f32 activations: weight rows as f32 (in place for F32 weights, else dequantized a tile at a
   // time), each output one cpu::DotF32 of a weight row and an activation row.
   void MatMulF32(const float* x, int64_t n, const WeightMatrix& w, float* y) {
+    const bool panels = w.panels != nullptr && !cpu::HasQ8Products(w.dtype);
+    if (n <= kSmallBatch && panels) {
+      // F16 / BF16 panels: 16 rows a panel, read as one stream.
+      const int64_t bytes = cpu::PanelBytes(w.dtype, w.cols);
+      pool_.ParallelFor(w.rows / cpu::kPanelRows, RowRun(w.rows) / cpu::kPanelRows,
+                        [&](int64_t begin, int64_t end) {
+                          for (int64_t p = begin; p < end; ++p) {
+                            cpu::DotPanelF32(w.dtype, w.panels + p * bytes, x, w.cols,
+                                             static_cast<int>(n), w.cols, y + p * cpu::kPanelRows,
+                                             w.rows);
+                          }
+                        });
+      return;
+    }
     if (n <= kSmallBatch) {
-      // A few rows: each weight row unpacked once for all of them, never expanded in memory.
-      pool_.ParallelFor(w.rows, kSmallGrain, [&](int64_t begin, int64_t end) {
+      // A few rows: each weight row unpacked once for all of them, never expanded in memory;
+      // runs of adjacent rows, as PanelProducts takes its panels.
+      pool_.ParallelFor(w.rows, RowRun(w.rows), [&](int64_t begin, int64_t end) {
         cpu::DotDequantizedRows(w.dtype, w.row(begin), RowBytes(w.dtype, w.cols), end - begin, x,
                                 w.cols, static_cast<int>(n), w.cols, y + begin, w.rows);
       });
@@ -364,8 +389,16 @@ class CpuBackend final : public Backend {
         const float* tile = reinterpret_cast<const float*>(w.row(r0));
         if (w.dtype != DType::kF32) {
           tile_buf.resize(kTileRows * w.cols);
-          for (int64_t r = 0; r < nr; ++r) {
-            DequantizeRow(w.dtype, w.row(r0 + r), tile_buf.data() + r * w.cols, w.cols);
+          if (panels) {  // kTileRows is a whole number of panels
+            for (int64_t r = 0; r < nr; r += cpu::kPanelRows) {
+              cpu::PanelRowsF32(
+                  w.dtype, w.panels + (r0 + r) / cpu::kPanelRows * cpu::PanelBytes(w.dtype, w.cols),
+                  w.cols, tile_buf.data() + r * w.cols);
+            }
+          } else {
+            for (int64_t r = 0; r < nr; ++r) {
+              DequantizeRow(w.dtype, w.row(r0 + r), tile_buf.data() + r * w.cols, w.cols);
+            }
           }
           tile = tile_buf.data();
         }

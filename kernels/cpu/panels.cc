@@ -249,9 +249,15 @@ bool PanelsSupported() {
   return supported;
 }
 
-bool HasPanels(DType t) { return LayoutOf(t).block > 0; }
+bool HasPanels(DType t) { return LayoutOf(t).block > 0 || t == DType::kF16 || t == DType::kBF16; }
+
+bool FitsPanels(DType t, int64_t rows, int64_t cols) {
+  const bool half = t == DType::kF16 || t == DType::kBF16;
+  return HasPanels(t) && rows % kPanelRows == 0 && (!half || cols % 8 == 0);
+}
 
 int64_t PanelBytes(DType t, int64_t cols) {
+  if (t == DType::kF16 || t == DType::kBF16) return kPanelRows * cols * 2;
   const Layout L = LayoutOf(t);
   return cols / 32 * L.block + cols / 256 * L.header;
 }
@@ -261,6 +267,11 @@ void PanelsFree::operator()(uint8_t* p) const { ::operator delete[](p, std::alig
 Panels PackPanels(DType t, const void* rows, int64_t n_rows, int64_t cols) {
   const int64_t bytes = n_rows / kPanelRows * PanelBytes(t, cols);
   Panels panels(new (std::align_val_t(64)) uint8_t[bytes]);
+  if (t == DType::kF16 || t == DType::kBF16) {
+    PackFloatPanels(static_cast<const uint16_t*>(rows), n_rows, cols,
+                    reinterpret_cast<uint16_t*>(panels.get()));
+    return panels;
+  }
   std::memset(panels.get(), 0, bytes);
   const Layout L = LayoutOf(t);
   const auto* src = static_cast<const uint8_t*>(rows);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -182,6 +183,43 @@ TEST_P(PanelMatMulTest, EqualsTheRowPath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, PanelMatMulTest, ::testing::ValuesIn(kTypes));
+
+// F16 and BF16 panels serve f32 products on any AVX2 CPU, in both activation modes: MatMul over
+// a matrix with them gives the bits it gives over the GGUF rows for every batch size (the panel
+// kernel for a few rows, tiles expanded from the panels for more) and thread count; so does
+// MatMulMany beside a quantized weight.
+TEST(Panels, FloatPanelsEqualTheRowPath) {
+  for (const DType t : {DType::kF16, DType::kBF16}) {
+    constexpr int64_t kRows = 5 * kPanelRows, kCols = 584;  // 73 runs of eight columns
+    ASSERT_TRUE(FitsPanels(t, kRows, kCols));
+    ASSERT_FALSE(FitsPanels(t, kRows, kCols + 4));
+    ASSERT_FALSE(FitsPanels(t, kRows + 8, kCols));
+    const std::vector<uint8_t> rows = RandomRows(t, kRows, kCols, 51);
+    const Panels panels = Pack(t, rows, kRows, kCols);
+    const WeightMatrix plain{t, rows.data(), kRows, kCols};
+    WeightMatrix packed = plain;
+    packed.panels = panels.get();
+    for (const ActivationPrecision precision :
+         {ActivationPrecision::kF32, ActivationPrecision::kInt8}) {
+      for (const int threads : {1, 3}) {
+        auto backend = MakeCpuBackend(threads, precision);
+        for (const int64_t n : {1, 2, 3, 4, 5, 64, 67}) {
+          const auto x = testing::RandomVector(n * kCols, 52 + static_cast<uint32_t>(n));
+          std::vector<float> want(n * kRows), got(n * kRows, -1.0f);
+          backend->MatMul(x.data(), n, plain, nullptr, want.data());
+          backend->MatMul(x.data(), n, packed, nullptr, got.data());
+          ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+              << DTypeName(t) << " n=" << n << " threads=" << threads;
+          std::vector<float> many(n * kRows, -1.0f);
+          const MatMulOut out{&packed, nullptr, many.data()};
+          backend->MatMulMany(x.data(), n, std::span<const MatMulOut>(&out, 1));
+          ASSERT_EQ(std::memcmp(want.data(), many.data(), want.size() * sizeof(float)), 0)
+              << DTypeName(t) << " MatMulMany n=" << n << " threads=" << threads;
+        }
+      }
+    }
+  }
+}
 
 // MatMulMany over several weights of one width and mixed types (a layer's Q, K and V: one pass over
 // all their panels, the activations quantized once) gives each product the bits MatMul gives it
