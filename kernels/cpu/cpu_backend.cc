@@ -402,7 +402,14 @@ class CpuBackend final : public Backend {
           }
           tile = tile_buf.data();
         }
-        cpu::DotTile(tile, w.cols, nr, x, w.cols, n, w.cols, y + r0, w.rows);
+        if (cpu::PairTileSupported() && nr % 2 == 0 && w.cols % 8 == 0) {
+          thread_local std::vector<float> pair_buf;  // grows only, as tile_buf
+          pair_buf.resize(kTileRows * w.cols);
+          cpu::InterleavePairs(tile, nr, w.cols, pair_buf.data());
+          cpu::DotPairTile(pair_buf.data(), nr, x, w.cols, n, w.cols, y + r0, w.rows);
+        } else {
+          cpu::DotTile(tile, w.cols, nr, x, w.cols, n, w.cols, y + r0, w.rows);
+        }
       }
     });
   }

@@ -22,6 +22,16 @@ void DotTile(const float* w, int64_t w_stride, int64_t rows, const float* x, int
 void DotTileF16(const uint16_t* w, int64_t w_stride, int64_t rows, const float* x, int64_t x_stride,
                 int64_t tokens, int64_t n, float* y, int64_t y_stride);
 
+// DotTile on AVX-512 (where PairTileSupported(), checked at run time): rows even, n % 8 == 0,
+// the rows given interleaved in pairs by InterleavePairs. The same bits as DotTile over the
+// rows; a 16-lane multiply-add holds two rows' eight-lane sums.
+bool PairTileSupported();
+void DotPairTile(const float* pairs, int64_t rows, const float* x, int64_t x_stride, int64_t tokens,
+                 int64_t n, float* y, int64_t y_stride);
+// Rows 2p and 2p + 1 (p < n_rows / 2) of the n-wide rows at `rows`, eight columns of one then
+// eight of the other, pair after pair: the operand of DotPairTile.
+void InterleavePairs(const float* rows, int64_t n_rows, int64_t n, float* out);
+
 // out[t * out_stride + d] = sum over j < count + t of p[t * p_stride + j] * v[j * v_stride + d]
 // for t < tokens and d < width, accumulated with fused multiply-adds in j order from zero (the
 // causal shape of attention: each query sees one more row than the one before it).

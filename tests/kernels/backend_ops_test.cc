@@ -91,14 +91,34 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values<int64_t>(1, 3, 5, 70),  // fused and tiled paths
                        ::testing::Values<int64_t>(1, 67), ::testing::Values<int64_t>(1, 7, 100)));
 
+// The offset a block's values share (dequantized value = scale * code + offset), for the types
+// whose 8-bit products add it apart: Q4_1 and Q5_1's m, Q4_K and Q5_K's -(dmin * m_j).
+double BlockOffset(DType t, const uint8_t* row, int64_t b) {
+  switch (t) {
+    case DType::kQ4_1:
+      return GetHalf(row + b * 20 + 2);
+    case DType::kQ5_1:
+      return GetHalf(row + b * 24 + 2);
+    case DType::kQ4_K:
+    case DType::kQ5_K: {
+      const uint8_t* sb = row + b / 8 * (t == DType::kQ4_K ? 144 : 176);
+      int sc, m;
+      KQuantScaleMin(static_cast<int>(b % 8), sb + 4, &sc, &m);
+      return -static_cast<double>(GetHalf(sb + 2)) * m;
+    }
+    default:
+      return 0.0;
+  }
+}
+
 // The 8-bit activation path against an integer reference written from ggml's definitions:
 // x quantized per block of 32 with d = amax / 127 (through f16), q = round-half-even(x / d);
-// Q4_1 adds m * f16(d * sum(q)) with d before its f16 rounding.
+// the types with an offset add it as m * f16(d * sum(q)) with d before its f16 rounding.
 class MatMulInt8Test : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
 TEST_P(MatMulInt8Test, MatchesIntegerReference) {
   const auto [dtype, n] = GetParam();
-  const int64_t rows = 75, cols = 128;
+  const int64_t rows = 75, cols = 256;
   const QuantizedMatrix w = MakeMatrix(dtype, rows, cols, 21);
   const auto x = RandomVector(n * cols, 22);
   std::vector<float> ref(n * rows), exact(n * rows);
@@ -118,20 +138,10 @@ TEST_P(MatMulInt8Test, MatchesIntegerReference) {
           dot += static_cast<double>(w.dequantized[r * cols + b * 32 + j]) * q;
           sum_exact += static_cast<double>(w.dequantized[r * cols + b * 32 + j]) * xb[j];
         }
-        if (dtype == DType::kQ4_1) {
-          // d * sum(qw * qx) from the raw nibbles, plus m times the f16-rounded block sum.
-          const uint8_t* blk = w.bytes.data() + r * RowBytes(dtype, cols) + b * 20;
-          const double d = GetHalf(blk);
-          const double m = GetHalf(blk + 2);
-          long isum = 0;
-          for (int j = 0; j < 16; ++j) {
-            isum += static_cast<long>(blk[4 + j] & 0x0f) * std::lrint(xb[j] * (127.0f / amax));
-            isum += static_cast<long>(blk[4 + j] >> 4) * std::lrint(xb[j + 16] * (127.0f / amax));
-          }
-          sum += d * dx * isum + m * F16ToF32(F32ToF16(amax / 127.0f * static_cast<float>(qsum)));
-        } else {
-          sum += dot * dx;
-        }
+        // The offset's share goes as m * f16(d * sum(q)); the rest is d * sum(qw * qx).
+        const double m = BlockOffset(dtype, w.bytes.data() + r * RowBytes(dtype, cols), b);
+        sum += (dot - m * static_cast<double>(qsum)) * dx +
+               m * F16ToF32(F32ToF16(amax / 127.0f * static_cast<float>(qsum)));
       }
       ref[i * rows + r] = static_cast<float>(sum);
       exact[i * rows + r] = static_cast<float>(sum_exact);
@@ -146,10 +156,11 @@ TEST_P(MatMulInt8Test, MatchesIntegerReference) {
   EXPECT_LT(Nmse(y.data(), exact.data(), y.size()), 1e-3) << DTypeName(dtype) << " n=" << n;
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, MatMulInt8Test,
-                         ::testing::Combine(::testing::Values(DType::kQ8_0, DType::kQ4_0,
-                                                              DType::kQ4_1),
-                                            ::testing::Values<int64_t>(1, 4, 70)));
+INSTANTIATE_TEST_SUITE_P(
+    Types, MatMulInt8Test,
+    ::testing::Combine(::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                                         DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
+                       ::testing::Values<int64_t>(1, 4, 70)));
 
 TEST(BackendOps, Int8LeavesFloatWeightsExact) {
   const QuantizedMatrix w = MakeMatrix(DType::kF16, 33, 64, 31);
@@ -158,18 +169,6 @@ TEST(BackendOps, Int8LeavesFloatWeightsExact) {
   MakeCpuBackend(1, ActivationPrecision::kInt8)->MatMul(x.data(), 3, w.view, nullptr, a.data());
   MakeCpuBackend(1, ActivationPrecision::kF32)->MatMul(x.data(), 3, w.view, nullptr, b.data());
   EXPECT_EQ(a, b);
-}
-
-// Q5_0, Q5_1 and the K-quants have no 8-bit path: int8 backends multiply them in f32.
-TEST(BackendOps, Int8MultipliesFiveBitAndKQuantWeightsInF32) {
-  for (DType t : {DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-    const QuantizedMatrix w = MakeMatrix(t, 9, 256, 33);
-    const auto x = RandomVector(5 * 256, 34);
-    std::vector<float> a(5 * 9), b(5 * 9);
-    MakeCpuBackend(2, ActivationPrecision::kInt8)->MatMul(x.data(), 5, w.view, nullptr, a.data());
-    MakeCpuBackend(1, ActivationPrecision::kF32)->MatMul(x.data(), 5, w.view, nullptr, b.data());
-    EXPECT_EQ(a, b) << DTypeName(t);
-  }
 }
 
 TEST(BackendOps, RmsNorm) {

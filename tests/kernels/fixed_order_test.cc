@@ -76,6 +76,33 @@ TEST(FixedOrder, DotTileEqualsDotF32ForEveryBlockShape) {
   }
 }
 
+// The AVX-512 tile (two rows a vector) gives DotF32's bits for every block shape: row pairs in
+// fours and alone, tokens in fours and the remainders.
+TEST(FixedOrder, DotPairTileEqualsDotF32ForEveryBlockShape) {
+  if (!cpu::PairTileSupported()) GTEST_SKIP() << "this CPU lacks AVX-512";
+  for (int64_t n : {8, 64, 576}) {
+    for (int64_t rows : {2, 4, 6, 8, 10, 18}) {
+      for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 9}) {
+        const int64_t x_stride = n + 5, y_stride = rows + 2;
+        const auto w = RandomVector(rows * n, 5);
+        const auto x = RandomVector(tokens * x_stride, 6);
+        std::vector<float> pairs(rows * n, 0.0f), y(tokens * y_stride, -1.0f);
+        cpu::InterleavePairs(w.data(), rows, n, pairs.data());
+        cpu::DotPairTile(pairs.data(), rows, x.data(), x_stride, tokens, n, y.data(), y_stride);
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            ASSERT_TRUE(SameBits(y[t * y_stride + r],
+                                 cpu::DotF32(w.data() + r * n, x.data() + t * x_stride, n)))
+                << "n=" << n << " rows=" << rows << " tokens=" << tokens << " t=" << t
+                << " r=" << r;
+          }
+          EXPECT_EQ(y[t * y_stride + rows], -1.0f) << "wrote past the rows";
+        }
+      }
+    }
+  }
+}
+
 // f16 rows, as attention reads an f16 cache: the bits of DotF32 over the rows converted to f32.
 TEST(FixedOrder, DotTileF16EqualsDotF32OfTheConvertedRows) {
   for (int64_t n : {5, 64, 72}) {
