@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Measures riskkv's prefill and decode speed next to llama.cpp's, on the same GGUF and machine.
 
+Several files (--model A B ...; bench/make_type_files.py makes one per weight type) are measured
+in one run, one after the other, and summarised per file with a chart of the ratios.
 Both sides get the same prompt (the first --prompt-tokens tokens of real English text, tokenized by
 llama.cpp), the same thread count, and report medians over --repetitions runs:
   * prefill: time to evaluate the whole prompt in a fresh, empty KV cache (one batch: n_batch and
     n_ubatch >= prompt length on the llama.cpp side);
   * decode: tokens/s of greedy generation, one token per step, right after that prefill;
+  * the KV cache in f16 on both sides (llama.cpp's default and the node's; --kv-dtype f32 for the
+    exact cache riskkv-bench defaults to);
   * peak RSS of the process doing the work (llama.cpp runs in a child process of this script so
     its figure is not mixed with riskkv's; both are taken from wait4's rusage, so llama.cpp's
     includes the Python interpreter and NumPy, some 30 MiB).
@@ -13,7 +17,8 @@ Each side gets one untimed warm-up prefill + decode step first.
 Timings on a shared machine are noisy: look at all_* values in the JSON before trusting a ratio.
 
 riskkv-bench contract:
-  riskkv-bench --model M --prompt-tokens N --decode-tokens M --threads T --repetitions R --json
+  riskkv-bench --model M --prompt-tokens N --decode-tokens M --threads T --repetitions R
+      --kv-dtype f16 --json
       prints one JSON object on stdout: {"prefill_seconds": median, "prefill_tokens_per_second": ..,
       "decode_tokens_per_second": .., "peak_rss_bytes": ..}
   The prompt's token ids are passed with --tokens-file (a JSON list) so both engines see identical
@@ -129,16 +134,17 @@ def prompt_tokens(model: Path, text_file: Path, n: int) -> list[int]:
     return tokens[:n]
 
 
-def bar_chart(ref: dict, ours: dict, args) -> str:
-    """Grouped bars, prefill and decode tokens/s, each panel on its own scale."""
-    series = [("llama.cpp", ref, "#888888"), ("riskkv int8", ours["int8"], "#1f77b4"),
-              ("riskkv f32", ours["f32"], "#ff7f0e")]
+def bar_chart(run: dict, args) -> str:
+    """One file: grouped bars, prefill and decode tokens/s, each panel on its own scale."""
+    colors = {"int8": "#1f77b4", "f32": "#ff7f0e"}
+    series = [("llama.cpp", run["llamacpp"], "#888888")] + [
+        (f"riskkv {mode}", run["riskkv"][mode], colors[mode]) for mode in args.modes]
     panels = [("prefill_tokens_per_second", f"prefill of {args.prompt_tokens} tokens (tokens/s)"),
               ("decode_tokens_per_second", f"decode, {args.decode_tokens} steps (tokens/s)")]
     width, height, top, bottom, panel_w = 640, 300, 40, 40, 300
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            'font-family="sans-serif" font-size="12">',
-           f'<text x="10" y="18" font-size="14">{args.model.name}, {args.threads} threads, '
+           f'<text x="10" y="18" font-size="14">{run["file"]}, {args.threads} threads, '
            f'median of {args.repetitions}</text>']
     for p, (key, title) in enumerate(panels):
         x0 = 20 + p * (panel_w + 10)
@@ -158,37 +164,13 @@ def bar_chart(ref: dict, ours: dict, args) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, required=True, help="GGUF model both engines load")
-    ap.add_argument("--riskkv-bench", type=Path, help="path to the riskkv-bench binary (required)")
-    ap.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (default 512)")
-    ap.add_argument("--decode-tokens", type=int, default=128, help="greedy decode steps (default 128)")
-    ap.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
-    ap.add_argument("--repetitions", type=int, default=3, help="runs per side; medians reported (default 3)")
-    ap.add_argument("--text-file", type=Path, default=DEFAULT_TEXT,
-                    help=f"English text the prompt is taken from (default {DEFAULT_TEXT})")
-    ap.add_argument("--out", type=Path, help="write the results as JSON here")
-    ap.add_argument("--svg", type=Path, help="write a bar chart of the speeds (SVG) here")
-    ap.add_argument("--llamacpp-worker", type=Path, help=argparse.SUPPRESS)  # internal: tokens JSON
-    args = ap.parse_args()
-
-    if args.llamacpp_worker:
-        tokens = json.loads(args.llamacpp_worker.read_text())
-        print(json.dumps(llamacpp_worker(str(args.model), tokens, args.decode_tokens, args.threads,
-                                         args.repetitions)))
-        return 0
-
-    if not args.model.is_file():
-        die(f"model {args.model} not found")
-    if args.riskkv_bench is None or not args.riskkv_bench.is_file():
-        die(f"riskkv-bench binary {args.riskkv_bench} not found (build it first)")
-    tokens = prompt_tokens(args.model, args.text_file, args.prompt_tokens)
-
+def measure(model: Path, args) -> dict:
+    """Both engines on one file: prints its table and returns its results."""
+    tokens = prompt_tokens(model, args.text_file, args.prompt_tokens)
     with tempfile.TemporaryDirectory(prefix="compare_llamacpp_") as tmp:
         tok_file = Path(tmp) / "tokens.json"
         tok_file.write_text(json.dumps(tokens))
-        common = ["--model", str(args.model), "--decode-tokens", str(args.decode_tokens),
+        common = ["--model", str(model), "--decode-tokens", str(args.decode_tokens),
                   "--threads", str(args.threads), "--repetitions", str(args.repetitions)]
 
         stdout, ref_rss = run_measured([sys.executable, str(Path(__file__).resolve()),
@@ -198,9 +180,10 @@ def main() -> int:
 
         # riskkv in both activation modes: int8 is llama.cpp's own arithmetic, f32 the exact oracle.
         ours = {}
-        for mode in ("int8", "f32"):
+        for mode in args.modes:
             cmd = [str(args.riskkv_bench), *common, "--prompt-tokens", str(args.prompt_tokens),
-                   "--json", "--tokens-file", str(tok_file), "--activations", mode]
+                   "--kv-dtype", args.kv_dtype, "--json", "--tokens-file", str(tok_file),
+                   "--activations", mode]
             stdout, rss = run_measured(cmd)
             ours[mode] = parse_json_stdout(stdout)
             ours[mode]["peak_rss_bytes_self_reported"] = ours[mode].get("peak_rss_bytes")
@@ -210,17 +193,18 @@ def main() -> int:
                ("prefill_tokens_per_second", "prefill tokens/s", "{:.1f}"),
                ("decode_tokens_per_second", "decode tokens/s", "{:.2f}"),
                ("peak_rss_bytes", "peak RSS MiB", None)]
-    def cell(value, fmt) -> str:
-        if value is None:
-            return "-"
-        return f"{value / 2**20:.1f}" if fmt is None else fmt.format(value)
 
     ratios = {mode: {} for mode in ours}
-    print(f"{args.model.name}: prompt {args.prompt_tokens} tokens, decode {args.decode_tokens}, "
-          f"{args.threads} threads, median of {args.repetitions}, same prompt tokens on both sides")
+    print(f"{model.name}: prompt {args.prompt_tokens} tokens, decode {args.decode_tokens}, "
+          f"{args.threads} threads, KV {args.kv_dtype} on both sides, median of {args.repetitions}, "
+          "same prompt tokens on both sides")
     print(f"llama.cpp {ref.get('llama_cpp_version', '?')}, {ref.get('llama_cpp_build', '?')}")
-    print(f"{'':20s} {'llama.cpp':>12s} {'riskkv int8':>12s} {'riskkv f32':>12s} "
-          f"{'int8/llama.cpp':>15s} {'f32/llama.cpp':>14s}")
+    header = f"{'':20s} {'llama.cpp':>12s}"
+    for mode in ours:
+        header += f" {'riskkv ' + mode:>12s}"
+    for mode in ours:
+        header += f" {mode + '/llama.cpp':>15s}"
+    print(header)
     for key, label, fmt in metrics:
         a = ref.get(key)
         row = f"{label:20s} {cell(a, fmt):>12s}"
@@ -229,16 +213,122 @@ def main() -> int:
         for mode in ours:
             b = ours[mode].get(key)
             ratios[mode][key] = b / a if a and b is not None else None
-        row += f" {cell(ratios['int8'][key], '{:.3f}'):>15s} {cell(ratios['f32'][key], '{:.3f}'):>14s}"
+            row += f" {cell(ratios[mode][key], '{:.3f}'):>15s}"
         print(row)
-    result = {"model": str(args.model.resolve()), "prompt_tokens": args.prompt_tokens,
-              "decode_tokens": args.decode_tokens, "threads": args.threads,
-              "repetitions": args.repetitions, "command": sys.argv,
-              "llamacpp": ref, "riskkv": ours, "ratio_riskkv_over_llamacpp": ratios}
+    print(flush=True)
+    return {"model": str(model.resolve()), "file": model.name, "llamacpp": ref, "riskkv": ours,
+            "ratio_riskkv_over_llamacpp": ratios}
+
+
+def cell(value, fmt) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 2**20:.1f}" if fmt is None else fmt.format(value)
+
+
+def file_label(run: dict) -> str:
+    """The weight type in a file name such as SmolLM2-135M-Instruct.Q4_K_M.gguf."""
+    parts = run["file"].split(".")
+    return parts[-2] if len(parts) >= 3 else run["file"]
+
+
+def ratio_chart(runs: list[dict], args) -> str:
+    """Per file, riskkv int8's prefill and decode speed over llama.cpp's, with the 1.0 line."""
+    panels = [("prefill_tokens_per_second", f"prefill of {args.prompt_tokens} tokens"),
+              ("decode_tokens_per_second", f"decode, {args.decode_tokens} steps")]
+    mode = args.modes[0]
+    row_h, top, left, bar_max = 22, 56, 90, 230
+    height = top + row_h * len(runs) + 40
+    width = left + 2 * (bar_max + 60) + 20
+    vmax = max([1.0] + [r["ratio_riskkv_over_llamacpp"][mode].get(k) or 0 for r in runs for k, _ in panels])
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           'font-family="sans-serif" font-size="12">',
+           f'<text x="10" y="18" font-size="14">riskkv ({mode}) speed / llama.cpp speed, same file, '
+           f'{args.threads} threads, KV {args.kv_dtype}, median of {args.repetitions}</text>']
+    for p, (key, title) in enumerate(panels):
+        x0 = left + p * (bar_max + 60)
+        out.append(f'<text x="{x0}" y="{top - 14}">{title}</text>')
+        one = x0 + bar_max / vmax
+        out.append(f'<line x1="{one:.1f}" y1="{top - 8}" x2="{one:.1f}" y2="{top + row_h * len(runs)}" '
+                   'stroke="#d62728" stroke-dasharray="4,3"/>')
+        out.append(f'<text x="{one:.1f}" y="{top + row_h * len(runs) + 14}" text-anchor="middle" '
+                   'fill="#d62728">1.0</text>')
+        for i, run in enumerate(runs):
+            v = run["ratio_riskkv_over_llamacpp"][mode].get(key) or 0
+            y = top + i * row_h
+            w = bar_max * v / vmax
+            color = "#1f77b4" if v >= 1.0 else "#ff7f0e"
+            out.append(f'<rect x="{x0}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="{color}"/>')
+            out.append(f'<text x="{x0 + w + 4:.1f}" y="{y + row_h - 10}">{v:.2f}x</text>')
+            if p == 0:
+                out.append(f'<text x="{left - 8}" y="{y + row_h - 10}" text-anchor="end">{file_label(run)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, nargs="+", required=True,
+                    help="GGUF file(s) both engines load, measured one after the other")
+    ap.add_argument("--riskkv-bench", type=Path, help="path to the riskkv-bench binary (required)")
+    ap.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (default 512)")
+    ap.add_argument("--decode-tokens", type=int, default=128, help="greedy decode steps (default 128)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
+    ap.add_argument("--repetitions", type=int, default=3, help="runs per side; medians reported (default 3)")
+    ap.add_argument("--kv-dtype", choices=["f16", "f32"], default="f16",
+                    help="riskkv's KV cache (default f16, as llama.cpp's)")
+    ap.add_argument("--modes", default="int8,f32",
+                    help="riskkv activation modes, comma-separated (default int8,f32)")
+    ap.add_argument("--text-file", type=Path, default=DEFAULT_TEXT,
+                    help=f"English text the prompt is taken from (default {DEFAULT_TEXT})")
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument("--svg", type=Path, help="write a chart (SVG) here")
+    ap.add_argument("--llamacpp-worker", type=Path, help=argparse.SUPPRESS)  # internal: tokens JSON
+    args = ap.parse_args()
+
+    if args.llamacpp_worker:
+        tokens = json.loads(args.llamacpp_worker.read_text())
+        print(json.dumps(llamacpp_worker(str(args.model[0]), tokens, args.decode_tokens, args.threads,
+                                         args.repetitions)))
+        return 0
+
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or any(m not in ("int8", "f32") for m in args.modes):
+        die(f"--modes takes int8 and/or f32, not {','.join(args.modes)!r}")
+    for model in args.model:
+        if not model.is_file():
+            die(f"model {model} not found")
+    if args.riskkv_bench is None or not args.riskkv_bench.is_file():
+        die(f"riskkv-bench binary {args.riskkv_bench} not found (build it first)")
+
+    runs = []
+    for i, model in enumerate(args.model, 1):
+        log(f"[{i}/{len(args.model)}] {model.name}")
+        runs.append(measure(model, args))
+
+    mode = args.modes[0]
+    if len(runs) > 1:
+        print(f"riskkv {mode} / llama.cpp, every file, {args.threads} threads, KV {args.kv_dtype}:")
+        print(f"{'file':10s} {'prefill tok/s llama.cpp / riskkv':>34s} {'x':>6s} "
+              f"{'decode tok/s llama.cpp / riskkv':>33s} {'x':>6s} {'peak RSS MiB llama.cpp / riskkv':>33s}")
+        for run in runs:
+            ref, ours = run["llamacpp"], run["riskkv"][mode]
+            ratio = run["ratio_riskkv_over_llamacpp"][mode]
+            prefill = f"{cell(ref.get('prefill_tokens_per_second'), '{:.0f}')} / " \
+                      f"{cell(ours.get('prefill_tokens_per_second'), '{:.0f}')}"
+            decode = f"{cell(ref.get('decode_tokens_per_second'), '{:.1f}')} / " \
+                     f"{cell(ours.get('decode_tokens_per_second'), '{:.1f}')}"
+            rss = f"{cell(ref.get('peak_rss_bytes'), None)} / {cell(ours.get('peak_rss_bytes'), None)}"
+            print(f"{file_label(run):10s} {prefill:>34s} "
+                  f"{cell(ratio.get('prefill_tokens_per_second'), '{:.2f}'):>6s} {decode:>33s} "
+                  f"{cell(ratio.get('decode_tokens_per_second'), '{:.2f}'):>6s} {rss:>33s}")
+    result = {"prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens,
+              "threads": args.threads, "repetitions": args.repetitions, "kv_dtype": args.kv_dtype,
+              "command": sys.argv, "runs": runs}
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     if args.svg:
-        args.svg.write_text(bar_chart(ref, ours, args))
+        args.svg.write_text(ratio_chart(runs, args) if len(runs) > 1 else bar_chart(runs[0], args))
         log(f"chart written to {args.svg}")
     return 0
 

@@ -5,6 +5,7 @@
 #
 #   deploy/setup.sh               # build + test dependencies and the default model
 #   deploy/setup.sh --bench       # also llama-cpp-python (compiles llama.cpp, ~10 min) for bench/
+#                                 # and the model in every weight type ($RISKKV_HOME/models/types)
 #   deploy/setup.sh --build-only  # Debian build dependencies only (container image builds)
 set -euo pipefail
 
@@ -15,7 +16,7 @@ for arg in "$@"; do
   case "$arg" in
     --bench) WITH_BENCH=1 ;;
     --build-only) BUILD_ONLY=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -113,7 +114,13 @@ if [ "$WITH_BENCH" = 1 ]; then
   LLAMA_FEATURES="$(llama_cpp_features)"
   want="$want llama-cpp-python==0.3.36 [llama.cpp for: $LLAMA_FEATURES]"
 fi
-if [ "$(cat "$VENV/.riskkv-packages" 2>/dev/null)" != "$want" ]; then
+have="$(cat "$VENV/.riskkv-packages" 2>/dev/null || true)"
+# A venv set up with --bench has everything a plain run wants: a plain run keeps it (and its
+# llama.cpp) as it is.
+if [ "$WITH_BENCH" = 0 ] && [ "${have#"$want" llama-cpp-python}" != "$have" ]; then
+  have="$want"
+fi
+if [ "$have" != "$want" ]; then
   log "installing Python packages: ${PY_PACKAGES[*]}"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
   if [ "$WITH_BENCH" = 1 ]; then
@@ -160,5 +167,10 @@ else
   fi
   stat -c '%s %Y' "$MODEL" > "$stamp"
   log "model fetched and verified: $MODEL"
+fi
+# --- Bench files: the model in every weight type the engine runs, made by llama.cpp's quantizer --
+if [ "$WITH_BENCH" = 1 ]; then
+  "$VENV/bin/python" "$(dirname "$0")/../bench/make_type_files.py" --model "$MODEL" \
+    --out-dir "$MODEL_DIR/types"
 fi
 log "ready (RISKKV_HOME=$RISKKV_HOME)"
