@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fixed_order.h"
 
 namespace riskkv::cpu {
@@ -63,7 +64,7 @@ void PairRows(const float* pairs, int64_t n_pairs, const float* x, int64_t x_str
 }  // namespace
 
 bool PairTileSupported() {
-  static const bool supported = __builtin_cpu_supports("avx512f");
+  static const bool supported = Avx512KernelsAllowed() && __builtin_cpu_supports("avx512f");
   return supported;
 }
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/cpu/cpu_features.h"
+
 namespace riskkv::cpu {
 namespace {
 
@@ -243,9 +245,10 @@ void PackBlock(DType t, const Layout& L, const uint8_t* rows, int64_t row_bytes,
 }  // namespace
 
 bool PanelsSupported() {
-  static const bool supported =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  static const bool supported = Avx512KernelsAllowed() && __builtin_cpu_supports("avx512f") &&
+                                __builtin_cpu_supports("avx512bw") &&
+                                __builtin_cpu_supports("avx512vl") &&
+                                __builtin_cpu_supports("avx512vnni");
   return supported;
 }
 
