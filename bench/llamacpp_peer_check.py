@@ -4,7 +4,8 @@
 Both engines score the same tokens of text no test tunes to (by default the middle of the GPL-3
 licence text): at every position the NLL of the true next token and the argmax prediction.
 
-The requirement reads "next-token argmax agreement >= 98% and mean NLL within 1% of llama.cpp's".
+The requirement reads "next-token argmax agreement >= 98% and mean NLL within 0.5% of llama.cpp's"
+(0.5 % on every weight type since the K-quants, Q5 and F16 got their own kernels; 1 % before).
 On a quantized model llama.cpp does not meet the literal 98% against itself: changing only its KV
 cache precision (f16, its default, vs f32) flips the argmax at near-ties. So the check measures
 that noise floor and judges riskkv against it:
@@ -18,7 +19,7 @@ that noise floor and judges riskkv against it:
      arithmetic; f32: exact). Each mode PASSES when
        (a) argmax agreement on decisive positions >= 98 %,
        (b) raw argmax agreement >= self-baseline - 1 percentage point,
-       (c) |relative mean-NLL difference| <= 1 %.
+       (c) |relative mean-NLL difference| <= 0.5 %.
   The literal criterion (raw agreement >= 98 %) is printed too, beside the self-baseline, labelled
   as one llama.cpp itself does not meet when it does not.
 
@@ -52,7 +53,7 @@ import numpy as np
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")
 MIN_ARGMAX_AGREEMENT_PCT = 98.0       # literal requirement; here applied to decisive positions
 MAX_BELOW_SELF_BASELINE_PP = 1.0      # raw agreement may trail llama.cpp's self-baseline by this much
-MAX_MEAN_NLL_DIFF_PCT = 1.0
+MAX_MEAN_NLL_DIFF_PCT = 0.5
 RISKKV_MODES = ("int8", "f32")        # the first one decides the exit status
 GGML_TYPE_F32 = 0                     # llama.cpp's type_k / type_v value for an f32 KV cache
 

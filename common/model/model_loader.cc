@@ -189,9 +189,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    " tokens but the model only ", c.vocab));
   }
   if (options.cpu_panels) {
-    // Quantized panels serve 8-bit products on AVX-512 VNNI; float ones any f32 product.
-    const bool quantized =
-        options.activations == ActivationPrecision::kInt8 && cpu::PanelsSupported();
+    // Quantized panels serve 8-bit products; float ones any f32 product.
+    const bool quantized = options.activations == ActivationPrecision::kInt8;
     model->AddPanels(model->lm_head_, quantized);
     for (Layer& layer : model->layers_) {
       for (WeightMatrix* w : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate,

@@ -61,7 +61,7 @@ class CpuBackend final : public Backend {
   }
 
   void MatMulMany(const float* x, int64_t n, std::span<const MatMulOut> outs) override {
-    bool panels = precision_ == ActivationPrecision::kInt8 && cpu::PanelsSupported();
+    bool panels = precision_ == ActivationPrecision::kInt8;
     for (const MatMulOut& o : outs) {
       panels = panels && o.w->panels != nullptr && cpu::HasQ8Products(o.w->dtype) &&
                o.w->cols == outs.front().w->cols;
@@ -329,7 +329,7 @@ class CpuBackend final : public Backend {
   void MatMulQ8(const float* x, int64_t n, const WeightMatrix& w, float* y) {
     const int64_t blocks = w.cols / 32;
     const cpu::Q8Block* xq_data = QuantizeActivations(x, n, w.cols);
-    if (w.panels != nullptr && cpu::PanelsSupported()) {
+    if (w.panels != nullptr) {
       const MatMulOut out{&w, nullptr, y};
       return PanelProducts(xq_data, n, std::span<const MatMulOut>(&out, 1));
     }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/cpu_features.h"
 
 namespace riskkv::cpu {
@@ -174,9 +175,133 @@ RISKKV_PANEL_TARGET void PanelTokens(const uint8_t* panel, const Q8Block* x, int
   }
 }
 
+// The same outputs on AVX2 alone, half a panel (eight rows, one 256-bit lane each) at a time:
+// a four-value group's dot is vpmaddubsw then vpmaddwd (the pairwise int16 sums stay exact for
+// the codes the types allow: unsigned codes up to 63 against |a| <= 127; Q8_0 as |w| times a
+// with w's sign, so the 128 its panels add to each code comes off first). The integers are
+// those of the VNNI kernel, and every float operation the same, so the bits are too.
+template <int T, DType kT>
+void PanelTokensAvx2(const uint8_t* panel, const Q8Block* x, int64_t stride, int64_t blocks,
+                     float* y, int64_t y_stride) {
+  constexpr Layout L = LayoutOf(kT);
+  constexpr bool kOffset =
+      kT == DType::kQ4_1 || kT == DType::kQ5_1 || kT == DType::kQ4_K || kT == DType::kQ5_K;
+  constexpr int kZero = kT == DType::kQ4_0 ? 8 : kT == DType::kQ5_0 ? 16 : 0;
+  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const auto load128 = [](const uint8_t* q) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  };
+  const auto load64 = [](const uint8_t* q) {
+    return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+  };
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[T], offset[T];
+    for (int t = 0; t < T; ++t) acc[t] = offset[t] = _mm256_setzero_ps();
+    __m256 super_d = _mm256_setzero_ps(), super_min = _mm256_setzero_ps();
+    const uint8_t* p = panel;
+    for (int64_t b = 0; b < blocks; ++b) {
+      if constexpr (IsKQuant(kT)) {
+        if (b % 8 == 0) {
+          super_d = _mm256_cvtph_ps(load128(p + 16 * h));
+          if constexpr (kOffset) super_min = _mm256_cvtph_ps(load128(p + 32 + 16 * h));
+          p += L.header;
+        }
+      }
+      __m256i w[8];  // group j of the half's eight rows; Q8_0: the codes' magnitudes
+      __m256i sign[8];
+      for (int c = 0; c < 4; ++c) {
+        if constexpr (kT == DType::kQ8_0) {
+          for (int j : {c, c + 4}) {
+            sign[j] = _mm256_xor_si256(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L.q + 64 * j + 32 * h)),
+                _mm256_set1_epi8(static_cast<char>(0x80)));
+            w[j] = _mm256_sign_epi8(sign[j], sign[j]);
+          }
+        } else {
+          const __m256i q =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + L.q + 64 * c + 32 * h));
+          w[c] = _mm256_and_si256(q, low4);
+          w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        }
+      }
+      for (int plane = 0; plane < L.planes; ++plane) {
+        for (int j = 0; j < 8; ++j) {
+          uint32_t bits;
+          std::memcpy(&bits, p + L.bits + 64 * plane + 8 * j + 4 * h, 4);
+          w[j] = _mm256_or_si256(w[j], BitsToBytes(bits, static_cast<uint8_t>(16 << plane)));
+        }
+      }
+      __m256 d, m = _mm256_setzero_ps();
+      __m256i lo_scale = _mm256_setzero_si256(), hi_scale = _mm256_setzero_si256();
+      if constexpr (kT == DType::kQ6_K) {
+        d = super_d;
+        lo_scale = _mm256_cvtepi8_epi32(load64(p + L.sc + 8 * h));
+        hi_scale = _mm256_cvtepi8_epi32(load64(p + L.sc + 16 + 8 * h));
+      } else if constexpr (IsKQuant(kT)) {
+        d = _mm256_mul_ps(super_d,
+                          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load64(p + L.sc + 8 * h))));
+        const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load64(p + L.mins + 8 * h)));
+        m = _mm256_xor_ps(_mm256_mul_ps(super_min, mins), _mm256_set1_ps(-0.0f));
+      } else {
+        d = _mm256_cvtph_ps(load128(p + L.d + 16 * h));
+        if constexpr (kOffset) m = _mm256_cvtph_ps(load128(p + L.m + 16 * h));
+      }
+      for (int t = 0; t < T; ++t) {
+        const Q8Block& xb = x[t * stride + b];
+        const auto* groups = reinterpret_cast<const Group*>(xb.q);
+        const auto group_dot = [&](int j) {
+          const __m256i a = _mm256_set1_epi32(groups[j]);
+          if constexpr (kT == DType::kQ8_0) {
+            return _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], _mm256_sign_epi8(a, sign[j])),
+                                     ones);
+          } else {
+            return _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], a), ones);
+          }
+        };
+        __m256i dot;
+        if constexpr (kT == DType::kQ6_K) {
+          __m256i lo = _mm256_set1_epi32(-32 * xb.sum_lo);
+          __m256i hi = _mm256_set1_epi32(-32 * (xb.sum - xb.sum_lo));
+          for (int j = 0; j < 4; ++j) {
+            lo = _mm256_add_epi32(lo, group_dot(j));
+            hi = _mm256_add_epi32(hi, group_dot(j + 4));
+          }
+          dot =
+              _mm256_add_epi32(_mm256_mullo_epi32(lo, lo_scale), _mm256_mullo_epi32(hi, hi_scale));
+        } else {
+          dot = _mm256_set1_epi32(-kZero * xb.sum);
+          for (int j = 0; j < 8; ++j) dot = _mm256_add_epi32(dot, group_dot(j));
+        }
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xb.d)), _mm256_cvtepi32_ps(dot),
+                                 acc[t]);
+        if constexpr (kOffset) {
+          offset[t] = _mm256_add_ps(offset[t], _mm256_mul_ps(m, _mm256_set1_ps(xb.s)));
+        }
+      }
+      p += L.block;
+    }
+    for (int t = 0; t < T; ++t) {
+      _mm256_storeu_ps(y + t * y_stride + 8 * h,
+                       kOffset ? _mm256_add_ps(acc[t], offset[t]) : acc[t]);
+    }
+  }
+}
+
 template <DType kT>
 void PanelCall(const uint8_t* panel, const Q8Block* x, int64_t stride, int count, int64_t blocks,
                float* y, int64_t y_stride) {
+  if (!PanelsSupported()) {
+    switch (count) {
+      case 1:
+        return PanelTokensAvx2<1, kT>(panel, x, stride, blocks, y, y_stride);
+      case 2:
+        return PanelTokensAvx2<2, kT>(panel, x, stride, blocks, y, y_stride);
+      case 3:
+        return PanelTokensAvx2<3, kT>(panel, x, stride, blocks, y, y_stride);
+      default:
+        return PanelTokensAvx2<4, kT>(panel, x, stride, blocks, y, y_stride);
+    }
+  }
   switch (count) {
     case 1:
       return PanelTokens<1, kT>(panel, x, stride, blocks, y, y_stride);

@@ -175,16 +175,6 @@ inline void SumLanes(const __m256i* v, int32_t* sums) {
   for (int i = 0; i < K; ++i) sums[i] = all[i];
 }
 
-// 32 bits as 32 bytes: byte l is `value` where bit l is set, else 0.
-inline __m256i BitsToBytes(uint32_t bits, uint8_t value) {
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int32_t>(bits)),
-      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
-                          _mm256_set1_epi8(static_cast<char>(value)));
-}
-
 inline __m256i Load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }

@@ -71,12 +71,9 @@ void ExpectSameAsRows(DType t, const std::vector<uint8_t>& rows, int64_t n_rows,
   }
 }
 
-class PanelTest : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {
- protected:
-  void SetUp() override {
-    if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
-  }
-};
+// On a CPU without AVX-512 VNNI (or with RISKKV_CPU_KERNELS=avx2: avx2_kernels/), the panels'
+// AVX2 kernel.
+class PanelTest : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
 TEST_P(PanelTest, EveryOutputEqualsTheRowKernel) {
   const auto [t, cols] = GetParam();
@@ -115,7 +112,6 @@ INSTANTIATE_TEST_SUITE_P(TypesAndWidths, PanelTest, ::testing::ValuesIn(TypesAnd
 // Q4_1 weights of 15 and 0 against activations of +127 and -127, with scales and offsets of both
 // signs: the largest integer dots the format allows, and rows whose outputs cancel.
 TEST(Panels, ExtremeCodesEqualTheRowKernel) {
-  if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
   constexpr int64_t kCols = 64, kRows = kPanelRows;
   std::vector<uint8_t> rows(kRows * RowBytes(DType::kQ4_1, kCols));
   for (int64_t r = 0; r < kRows; ++r) {
@@ -160,7 +156,6 @@ TEST(Panels, ExtremeCodesEqualTheRowKernel) {
 class PanelMatMulTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(PanelMatMulTest, EqualsTheRowPath) {
-  if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
   const DType t = GetParam();
   constexpr int64_t kRows = 5 * kPanelRows, kCols = 1536;
   const std::vector<uint8_t> rows = RandomRows(t, kRows, kCols, 21);
@@ -225,7 +220,6 @@ TEST(Panels, FloatPanelsEqualTheRowPath) {
 // all their panels, the activations quantized once) gives each product the bits MatMul gives it
 // over the GGUF rows; with a weight that has no panels it takes MatMul's path for each.
 TEST(Panels, MatMulManyEqualsEachMatMul) {
-  if (!PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
   constexpr int64_t kCols = 1536;
   const DType types[] = {DType::kQ4_K, DType::kQ8_0, DType::kQ6_K};
   const int64_t rows[] = {5 * kPanelRows, 2 * kPanelRows, 3 * kPanelRows};

@@ -322,7 +322,6 @@ TEST_F(MicroBatchTest, TeacherForcedNllScoresFirstTokenFromGivenLogits) {
 // resident after the load, nor after a pass over every weight (the fingerprint's), while a model
 // without panels keeps what it read.
 TEST(Model, WeightsInPanelsLeaveTheFilesPagesOutOfTheResidentSet) {
-  if (!cpu::PanelsSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
   int64_t file_bytes = 0;
   const void* first = nullptr;
   uint64_t sum = 0;
