@@ -53,7 +53,10 @@ void DotBlock(const typename Rows::T* w, int64_t w_stride, const float* x, int64
     __m256 wv[kRows];
     for (int r = 0; r < kRows; ++r) wv[r] = Rows::Load(w + r * w_stride + k);
     for (int t = 0; t < kTokens; ++t) {
-      const __m256 xv = _mm256_loadu_ps(x + t * x_stride + k);
+      __m256 xv = _mm256_loadu_ps(x + t * x_stride + k);
+      // Keeps the row in a register for all kRows: otherwise GCC folds a load of it into every
+      // multiply-add, and the loads, not the multiply-adds, bound the loop.
+      __asm__("" : "+x"(xv));
       for (int r = 0; r < kRows; ++r) acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
     }
   }
@@ -95,7 +98,7 @@ void DotTileOf(const typename Rows::T* w, int64_t w_stride, int64_t rows, const 
                int64_t x_stride, int64_t tokens, int64_t n, float* y, int64_t y_stride) {
   int64_t t = 0;
   for (; t + 4 <= tokens; t += 4) {
-    DotRows<4, 2, Rows>(w, w_stride, rows, x + t * x_stride, x_stride, n, y + t * y_stride,
+    DotRows<4, 3, Rows>(w, w_stride, rows, x + t * x_stride, x_stride, n, y + t * y_stride,
                         y_stride);
   }
   const float* xt = x + t * x_stride;
