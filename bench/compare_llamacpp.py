@@ -8,8 +8,8 @@ llama.cpp), the same thread count, and report medians over --repetitions runs:
   * prefill: time to evaluate the whole prompt in a fresh, empty KV cache (one batch: n_batch and
     n_ubatch >= prompt length on the llama.cpp side);
   * decode: tokens/s of greedy generation, one token per step, right after that prefill;
-  * the KV cache in f16 on both sides (llama.cpp's default and the node's; --kv-dtype f32 for the
-    exact cache riskkv-bench defaults to);
+  * the KV cache in f16 on both sides (llama.cpp's default and the node's; --kv-dtype f32 gives
+    both an f32 cache, riskkv-bench's default);
   * peak RSS of the process doing the work (llama.cpp runs in a child process of this script so
     its figure is not mixed with riskkv's; both are taken from wait4's rusage, so llama.cpp's
     includes the Python interpreter and NumPy, some 30 MiB).
@@ -77,13 +77,18 @@ def parse_json_stdout(stdout: str) -> dict:
     die(f"no JSON object in output:\n{stdout[-2000:]}")
 
 
-def llamacpp_worker(model: str, tokens: list[int], decode_tokens: int, threads: int, reps: int) -> dict:
+GGML_TYPE_F32 = 0  # llama.cpp's type_k / type_v value for an f32 KV cache (f16 is its default)
+
+
+def llamacpp_worker(model: str, tokens: list[int], decode_tokens: int, threads: int, reps: int,
+                    kv_dtype: str) -> dict:
     import llama_cpp
     import numpy as np
 
     n = len(tokens)
     lm = llama_cpp.Llama(model, n_ctx=n + decode_tokens + 8, n_batch=max(512, n), n_ubatch=max(512, n),
-                         n_threads=threads, n_threads_batch=threads, verbose=False)
+                         n_threads=threads, n_threads_batch=threads, verbose=False,
+                         **({"type_k": GGML_TYPE_F32, "type_v": GGML_TYPE_F32} if kv_dtype == "f32" else {}))
     n_vocab = lm.n_vocab()
 
     def next_token() -> int:
@@ -174,7 +179,8 @@ def measure(model: Path, args) -> dict:
                   "--threads", str(args.threads), "--repetitions", str(args.repetitions)]
 
         stdout, ref_rss = run_measured([sys.executable, str(Path(__file__).resolve()),
-                                        "--llamacpp-worker", str(tok_file), *common])
+                                        "--llamacpp-worker", str(tok_file), "--kv-dtype", args.kv_dtype,
+                                        *common])
         ref = parse_json_stdout(stdout)
         ref["peak_rss_bytes"] = ref_rss
 
@@ -276,7 +282,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
     ap.add_argument("--repetitions", type=int, default=3, help="runs per side; medians reported (default 3)")
     ap.add_argument("--kv-dtype", choices=["f16", "f32"], default="f16",
-                    help="riskkv's KV cache (default f16, as llama.cpp's)")
+                    help="both engines' KV cache (default f16, llama.cpp's default)")
     ap.add_argument("--modes", default="int8,f32",
                     help="riskkv activation modes, comma-separated (default int8,f32)")
     ap.add_argument("--text-file", type=Path, default=DEFAULT_TEXT,
@@ -289,7 +295,7 @@ def main() -> int:
     if args.llamacpp_worker:
         tokens = json.loads(args.llamacpp_worker.read_text())
         print(json.dumps(llamacpp_worker(str(args.model[0]), tokens, args.decode_tokens, args.threads,
-                                         args.repetitions)))
+                                         args.repetitions, args.kv_dtype)))
         return 0
 
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
