@@ -19,8 +19,9 @@ struct WeightMatrix {
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  // Q4_1 and Q8_0 only, optional: the same rows regrouped for the CPU's panel kernel
-  // (cpu/panels.h), owned with the weights. Changes only the speed of 8-bit MatMuls.
+  // Optional: the same rows regrouped in panels for the CPU's kernels (cpu/panels.h), owned with
+  // the weights; quantized types for 8-bit products, F16 and BF16 for f32 ones. Changes only
+  // the speed of MatMuls, never a bit.
   const uint8_t* panels = nullptr;
   const uint8_t* row(int64_t r) const {
     return static_cast<const uint8_t*>(data) + r * RowBytes(dtype, cols);

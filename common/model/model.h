@@ -25,9 +25,9 @@ struct ModelOptions {
   // other backends are checked against). Only quantized weights are affected.
   ActivationPrecision activations = ActivationPrecision::kInt8;
   // The matrices regrouped in panels (kernels/cpu/panels.h) for products with the same bits at
-  // about twice the speed: quantized ones with kInt8 on a CPU with AVX-512 VNNI, F16 and BF16
-  // ones always. The file's pages of a packed matrix leave the resident set, so memory stays
-  // about that of the file. Off: the row kernels alone.
+  // about twice the speed: quantized ones with kInt8 (AVX-512 VNNI or AVX2 kernel, chosen at run
+  // time), F16 and BF16 ones always. The file's pages of a packed matrix leave the resident set, so
+  // memory stays about that of the file. Off: the row kernels alone.
   bool cpu_panels = true;
 };
 

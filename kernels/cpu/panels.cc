@@ -3,6 +3,8 @@
 
 #include <immintrin.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -448,8 +450,9 @@ void DotPanelQ8(DType t, const uint8_t* panel, const Q8Block* x, int64_t stride,
       return PanelCall<DType::kQ5_K>(panel, x, stride, count, blocks, y, y_stride);
     case DType::kQ6_K:
       return PanelCall<DType::kQ6_K>(panel, x, stride, count, blocks, y, y_stride);
-    default:
-      return;
+    default:  // F16 and BF16 panels are DotPanelF32's; a caller that gets here is wrong
+      std::fprintf(stderr, "DotPanelQ8: %s has no 8-bit panels\n", DTypeName(t));
+      std::abort();
   }
 }
 

@@ -20,7 +20,7 @@ namespace riskkv::cpu {
 
 inline constexpr int64_t kPanelRows = 16;
 
-// Whether DotPanelQ8 runs its AVX-512 VNNI kernel here (AVX-512 F, BW and VNNI, checked at run
+// Whether DotPanelQ8 runs its AVX-512 VNNI kernel here (AVX-512 F, BW, VL and VNNI, checked at run
 // time, the kernel compiled for them whatever the build's -march; and RISKKV_CPU_KERNELS not
 // "avx2"); its AVX2 kernel otherwise, with the same bits.
 bool PanelsSupported();

@@ -182,10 +182,10 @@ INSTANTIATE_TEST_SUITE_P(Types, PanelMatMulTest, ::testing::ValuesIn(kTypes));
 // F16 and BF16 panels serve f32 products on any AVX2 CPU, in both activation modes: MatMul over
 // a matrix with them gives the bits it gives over the GGUF rows for every batch size (the panel
 // kernel for a few rows, tiles expanded from the panels for more) and thread count; so does
-// MatMulMany beside a quantized weight.
+// MatMulMany beside a Q8_0 matrix with panels, each product taking its own kernel.
 TEST(Panels, FloatPanelsEqualTheRowPath) {
   for (const DType t : {DType::kF16, DType::kBF16}) {
-    constexpr int64_t kRows = 5 * kPanelRows, kCols = 584;  // 73 runs of eight columns
+    constexpr int64_t kRows = 5 * kPanelRows, kCols = 576;
     ASSERT_TRUE(FitsPanels(t, kRows, kCols));
     ASSERT_FALSE(FitsPanels(t, kRows, kCols + 4));
     ASSERT_FALSE(FitsPanels(t, kRows + 8, kCols));
@@ -194,6 +194,10 @@ TEST(Panels, FloatPanelsEqualTheRowPath) {
     const WeightMatrix plain{t, rows.data(), kRows, kCols};
     WeightMatrix packed = plain;
     packed.panels = panels.get();
+    const std::vector<uint8_t> q_rows = RandomRows(DType::kQ8_0, kRows, kCols, 53);
+    const Panels q_panels = Pack(DType::kQ8_0, q_rows, kRows, kCols);
+    WeightMatrix quantized{DType::kQ8_0, q_rows.data(), kRows, kCols};
+    quantized.panels = q_panels.get();
     for (const ActivationPrecision precision :
          {ActivationPrecision::kF32, ActivationPrecision::kInt8}) {
       for (const int threads : {1, 3}) {
@@ -205,11 +209,16 @@ TEST(Panels, FloatPanelsEqualTheRowPath) {
           backend->MatMul(x.data(), n, packed, nullptr, got.data());
           ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
               << DTypeName(t) << " n=" << n << " threads=" << threads;
-          std::vector<float> many(n * kRows, -1.0f);
-          const MatMulOut out{&packed, nullptr, many.data()};
-          backend->MatMulMany(x.data(), n, std::span<const MatMulOut>(&out, 1));
+          // Beside a quantized matrix with panels: each product takes its own kernel.
+          std::vector<float> many(n * kRows, -1.0f), many_q(n * kRows, -1.0f), want_q(n * kRows);
+          backend->MatMul(x.data(), n, quantized, nullptr, want_q.data());
+          const MatMulOut outs[] = {{&packed, nullptr, many.data()},
+                                    {&quantized, nullptr, many_q.data()}};
+          backend->MatMulMany(x.data(), n, outs);
           ASSERT_EQ(std::memcmp(want.data(), many.data(), want.size() * sizeof(float)), 0)
               << DTypeName(t) << " MatMulMany n=" << n << " threads=" << threads;
+          ASSERT_EQ(std::memcmp(want_q.data(), many_q.data(), want_q.size() * sizeof(float)), 0)
+              << "Q8_0 beside " << DTypeName(t) << " n=" << n << " threads=" << threads;
         }
       }
     }
