@@ -91,12 +91,9 @@ template <int T, DType kT>
 RISKKV_PANEL_TARGET void PanelTokens(const uint8_t* panel, const Q8Block* x, int64_t stride,
                                      int64_t blocks, float* y, int64_t y_stride) {
   constexpr Layout L = LayoutOf(kT);
-  constexpr bool kOffset =
-      kT == DType::kQ4_1 || kT == DType::kQ5_1 || kT == DType::kQ4_K || kT == DType::kQ5_K;
-  constexpr int kZero = kT == DType::kQ4_0   ? 8
-                        : kT == DType::kQ5_0 ? 16
-                        : kT == DType::kQ8_0 ? 128
-                                             : 0;
+  constexpr bool kOffset = HasOffset(kT);
+  // Q8_0's codes are stored plus 128.
+  constexpr int kZero = kT == DType::kQ8_0 ? 128 : ZeroPoint(kT);
   __m512 acc[T], offset[T];
   for (int t = 0; t < T; ++t) acc[t] = offset[t] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -186,9 +183,8 @@ template <int T, DType kT>
 void PanelTokensAvx2(const uint8_t* panel, const Q8Block* x, int64_t stride, int64_t blocks,
                      float* y, int64_t y_stride) {
   constexpr Layout L = LayoutOf(kT);
-  constexpr bool kOffset =
-      kT == DType::kQ4_1 || kT == DType::kQ5_1 || kT == DType::kQ4_K || kT == DType::kQ5_K;
-  constexpr int kZero = kT == DType::kQ4_0 ? 8 : kT == DType::kQ5_0 ? 16 : 0;
+  constexpr bool kOffset = HasOffset(kT);
+  constexpr int kZero = ZeroPoint(kT);  // Q8_0 is read signed here
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const auto load128 = [](const uint8_t* q) {
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
@@ -289,30 +285,26 @@ void PanelTokensAvx2(const uint8_t* panel, const Q8Block* x, int64_t stride, int
   }
 }
 
+// Tokens at a time, on the kernel this CPU runs (the same bits either way).
+template <int T, DType kT>
+void PanelKernel(const uint8_t* panel, const Q8Block* x, int64_t stride, int64_t blocks, float* y,
+                 int64_t y_stride) {
+  if (PanelsSupported()) return PanelTokens<T, kT>(panel, x, stride, blocks, y, y_stride);
+  PanelTokensAvx2<T, kT>(panel, x, stride, blocks, y, y_stride);
+}
+
 template <DType kT>
 void PanelCall(const uint8_t* panel, const Q8Block* x, int64_t stride, int count, int64_t blocks,
                float* y, int64_t y_stride) {
-  if (!PanelsSupported()) {
-    switch (count) {
-      case 1:
-        return PanelTokensAvx2<1, kT>(panel, x, stride, blocks, y, y_stride);
-      case 2:
-        return PanelTokensAvx2<2, kT>(panel, x, stride, blocks, y, y_stride);
-      case 3:
-        return PanelTokensAvx2<3, kT>(panel, x, stride, blocks, y, y_stride);
-      default:
-        return PanelTokensAvx2<4, kT>(panel, x, stride, blocks, y, y_stride);
-    }
-  }
   switch (count) {
     case 1:
-      return PanelTokens<1, kT>(panel, x, stride, blocks, y, y_stride);
+      return PanelKernel<1, kT>(panel, x, stride, blocks, y, y_stride);
     case 2:
-      return PanelTokens<2, kT>(panel, x, stride, blocks, y, y_stride);
+      return PanelKernel<2, kT>(panel, x, stride, blocks, y, y_stride);
     case 3:
-      return PanelTokens<3, kT>(panel, x, stride, blocks, y, y_stride);
+      return PanelKernel<3, kT>(panel, x, stride, blocks, y, y_stride);
     default:
-      return PanelTokens<4, kT>(panel, x, stride, blocks, y, y_stride);
+      return PanelKernel<4, kT>(panel, x, stride, blocks, y, y_stride);
   }
 }
 

@@ -190,14 +190,6 @@ struct RowBlock {
 };
 
 template <DType kT>
-constexpr int kZeroPoint = kT == DType::kQ4_0   ? 8
-                           : kT == DType::kQ5_0 ? 16
-                                                : 0;
-template <DType kT>
-constexpr bool kHasOffset =
-    kT == DType::kQ4_1 || kT == DType::kQ5_1 || kT == DType::kQ4_K || kT == DType::kQ5_K;
-
-template <DType kT>
 inline void LoadBlock(const uint8_t* row, int64_t b, RowBlock* o) {
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   if constexpr (kT == DType::kQ8_0) {
@@ -286,17 +278,17 @@ void DotBlocksQ8(const uint8_t* rows, int64_t row_bytes, const Q8Block* x, int64
         int32_t dot = sums[r * N + t];
         if constexpr (kT == DType::kQ6_K) {
           dot -= 32 * (w[r].lo * xb.sum_lo + w[r].hi * (xb.sum - xb.sum_lo));
-        } else if constexpr (kZeroPoint<kT> != 0) {
-          dot -= kZeroPoint<kT> * xb.sum;
+        } else if constexpr (ZeroPoint(kT) != 0) {
+          dot -= ZeroPoint(kT) * xb.sum;
         }
         acc[r][t] = std::fma(w[r].d * xb.d, static_cast<float>(dot), acc[r][t]);
-        if constexpr (kHasOffset<kT>) offset[r][t] = offset[r][t] + w[r].m * xb.s;
+        if constexpr (HasOffset(kT)) offset[r][t] = offset[r][t] + w[r].m * xb.s;
       }
     }
   }
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < N; ++t) {
-      out[r * N + t] = kHasOffset<kT> ? acc[r][t] + offset[r][t] : acc[r][t];
+      out[r * N + t] = HasOffset(kT) ? acc[r][t] + offset[r][t] : acc[r][t];
     }
   }
 }

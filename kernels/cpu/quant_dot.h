@@ -48,6 +48,12 @@ void QuantizeQ8(const float* x, int64_t n, Q8Block* out);
 // products use Q8_K's blocks of 256): products of weights of mixed types share one quantization,
 // and each block keeps its own scale.
 
+// The zero point z of t's unsigned codes and whether t adds offsets, in the arithmetic above.
+constexpr int ZeroPoint(DType t) { return t == DType::kQ4_0 ? 8 : t == DType::kQ5_0 ? 16 : 0; }
+constexpr bool HasOffset(DType t) {
+  return t == DType::kQ4_1 || t == DType::kQ5_1 || t == DType::kQ4_K || t == DType::kQ5_K;
+}
+
 // Whether t takes the 8-bit products (every quantized type).
 bool HasQ8Products(DType t);
 

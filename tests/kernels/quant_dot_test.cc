@@ -104,7 +104,7 @@ void BlockWeights(DType t, const uint8_t* row, int64_t b, int w[32], int scale[3
   }
 }
 
-bool HasOffset(DType t) {
+bool TypeHasOffset(DType t) {
   return t == DType::kQ4_1 || t == DType::kQ5_1 || t == DType::kQ4_K || t == DType::kQ5_K;
 }
 
@@ -123,7 +123,7 @@ float Reference(DType t, const uint8_t* row, const Q8Block* x, int64_t n) {
     const float term = m * x[b].s;
     offset = offset + term;
   }
-  return HasOffset(t) ? acc + offset : acc;
+  return TypeHasOffset(t) ? acc + offset : acc;
 }
 
 // Every quantized type, and the widths a type allows among 32, 576 and 1536.
