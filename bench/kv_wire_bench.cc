@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/kv_candidates.h"
+#include "bench/paired_mean.h"
 #include "common/kvcodec/kv_codec.h"
 #include "common/model/kv_cache.h"
 #include "common/model/model.h"
@@ -55,6 +56,8 @@ namespace {
 using riskkv::DType;
 using riskkv::QuantScheme;
 using riskkv::WireForm;
+using riskkv::bench::Mean;
+using riskkv::bench::MeanCi;
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "riskkv-kv-wire-bench: %s\n", m.c_str());
@@ -92,19 +95,6 @@ std::string ReadFile(const std::string& path, bool* ok) {
   text << in.rdbuf();
   *ok = static_cast<bool>(in);
   return text.str();
-}
-
-// Mean and 95% interval (normal approximation) of paired differences.
-struct Mean {
-  double mean = 0, lo = 0, hi = 0;
-};
-Mean MeanCi(const std::vector<double>& d) {
-  const double n = static_cast<double>(d.size());
-  double m = 0, v = 0;
-  for (double x : d) m += x / n;
-  for (double x : d) v += (x - m) * (x - m) / std::max(1.0, n - 1);
-  const double h = 1.96 * std::sqrt(v / n);
-  return {m, m - h, m + h};
 }
 
 // Every candidate of kv_candidates.h: NRMSE over the prefill's keys and values, bytes at the

@@ -44,7 +44,8 @@ for stage in ${stages[*]}; do
                    concurrent_requests_test scheduler_test) ;;
     # The fuzz preset builds and runs the fuzz targets only (label "fuzz").
     fuzz) targets=(gguf_fuzz safetensors_fuzz tokenizer_json_fuzz bank_fuzz policy_fuzz
-                   session_codec_fuzz migration_receiver_fuzz) ;;
+                   session_codec_fuzz migration_receiver_fuzz
+                   transform_codec_fuzz) ;;
   esac
   echo "=== build ($stage) ==="
   timed deploy/build.sh "$stage" "${targets[@]}"

@@ -1,0 +1,198 @@
+// The transform codec (see transform_codec.h).
+#include "common/kvcodec/transform_codec.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace riskkv {
+namespace {
+
+constexpr float kF16Max = 65504.0f;
+
+uint16_t ZigZag(int32_t c) { return static_cast<uint16_t>((c << 1) ^ (c >> 31)); }
+int32_t UnZigZag(uint16_t u) { return static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1); }
+
+absl::Status CheckStep(float step) {
+  if (!(step > 0.0f) || !std::isfinite(step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transform codec: step ", step, " is not a finite number > 0"));
+  }
+  return absl::OkStatus();
+}
+
+// The coded components of one head, in index order.
+std::vector<int64_t> Coded(const HeadTransform& h, float step) {
+  std::vector<int64_t> idx;
+  for (size_t i = 0; i < h.variance.size(); ++i) {
+    if (ComponentCoded(h.variance[i], step)) idx.push_back(static_cast<int64_t>(i));
+  }
+  return idx;
+}
+
+// The coded rows of a head's basis, transposed: bt[j * coded + k] = B[idx[k]][j], so the encoder
+// accumulates every coordinate of a row in one pass over its channels.
+std::vector<float> CodedTransposed(const HeadTransform& h, const std::vector<int64_t>& idx,
+                                   int64_t dim) {
+  const int64_t coded = static_cast<int64_t>(idx.size());
+  std::vector<float> bt(static_cast<size_t>(dim * coded));
+  for (int64_t k = 0; k < coded; ++k) {
+    for (int64_t j = 0; j < dim; ++j) bt[j * coded + k] = h.basis[idx[k] * dim + j];
+  }
+  return bt;
+}
+
+}  // namespace
+
+int64_t CodedComponents(const LayerTransform& t, float step) {
+  int64_t n = 0;
+  for (const HeadTransform& h : t.head) n += static_cast<int64_t>(Coded(h, step).size());
+  return n;
+}
+
+absl::Status EncodeTransformed(const LayerTransform& t, float step, const float* rows,
+                               int64_t count, int zstd_level, std::string* out) {
+  if (absl::Status s = CheckStep(step); !s.ok()) return s;
+  if (zstd_level < ZSTD_minCLevel() || zstd_level > ZSTD_maxCLevel()) {
+    return absl::InvalidArgumentError(absl::StrCat("transform codec: zstd level ", zstd_level,
+                                                   " is outside [", ZSTD_minCLevel(), ", ",
+                                                   ZSTD_maxCLevel(), "]"));
+  }
+  if (count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("transform codec: ", count, " rows"));
+  }
+  const int64_t dim = t.dim, width = t.heads * t.dim;
+  const int64_t n = count * CodedComponents(t, step);
+  std::vector<uint8_t> planes(static_cast<size_t>(2 * n));
+  int64_t at = 0;
+  std::vector<float> y;
+  for (int64_t h = 0; h < t.heads; ++h) {
+    const HeadTransform& ht = t.head[static_cast<size_t>(h)];
+    const std::vector<int64_t> idx = Coded(ht, step);
+    const int64_t coded = static_cast<int64_t>(idx.size());
+    if (coded == 0) continue;
+    const std::vector<float> bt = CodedTransposed(ht, idx, dim);
+    y.resize(static_cast<size_t>(count * coded));
+    // Row by row in a fixed order, so a row's codes do not depend on the chunk it is in.
+    for (int64_t r = 0; r < count; ++r) {
+      float* yr = y.data() + r * coded;
+      std::fill(yr, yr + coded, 0.0f);
+      const float* x = rows + r * width + h * dim;
+      for (int64_t j = 0; j < dim; ++j) {
+        const float d = std::isfinite(x[j]) ? x[j] - ht.mean[j] : 0.0f;
+        const float* b = bt.data() + j * coded;
+        for (int64_t k = 0; k < coded; ++k) yr[k] += d * b[k];
+      }
+    }
+    const float inv = 1.0f / step;
+    for (int64_t k = 0; k < coded; ++k) {
+      for (int64_t r = 0; r < count; ++r, ++at) {
+        const float q = std::nearbyint(y[r * coded + k] * inv);
+        const int32_t c = static_cast<int32_t>(std::clamp(q, -32767.0f, 32767.0f));
+        const uint16_t u = ZigZag(c);
+        planes[static_cast<size_t>(at)] = static_cast<uint8_t>(u & 0xff);
+        planes[static_cast<size_t>(n + at)] = static_cast<uint8_t>(u >> 8);
+      }
+    }
+  }
+  out->resize(ZSTD_compressBound(planes.size()));
+  const size_t z =
+      ZSTD_compress(out->data(), out->size(), planes.data(), planes.size(), zstd_level);
+  if (ZSTD_isError(z)) {
+    return absl::InternalError(absl::StrCat("transform codec: zstd: ", ZSTD_getErrorName(z)));
+  }
+  out->resize(z);
+  return absl::OkStatus();
+}
+
+absl::Status DecodeTransformed(const LayerTransform& t, float step, std::string_view data,
+                               int64_t count, float* out) {
+  if (absl::Status s = CheckStep(step); !s.ok()) return s;
+  if (count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("transform codec: ", count, " rows"));
+  }
+  const int64_t n = count * CodedComponents(t, step);
+  const uint64_t expected = static_cast<uint64_t>(2 * n);
+  const size_t frame = ZSTD_findFrameCompressedSize(data.data(), data.size());
+  if (ZSTD_isError(frame)) {
+    return absl::InvalidArgumentError(absl::StrCat("transform codec: ", data.size(),
+                                                   " bytes are not a whole zstd frame (",
+                                                   ZSTD_getErrorName(frame), ")"));
+  }
+  if (frame != data.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("transform codec: a zstd frame of ", frame,
+                                                   " bytes followed by ", data.size() - frame,
+                                                   " more"));
+  }
+  const unsigned long long stated = ZSTD_getFrameContentSize(data.data(), data.size());
+  if (stated == ZSTD_CONTENTSIZE_UNKNOWN || stated == ZSTD_CONTENTSIZE_ERROR) {
+    return absl::InvalidArgumentError(
+        "transform codec: the zstd frame does not state its content size");
+  }
+  if (stated != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("transform codec: the zstd frame states ",
+                                                   stated, " bytes, ", count, " rows take ",
+                                                   expected));
+  }
+  std::vector<uint8_t> planes(static_cast<size_t>(expected));
+  const size_t got = ZSTD_decompress(planes.data(), planes.size(), data.data(), data.size());
+  if (ZSTD_isError(got) || got != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transform codec: the zstd frame does not decompress to the ", expected, " bytes it states",
+        ZSTD_isError(got) ? absl::StrCat(" (", ZSTD_getErrorName(got), ")") : std::string()));
+  }
+  const int64_t dim = t.dim, width = t.heads * t.dim;
+  int64_t at = 0;
+  for (int64_t h = 0; h < t.heads; ++h) {
+    const HeadTransform& ht = t.head[static_cast<size_t>(h)];
+    const std::vector<int64_t> idx = Coded(ht, step);
+    const int64_t coded = static_cast<int64_t>(idx.size());
+    for (int64_t r = 0; r < count; ++r) {
+      std::copy(ht.mean.begin(), ht.mean.end(), out + r * width + h * dim);
+    }
+    for (int64_t k = 0; k < coded; ++k) {
+      // Component by component in index order for every row: a row's values do not depend on
+      // the chunk it is in.
+      const float* b = ht.basis.data() + idx[k] * dim;
+      for (int64_t r = 0; r < count; ++r, ++at) {
+        const uint16_t u = static_cast<uint16_t>(planes[static_cast<size_t>(at)] |
+                                                 planes[static_cast<size_t>(n + at)] << 8);
+        if (u == 0xffff) {
+          return absl::InvalidArgumentError(absl::StrCat("transform codec: token ", r, " of head ",
+                                                         h, " component ", idx[k],
+                                                         " has code -32768, never written"));
+        }
+        const float y = static_cast<float>(UnZigZag(u)) * step;
+        float* o = out + r * width + h * dim;
+        for (int64_t j = 0; j < dim; ++j) o[j] += y * b[j];
+      }
+    }
+  }
+  for (int64_t r = 0; r < count; ++r) {
+    for (int64_t i = 0; i < width; ++i) {
+      const float v = out[r * width + i];
+      if (!(std::abs(v) <= kF16Max)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("transform codec: token ", r, " channel ", i, " decodes to ", v,
+                         ", which is not finite or leaves the f16 range"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> RoundTripTransformed(const LayerTransform& t, float step, float* rows,
+                                             int64_t count, int zstd_level) {
+  std::string bytes;
+  if (absl::Status s = EncodeTransformed(t, step, rows, count, zstd_level, &bytes); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = DecodeTransformed(t, step, bytes, count, rows); !s.ok()) return s;
+  return static_cast<int64_t>(bytes.size());
+}
+
+}  // namespace riskkv

@@ -1,0 +1,63 @@
+// Transform coding of a layer's key or value rows (KVTC's scheme: decorrelate, allocate, entropy
+// code), version kTransformCodecVersion:
+//
+// 1. Each row's head h goes to the transform's coordinates, y = B_h (x - mean_h) (kv_transform.h).
+// 2. Bit allocation by reverse water-filling at one distortion level for every component: a
+//    uniform quantizer of step `step` leaves each component an error of variance step^2 / 12,
+//    so a component whose fitted variance is at most that is dropped (decoded as 0, which costs
+//    it exactly its variance) and every other is coded as c = round(y / step), saturated to
+//    [-32767, 32767]. The step sets the rate: the entropy coder spends on each component about
+//    log2(sigma / step) + 1.25 bits, fewer for a smaller sigma, and none on a dropped one.
+// 3. Entropy coding: the codes, head by head, component by component (coded components in
+//    index order), token by token, zigzagged to 16 bits and split into a plane of low bytes
+//    followed by a plane of high bytes, compressed as one zstd frame that states its content
+//    size. That frame is the whole chunk.
+//
+// The decoder x' = mean_h + sum over coded i of (c_i * step) B_h[i] depends only on the
+// transform, the step, the row count and the bytes: rows decode the same however a layer is
+// cut into chunks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/kvcodec/kv_transform.h"
+
+namespace riskkv {
+
+// Named by a migration's handshake beside the transforms' identity; a target refuses others.
+inline constexpr uint32_t kTransformCodecVersion = 1;
+
+// Whether component `i` of a head with this fitted variance is coded at `step`.
+inline bool ComponentCoded(float variance, float step) {
+  return static_cast<double>(variance) > static_cast<double>(step) * step / 12.0;
+}
+
+// Coded components over every head of `t` at `step`.
+int64_t CodedComponents(const LayerTransform& t, float step);
+
+// Encodes rows [count, heads * dim] (count >= 1) into *out, replacing its contents. Non-finite
+// values code as the head's mean. `t` must have passed CheckTransform; step must be finite and
+// > 0; zstd_level as zstd takes it (1 to 19; negative levels are faster). InvalidArgument for a
+// bad step or level.
+absl::Status EncodeTransformed(const LayerTransform& t, float step, const float* rows,
+                               int64_t count, int zstd_level, std::string* out);
+
+// Decodes a chunk of `count` rows into out [count, heads * dim]. InvalidArgument, nothing promised
+// about `out`, for: count < 1, a bad step, bytes that are not exactly one zstd frame (truncated
+// or followed by more), a frame that does not state its content size or states one other than
+// the count's (checked before anything is decompressed, so a frame cannot make the decoder
+// allocate more than the rows need), a frame that does not decompress to what it states, a code
+// the encoder never writes (-32768), and
+// decoded values that are not finite or leave the f16 range (the token and channel named).
+absl::Status DecodeTransformed(const LayerTransform& t, float step, std::string_view data,
+                               int64_t count, float* out);
+
+// rows := Decode(Encode(rows)), and the encoded size: what a target holds and what crossed.
+absl::StatusOr<int64_t> RoundTripTransformed(const LayerTransform& t, float step, float* rows,
+                                             int64_t count, int zstd_level);
+
+}  // namespace riskkv
