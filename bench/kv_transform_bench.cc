@@ -50,6 +50,11 @@ ABSL_FLAG(std::string, transforms, "pca,hadamard", "comma-separated: pca, hadama
 ABSL_FLAG(std::string, steps, "0.125,0.25,0.5,1,2",
           "comma-separated step ratios (a layer's step over its RMS around the mean)");
 ABSL_FLAG(double, value_step_scale, 1.0, "the values' step ratio over the keys'");
+ABSL_FLAG(std::string, code, "both",
+          "which the transform configurations code: keys, values or both (the other sent f16)");
+ABSL_FLAG(bool, per_layer, false,
+          "also score, for each transform at the first --steps ratio, every layer coded alone "
+          "(the others exact): each layer's sensitivity");
 ABSL_FLAG(int, sink, 1, "rows at the start of the history sent exact (f16)");
 ABSL_FLAG(int, recent, 0, "rows at the end of the history sent exact (f16)");
 ABSL_FLAG(int, zstd_level, 3, "zstd level of the transform codec");
@@ -78,7 +83,8 @@ struct Config {
   bool transform = false;
   WireForm form = WireForm::kPlain;  // when !transform
   TransformKind kind = TransformKind::kPca;
-  double ratio = 0;  // the keys' step ratio
+  double ratio = 0;    // the keys' step ratio
+  int64_t layer = -1;  // the only layer coded (the others exact), or -1 for every layer
 };
 
 // Fitted transforms of every layer: [kind][layer][0 keys, 1 values].
@@ -101,6 +107,8 @@ absl::StatusOr<int64_t> Send(const Config& c, const Fitted& fitted, int64_t laye
     }
     return riskkv::EncodedBytes(c.form, values, 0, n, heads, dim, DType::kF16);
   }
+  const std::string code = absl::GetFlag(FLAGS_code);
+  if (code != "both" && (code == "values") != values) return n * width * 2;  // f16, unchanged
   const int64_t sink = std::min<int64_t>(absl::GetFlag(FLAGS_sink), n);
   const int64_t recent = std::min<int64_t>(absl::GetFlag(FLAGS_recent), n - sink);
   const int64_t coded = n - sink - recent;
@@ -127,16 +135,21 @@ struct Row {
   const Config* config;
   double bytes_share = 0;  // of the moved rows in f16
   Mean all;
+  Mean kl;          // mean KL(exact || this) per token, over requests
+  double top1 = 1;  // share of positions whose most likely token is the exact one's
   std::vector<Mean> per_text;
   double worst_upper = 0;                                  // the largest upper bound over the texts
   double encode_mbps = 0, decode_mbps = 0, wire_mbps = 0;  // f16 rows in, f16 rows out, bytes out
+  // On the fit rows: coded components' share, zstd's bits per value, and the empirical entropy of
+  // each coded component's codes (what a coder with a model per component would approach).
+  double coded_share = 0, zstd_bits = 0, entropy_bits = 0;
 };
 
 // Indices of the rows on the lower convex hull of (bytes, worst upper bound), by bytes.
 std::vector<size_t> LowerHull(const std::vector<Row>& rows) {
   std::vector<size_t> idx;
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (!rows[i].config->exact) idx.push_back(i);
+    if (!rows[i].config->exact && rows[i].config->layer < 0) idx.push_back(i);
   }
   std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
     return rows[a].bytes_share < rows[b].bytes_share ||
@@ -165,7 +178,7 @@ std::string Chart(const std::vector<Row>& rows, const std::vector<size_t>& hull)
   using riskkv::report::F;
   double xhi = 0, ylo = 0, yhi = std::log(1.01);
   for (const Row& r : rows) {
-    if (r.config->exact) continue;
+    if (r.config->exact || r.config->layer >= 0) continue;
     xhi = std::max(xhi, 100 * r.bytes_share);
     ylo = std::min(ylo, r.all.lo);
     yhi = std::max(yhi, std::min(r.worst_upper, 0.05));
@@ -184,7 +197,7 @@ std::string Chart(const std::vector<Row>& rows, const std::vector<size_t>& hull)
   const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"};
   std::map<std::string, int> series;
   for (const Row& r : rows) {
-    if (r.config->exact) continue;
+    if (r.config->exact || r.config->layer >= 0) continue;
     const std::string key = r.config->transform
                                 ? std::string(riskkv::TransformKindName(r.config->kind))
                                 : std::string(riskkv::WireFormName(r.config->form));
@@ -307,6 +320,14 @@ int main(int argc, char** argv) {
                     std::string(riskkv::TransformKindName(k)).c_str(), r);
       configs.push_back({.name = name, .transform = true, .kind = k, .ratio = r});
     }
+    for (int64_t l = 0; absl::GetFlag(FLAGS_per_layer) && l < c.n_layers; ++l) {
+      char name[96];
+      std::snprintf(name, sizeof name, "%s, step %g, layer %lld alone",
+                    std::string(riskkv::TransformKindName(k)).c_str(), ratios[0],
+                    static_cast<long long>(l));
+      configs.push_back(
+          {.name = name, .transform = true, .kind = k, .ratio = ratios[0], .layer = l});
+    }
   }
   std::vector<riskkv::Request> requests;
   std::vector<size_t> file_of;
@@ -338,6 +359,10 @@ int main(int argc, char** argv) {
     if (configs[k].exact) return absl::OkStatus();
     std::vector<float> buf(static_cast<size_t>(moved * width));
     for (int64_t l = 0; l < c.n_layers; ++l) {
+      if (configs[k].layer >= 0 && configs[k].layer != l) {
+        bytes[k][r] += 2 * moved * width * 2;  // keys and values in f16, unchanged
+        continue;
+      }
       for (const bool v : {false, true}) {
         absl::Status st =
             v ? work.ReadValues(l, 0, moved, buf.data()) : work.ReadKeys(l, 0, moved, buf.data());
@@ -352,13 +377,14 @@ int main(int argc, char** argv) {
     }
     return absl::OkStatus();
   };
-  auto nll = riskkv::MeasureNllWith(
+  auto quality = riskkv::MeasureQualityWith(
       **model, requests, configs.size(), apply, [](int64_t done, int64_t total) {
         std::fprintf(stderr, "\rΔNLL %lld/%lld", static_cast<long long>(done),
                      static_cast<long long>(total));
       });
   std::fprintf(stderr, "\n");
-  if (!nll.ok()) return Fail(nll.status().ToString());
+  if (!quality.ok()) return Fail(quality.status().ToString());
+  const std::vector<std::vector<double>>* nll = &quality->nll;
 
   // 3. Rates on one thread, over the fit prefill's rows.
   const double f16_bytes_per_request = 2.0 * 2 * static_cast<double>(c.n_layers * moved * width);
@@ -372,6 +398,9 @@ int main(int argc, char** argv) {
     std::vector<double> d(requests.size());
     for (size_t r = 0; r < d.size(); ++r) d[r] = (*nll)[k][r] - (*nll)[0][r];
     row.all = MeanCi(d);
+    row.kl = MeanCi(quality->kl[k]);
+    row.top1 = 0;
+    for (double a : quality->top1[k]) row.top1 += a / static_cast<double>(requests.size());
     for (size_t f = 0; f < paths.size(); ++f) {
       std::vector<double> own;
       for (size_t r = 0; r < d.size(); ++r) {
@@ -381,8 +410,8 @@ int main(int argc, char** argv) {
       row.worst_upper =
           f == 0 ? row.per_text.back().hi : std::max(row.worst_upper, row.per_text.back().hi);
     }
-    if (!configs[k].transform) continue;
-    double enc = 0, dec = 0, out_bytes = 0;
+    if (!configs[k].transform || configs[k].layer >= 0) continue;
+    double enc = 0, dec = 0, out_bytes = 0, coded = 0, entropy = 0;
     std::string chunk;
     std::vector<float> back;
     for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -405,8 +434,31 @@ int main(int argc, char** argv) {
         enc += std::chrono::duration<double>(t1 - t0).count();
         dec += std::chrono::duration<double>(t2 - t1).count();
         out_bytes += static_cast<double>(chunk.size());
+        for (int64_t h = 0; h < heads; ++h) {
+          const riskkv::HeadTransform& ht = t.head[h];
+          for (int64_t i = 0; i < dim; ++i) {
+            if (!riskkv::ComponentCoded(ht.variance[i], step)) continue;
+            coded += 1;
+            std::map<int64_t, int64_t> histogram;
+            for (int64_t r = 0; r < n; ++r) {
+              double y = 0;
+              for (int64_t j = 0; j < dim; ++j) {
+                y += double(ht.basis[i * dim + j]) * (x[r * width + h * dim + j] - ht.mean[j]);
+              }
+              ++histogram[std::llround(y / step)];
+            }
+            for (const auto& [code, count] : histogram) {
+              const double p = static_cast<double>(count) / static_cast<double>(n);
+              entropy -= static_cast<double>(count) * std::log2(p);
+            }
+          }
+        }
       }
     }
+    const double values = 2.0 * static_cast<double>(c.n_layers * n * width);
+    row.coded_share = coded / (2.0 * static_cast<double>(c.n_layers * width));
+    row.zstd_bits = 8 * out_bytes / values;
+    row.entropy_bits = entropy / values;
     const double f16_mb = 2.0 * 2 * static_cast<double>(c.n_layers * n * width) / 1e6;
     row.encode_mbps = f16_mb / enc;
     row.decode_mbps = f16_mb / dec;
@@ -422,21 +474,25 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_fit_text).c_str(), requests.size(), absl::GetFlag(FLAGS_eval_history),
       absl::GetFlag(FLAGS_eval_tokens), absl::GetFlag(FLAGS_eval_requests),
       absl::GetFlag(FLAGS_sink), absl::GetFlag(FLAGS_recent), absl::GetFlag(FLAGS_zstd_level));
-  std::printf("| configuration | bytes (of f16) | ΔNLL [95%% CI] | ΔPPL |");
+  std::printf("| configuration | bytes (of f16) | ΔNLL [95%% CI] | ΔPPL | KL [95%% CI] | top-1 |");
   for (size_t f = 0; f < paths.size(); ++f) std::printf(" text %zu: mean (upper) |", f + 1);
-  std::printf(" worst upper | encode / decode MB/s f16 | wire MB/s |\n|---|---|---|---|");
+  std::printf(
+      " worst upper | encode / decode MB/s f16 | wire MB/s | coded | bits/value zstd (entropy) "
+      "|\n|---|---|---|---|---|---|");
   for (size_t f = 0; f < paths.size(); ++f) std::printf("---|");
-  std::printf("---|---|---|\n");
+  std::printf("---|---|---|---|---|\n");
   for (const Row& r : rows) {
     if (r.config->exact) continue;
-    std::printf("| %s | %.2f%% | %+.5f [%+.5f, %+.5f] | %+.3f%% |", r.config->name.c_str(),
-                100 * r.bytes_share, r.all.mean, r.all.lo, r.all.hi, 100 * std::expm1(r.all.mean));
+    std::printf("| %s | %.2f%% | %+.5f [%+.5f, %+.5f] | %+.3f%% | %.5f [%.5f, %.5f] | %.2f%% |",
+                r.config->name.c_str(), 100 * r.bytes_share, r.all.mean, r.all.lo, r.all.hi,
+                100 * std::expm1(r.all.mean), r.kl.mean, r.kl.lo, r.kl.hi, 100 * r.top1);
     for (const Mean& m : r.per_text) std::printf(" %+.5f (%+.5f) |", m.mean, m.hi);
-    if (r.config->transform) {
-      std::printf(" %+.5f | %.0f / %.0f | %.0f |\n", r.worst_upper, r.encode_mbps, r.decode_mbps,
-                  r.wire_mbps);
+    if (r.config->transform && r.config->layer < 0) {
+      std::printf(" %+.5f | %.0f / %.0f | %.0f | %.1f%% | %.2f (%.2f) |\n", r.worst_upper,
+                  r.encode_mbps, r.decode_mbps, r.wire_mbps, 100 * r.coded_share, r.zstd_bits,
+                  r.entropy_bits);
     } else {
-      std::printf(" %+.5f | – | – |\n", r.worst_upper);
+      std::printf(" %+.5f | – | – | – | – |\n", r.worst_upper);
     }
   }
   const std::vector<size_t> hull = LowerHull(rows);
@@ -449,7 +505,7 @@ int main(int argc, char** argv) {
   for (const double ppl : {0.005, 0.01}) {
     const Row* best = nullptr;
     for (const Row& r : rows) {
-      if (r.config->exact || r.worst_upper > std::log1p(ppl)) continue;
+      if (r.config->exact || r.config->layer >= 0 || r.worst_upper > std::log1p(ppl)) continue;
       if (best == nullptr || r.bytes_share < best->bytes_share) best = &r;
     }
     if (best == nullptr) {
@@ -478,7 +534,9 @@ int main(int argc, char** argv) {
       nlohmann::json e = {{"name", r.config->name},
                           {"bytes_share", r.bytes_share},
                           {"delta_nll", {r.all.mean, r.all.lo, r.all.hi}},
-                          {"worst_upper", r.worst_upper}};
+                          {"worst_upper", r.worst_upper},
+                          {"kl", {r.kl.mean, r.kl.lo, r.kl.hi}},
+                          {"top1", r.top1}};
       for (const Mean& m : r.per_text) e["per_text"].push_back({m.mean, m.lo, m.hi});
       if (r.config->transform) {
         e["transform"] = riskkv::TransformKindName(r.config->kind);
@@ -486,6 +544,9 @@ int main(int argc, char** argv) {
         e["encode_mbps_f16"] = r.encode_mbps;
         e["decode_mbps_f16"] = r.decode_mbps;
         e["wire_mbps"] = r.wire_mbps;
+        e["coded_share"] = r.coded_share;
+        e["zstd_bits_per_value"] = r.zstd_bits;
+        e["entropy_bits_per_value"] = r.entropy_bits;
       }
       j["configs"].push_back(e);
     }

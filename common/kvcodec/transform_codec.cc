@@ -1,10 +1,12 @@
 // The transform codec (see transform_codec.h).
 #include "common/kvcodec/transform_codec.h"
 
+#include <immintrin.h>
 #include <zstd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -34,16 +36,57 @@ std::vector<int64_t> Coded(const HeadTransform& h, float step) {
   return idx;
 }
 
-// The coded rows of a head's basis, transposed: bt[j * coded + k] = B[idx[k]][j], so the encoder
-// accumulates every coordinate of a row in one pass over its channels.
-std::vector<float> CodedTransposed(const HeadTransform& h, const std::vector<int64_t>& idx,
-                                   int64_t dim) {
+// The coded rows of a head's basis, [coded, dim], and their transpose, [dim, coded].
+void CodedBasis(const HeadTransform& h, const std::vector<int64_t>& idx, int64_t dim,
+                std::vector<float>* rows, std::vector<float>* transposed) {
   const int64_t coded = static_cast<int64_t>(idx.size());
-  std::vector<float> bt(static_cast<size_t>(dim * coded));
+  rows->resize(static_cast<size_t>(coded * dim));
+  transposed->resize(static_cast<size_t>(dim * coded));
   for (int64_t k = 0; k < coded; ++k) {
-    for (int64_t j = 0; j < dim; ++j) bt[j * coded + k] = h.basis[idx[k] * dim + j];
+    for (int64_t j = 0; j < dim; ++j) {
+      (*rows)[k * dim + j] = (*transposed)[j * coded + k] = h.basis[idx[k] * dim + j];
+    }
   }
-  return bt;
+}
+
+// out[r, :] = sum over j in ascending order of a[r, j] * b[j, :] (fused multiply-adds), for
+// r < rows: every row's sums in the same order whatever the number of rows, so a row's result
+// does not depend on its chunk. Columns go 32 at a time in registers, then 8, then one by one;
+// which way a column goes depends on `cols` only.
+void RowTimes(const float* __restrict a, int64_t rows, int64_t inner, const float* __restrict b,
+              int64_t cols, float* __restrict out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict ar = a + r * inner;
+    float* __restrict o = out + r * cols;
+    int64_t k0 = 0;
+    for (; k0 + 32 <= cols; k0 += 32) {
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+      for (int64_t j = 0; j < inner; ++j) {
+        const __m256 s = _mm256_broadcast_ss(ar + j);
+        const float* bj = b + j * cols + k0;
+        acc0 = _mm256_fmadd_ps(s, _mm256_loadu_ps(bj), acc0);
+        acc1 = _mm256_fmadd_ps(s, _mm256_loadu_ps(bj + 8), acc1);
+        acc2 = _mm256_fmadd_ps(s, _mm256_loadu_ps(bj + 16), acc2);
+        acc3 = _mm256_fmadd_ps(s, _mm256_loadu_ps(bj + 24), acc3);
+      }
+      _mm256_storeu_ps(o + k0, acc0);
+      _mm256_storeu_ps(o + k0 + 8, acc1);
+      _mm256_storeu_ps(o + k0 + 16, acc2);
+      _mm256_storeu_ps(o + k0 + 24, acc3);
+    }
+    for (; k0 + 8 <= cols; k0 += 8) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t j = 0; j < inner; ++j) {
+        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(ar + j), _mm256_loadu_ps(b + j * cols + k0), acc);
+      }
+      _mm256_storeu_ps(o + k0, acc);
+    }
+    for (; k0 < cols; ++k0) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < inner; ++j) acc = std::fma(ar[j], b[j * cols + k0], acc);
+      o[k0] = acc;
+    }
+  }
 }
 
 }  // namespace
@@ -69,26 +112,23 @@ absl::Status EncodeTransformed(const LayerTransform& t, float step, const float*
   const int64_t n = count * CodedComponents(t, step);
   std::vector<uint8_t> planes(static_cast<size_t>(2 * n));
   int64_t at = 0;
-  std::vector<float> y;
+  std::vector<float> centred(static_cast<size_t>(count * dim)), y, basis, transposed;
+  const float inv = 1.0f / step;
   for (int64_t h = 0; h < t.heads; ++h) {
     const HeadTransform& ht = t.head[static_cast<size_t>(h)];
     const std::vector<int64_t> idx = Coded(ht, step);
     const int64_t coded = static_cast<int64_t>(idx.size());
     if (coded == 0) continue;
-    const std::vector<float> bt = CodedTransposed(ht, idx, dim);
-    y.resize(static_cast<size_t>(count * coded));
-    // Row by row in a fixed order, so a row's codes do not depend on the chunk it is in.
+    CodedBasis(ht, idx, dim, &basis, &transposed);
     for (int64_t r = 0; r < count; ++r) {
-      float* yr = y.data() + r * coded;
-      std::fill(yr, yr + coded, 0.0f);
       const float* x = rows + r * width + h * dim;
       for (int64_t j = 0; j < dim; ++j) {
-        const float d = std::isfinite(x[j]) ? x[j] - ht.mean[j] : 0.0f;
-        const float* b = bt.data() + j * coded;
-        for (int64_t k = 0; k < coded; ++k) yr[k] += d * b[k];
+        const float d = x[j] - ht.mean[j];
+        centred[r * dim + j] = std::abs(d) <= std::numeric_limits<float>::max() ? d : 0.0f;
       }
     }
-    const float inv = 1.0f / step;
+    y.resize(static_cast<size_t>(count * coded));
+    RowTimes(centred.data(), count, dim, transposed.data(), coded, y.data());
     for (int64_t k = 0; k < coded; ++k) {
       for (int64_t r = 0; r < count; ++r, ++at) {
         const float q = std::nearbyint(y[r * coded + k] * inv);
@@ -147,17 +187,14 @@ absl::Status DecodeTransformed(const LayerTransform& t, float step, std::string_
   }
   const int64_t dim = t.dim, width = t.heads * t.dim;
   int64_t at = 0;
+  std::vector<float> y, x(static_cast<size_t>(count * dim)), basis, transposed;
   for (int64_t h = 0; h < t.heads; ++h) {
     const HeadTransform& ht = t.head[static_cast<size_t>(h)];
     const std::vector<int64_t> idx = Coded(ht, step);
     const int64_t coded = static_cast<int64_t>(idx.size());
-    for (int64_t r = 0; r < count; ++r) {
-      std::copy(ht.mean.begin(), ht.mean.end(), out + r * width + h * dim);
-    }
+    CodedBasis(ht, idx, dim, &basis, &transposed);
+    y.resize(static_cast<size_t>(count * coded));
     for (int64_t k = 0; k < coded; ++k) {
-      // Component by component in index order for every row: a row's values do not depend on
-      // the chunk it is in.
-      const float* b = ht.basis.data() + idx[k] * dim;
       for (int64_t r = 0; r < count; ++r, ++at) {
         const uint16_t u = static_cast<uint16_t>(planes[static_cast<size_t>(at)] |
                                                  planes[static_cast<size_t>(n + at)] << 8);
@@ -166,10 +203,13 @@ absl::Status DecodeTransformed(const LayerTransform& t, float step, std::string_
                                                          h, " component ", idx[k],
                                                          " has code -32768, never written"));
         }
-        const float y = static_cast<float>(UnZigZag(u)) * step;
-        float* o = out + r * width + h * dim;
-        for (int64_t j = 0; j < dim; ++j) o[j] += y * b[j];
+        y[r * coded + k] = static_cast<float>(UnZigZag(u)) * step;
       }
+    }
+    RowTimes(y.data(), count, coded, basis.data(), dim, x.data());
+    for (int64_t r = 0; r < count; ++r) {
+      float* o = out + r * width + h * dim;
+      for (int64_t j = 0; j < dim; ++j) o[j] = x[r * dim + j] + ht.mean[j];
     }
   }
   for (int64_t r = 0; r < count; ++r) {

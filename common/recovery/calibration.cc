@@ -260,13 +260,17 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(
   return MeasureNllWith(model, requests, configs.size(), apply, progress);
 }
 
-absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
-                                                                std::span<const Request> requests,
-                                                                size_t n_configs,
-                                                                const ApplyConfig& apply,
-                                                                const Progress& progress) {
+namespace {
+
+// Scores every configuration of every request, with the divergences when `divergence`.
+absl::StatusOr<QualityTable> Measure(Model& model, std::span<const Request> requests,
+                                     size_t n_configs, const ApplyConfig& apply,
+                                     const Progress& progress, bool divergence) {
   RETURN_IF_ERROR(CheckRequests(requests, model.config()));
-  std::vector<std::vector<double>> nll(n_configs, std::vector<double>(requests.size()));
+  QualityTable table;
+  for (auto* m : {&table.nll, &table.kl, &table.top1}) {
+    m->assign(n_configs, std::vector<double>(requests.size()));
+  }
   const int64_t total = static_cast<int64_t>(requests.size() * n_configs);
   RequestQueue queue(requests.size());
   // Request r's configurations, on `backend` (null: the model's).
@@ -276,7 +280,14 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
     for (size_t k = 0; k < n_configs; ++k) {
       ASSIGN_OR_RETURN(KvCache * work, scorer->NextConfiguration());
       RETURN_IF_ERROR(apply(k, r, scorer->exact(), *work, scorer->backend()));
-      ASSIGN_OR_RETURN(nll[k][r], scorer->Score());
+      if (divergence) {
+        ASSIGN_OR_RETURN(const ScoredQuality q, scorer->ScoreQuality());
+        table.nll[k][r] = q.nll;
+        table.kl[k][r] = q.kl;
+        table.top1[k][r] = q.top1;
+      } else {
+        ASSIGN_OR_RETURN(table.nll[k][r], scorer->Score());
+      }
       if (progress) queue.Advance([&](int64_t done) { progress(done, total); });
     }
     return absl::OkStatus();
@@ -290,7 +301,7 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
           : 1;
   if (workers <= 1) {
     for (size_t r = 0; r < requests.size(); ++r) RETURN_IF_ERROR(score(r, nullptr));
-    return nll;
+    return table;
   }
   std::vector<std::thread> pool;
   for (int w = 0; w < workers; ++w) {
@@ -304,7 +315,25 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
   }
   for (std::thread& t : pool) t.join();
   RETURN_IF_ERROR(queue.status());
-  return nll;
+  return table;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
+                                                                std::span<const Request> requests,
+                                                                size_t n_configs,
+                                                                const ApplyConfig& apply,
+                                                                const Progress& progress) {
+  ASSIGN_OR_RETURN(QualityTable table,
+                   Measure(model, requests, n_configs, apply, progress, /*divergence=*/false));
+  return std::move(table.nll);
+}
+
+absl::StatusOr<QualityTable> MeasureQualityWith(Model& model, std::span<const Request> requests,
+                                                size_t n_configs, const ApplyConfig& apply,
+                                                const Progress& progress) {
+  return Measure(model, requests, n_configs, apply, progress, /*divergence=*/true);
 }
 
 absl::StatusOr<KvError> LayerNrmse(const KvCache& exact, const KvCache& approx, int64_t layer,

@@ -74,6 +74,15 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureNllWith(Model& model,
                                                                 const ApplyConfig& apply,
                                                                 const Progress& progress = {});
 
+// MeasureNllWith with each configuration's divergence from configuration 0, which must leave
+// the exact KV as it is (ScoredQuality, request_scorer.h): [config][request] each.
+struct QualityTable {
+  std::vector<std::vector<double>> nll, kl, top1;
+};
+absl::StatusOr<QualityTable> MeasureQualityWith(Model& model, std::span<const Request> requests,
+                                                size_t n_configs, const ApplyConfig& apply,
+                                                const Progress& progress = {});
+
 // Normalised RMS error of a layer's K and V rows [0, count) in `approx` against `exact`:
 // ||approx - exact|| / ||exact|| (Frobenius), K and V separately (+inf when exact is all zeros
 // and approx is not).

@@ -2,11 +2,14 @@
 #include "common/recovery/request_scorer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numeric>
 #include <span>
 
 #include "common/base/status_macros.h"
 #include "common/recovery/parallel_for.h"
+#include "kernels/cpu/fixed_order.h"
 
 namespace riskkv {
 
@@ -39,6 +42,15 @@ absl::StatusOr<KvCache*> RequestScorer::NextConfiguration() {
 }
 
 absl::StatusOr<double> RequestScorer::Score() {
+  ASSIGN_OR_RETURN(const ScoredQuality q, ScoreAny(/*divergence=*/false));
+  return q.nll;
+}
+
+absl::StatusOr<ScoredQuality> RequestScorer::ScoreQuality() {
+  return ScoreAny(/*divergence=*/true);
+}
+
+absl::StatusOr<ScoredQuality> RequestScorer::ScoreAny(bool divergence) {
   if (!pending_) return absl::FailedPreconditionError("Score() without NextConfiguration()");
   pending_ = false;
   if (work_->n_tokens() != exact_->n_tokens()) {
@@ -48,11 +60,15 @@ absl::StatusOr<double> RequestScorer::Score() {
   const int64_t from_exact = FirstDifference(*exact_, *work_);
   if (from_exact == n_layers) {
     if (!exact_scored_) {
-      ASSIGN_OR_RETURN(exact_nll_, Run(*work_, 0, exact_stream_));
+      ASSIGN_OR_RETURN(exact_quality_, Run(*work_, 0, exact_stream_, /*reference=*/true));
       exact_scored_ = true;
     }
     has_previous_ = previous_is_exact_ = true;
-    return exact_nll_;
+    return exact_quality_;
+  }
+  if (divergence && !exact_scored_) {
+    return absl::FailedPreconditionError(
+        "a configuration's divergence needs the exact configuration scored first");
   }
   // The saved stream to start from, and the layer: the base agreeing on the most layers.
   int64_t first = 0;
@@ -63,7 +79,11 @@ absl::StatusOr<double> RequestScorer::Score() {
   }
   if (has_previous_ && !previous_is_exact_) {
     const int64_t from_previous = FirstDifference(*previous_, *work_);
-    if (from_previous == n_layers) return previous_nll_;
+    // A repeat of the previous configuration costs nothing, unless its pass predates the
+    // reference and the divergence is asked for.
+    if (from_previous == n_layers && (!divergence || previous_has_divergence_)) {
+      return previous_quality_;
+    }
     if (from_previous > first) {
       first = from_previous;
       base = &previous_stream_;
@@ -75,15 +95,63 @@ absl::StatusOr<double> RequestScorer::Score() {
     std::copy(exact_stream_.begin(), exact_stream_.begin() + (first + 1) * layer_floats,
               previous_stream_.begin());
   }
-  ASSIGN_OR_RETURN(previous_nll_, Run(*work_, first, previous_stream_));
+  ASSIGN_OR_RETURN(previous_quality_, Run(*work_, first, previous_stream_, /*reference=*/false));
+  previous_has_divergence_ = exact_scored_;
   std::swap(work_, previous_);
   has_previous_ = true;
   previous_is_exact_ = false;
-  return previous_nll_;
+  return previous_quality_;
 }
 
-absl::StatusOr<double> RequestScorer::Run(KvCache& cache, int64_t first,
-                                          std::vector<float>& stream) {
+void RequestScorer::ScorePosition(std::span<const float> logits, int32_t target, int64_t i,
+                                  bool reference, double* nll, double* kl, double* top1) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  const double lse = cpu::LogSumExp(logits.data(), vocab);
+  *nll = lse - logits[target];
+  const int64_t k = std::min(kKlTopTokens, vocab);
+  int32_t* ids = reference_ids_.data() + i * k;
+  float* logp = reference_logp_.data() + i * k;
+  if (reference) {
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int64_t j = 0; j < k; ++j) {
+      ids[j] = order[j];
+      logp[j] = static_cast<float>(logits[order[j]] - lse);
+    }
+    *kl = 0.0;
+    *top1 = 1.0;
+    return;
+  }
+  if (reference_ids_.empty()) {  // no reference yet: the NLL only
+    *kl = 0.0;
+    *top1 = 0.0;
+    return;
+  }
+  // The most likely token: the first maximum.
+  int64_t best = 0;
+  for (int64_t v = 1; v < vocab; ++v) {
+    if (logits[v] > logits[best]) best = v;
+  }
+  *top1 = best == ids[0] ? 1.0 : 0.0;
+  double divergence = 0.0, p_top = 0.0, q_top = 0.0;
+  for (int64_t j = 0; j < k; ++j) {
+    const double p = std::exp(static_cast<double>(logp[j]));
+    const double log_q = logits[ids[j]] - lse;
+    divergence += p * (logp[j] - log_q);
+    p_top += p;
+    q_top += std::exp(log_q);
+  }
+  // The rest of the vocabulary as one outcome.
+  const double p_rest = std::max(0.0, 1.0 - p_top), q_rest = std::max(1e-300, 1.0 - q_top);
+  if (p_rest > 0.0) divergence += p_rest * std::log(p_rest / q_rest);
+  *kl = std::max(0.0, divergence);
+}
+
+absl::StatusOr<ScoredQuality> RequestScorer::Run(KvCache& cache, int64_t first,
+                                                 std::vector<float>& stream, bool reference) {
   const ModelConfig& c = model_.config();
   const int64_t moved = request_.moved_rows();
   const auto tokens = std::span<const int32_t>(request_.tokens);
@@ -107,8 +175,13 @@ absl::StatusOr<double> RequestScorer::Run(KvCache& cache, int64_t first,
   // with each block's rows scored on the backend's threads.
   const auto eval = tokens.subspan(request_.history);
   const auto n = static_cast<int64_t>(eval.size());
-  std::vector<double> nll(n);
-  nll[0] = TokenNll(last, eval[0]);
+  if (reference) {
+    const auto k = static_cast<size_t>(n * std::min(kKlTopTokens, c.vocab));
+    reference_ids_.assign(k, 0);
+    reference_logp_.assign(k, 0.0f);
+  }
+  std::vector<double> nll(n), kl(n), top1(n);
+  ScorePosition(last, eval[0], 0, reference, &nll[0], &kl[0], &top1[0]);
   std::vector<float> logits;
   constexpr int64_t kBlock = 256;  // bounds the logits to kBlock x vocab
   for (int64_t start = 0; start < n; start += kBlock) {
@@ -118,15 +191,23 @@ absl::StatusOr<double> RequestScorer::Run(KvCache& cache, int64_t first,
     const int64_t rows = std::min(m, n - 1 - start);
     ParallelChunks(rows, backend().threads(), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        nll[start + i + 1] = TokenNll(std::span<const float>(logits).subspan(i * c.vocab, c.vocab),
-                                      eval[start + i + 1]);
+        const int64_t at = start + i + 1;
+        ScorePosition(std::span<const float>(logits).subspan(i * c.vocab, c.vocab), eval[at], at,
+                      reference, &nll[at], &kl[at], &top1[at]);
       }
     });
   }
-  double sum = 0.0;
-  for (double v : nll) sum += v;
+  ScoredQuality q{.nll = 0.0, .kl = 0.0, .top1 = 0.0};
+  for (int64_t i = 0; i < n; ++i) {
+    q.nll += nll[i];
+    q.kl += kl[i];
+    q.top1 += top1[i];
+  }
   layers_run_ += c.n_layers - first;
-  return sum / static_cast<double>(n);
+  q.nll /= static_cast<double>(n);
+  q.kl /= static_cast<double>(n);
+  q.top1 /= static_cast<double>(n);
+  return q;
 }
 
 int64_t RequestScorer::FirstDifference(const KvCache& a, const KvCache& b) const {

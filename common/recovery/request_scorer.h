@@ -29,6 +29,23 @@ struct Request {
   int64_t moved_rows() const { return history - 1; }
 };
 
+// The exact distribution's most likely tokens ScoredQuality::kl keeps apart (the vocabulary's
+// size where it is smaller).
+inline constexpr int64_t kKlTopTokens = 64;
+
+// A configuration's eval tokens against the exact configuration's (llama.cpp's perplexity tool
+// reports the same two divergences):
+struct ScoredQuality {
+  double nll = 0.0;  // the mean NLL of the eval tokens (what Score() returns)
+  // The mean over eval positions of KL(exact || this) in nats, over the exact distribution's
+  // kKlTopTokens most likely tokens, each on its own, and the rest of the vocabulary as one
+  // outcome: a lower bound on the full KL, equal to it when the vocabulary is no larger.
+  double kl = 0.0;
+  // The share of eval positions whose most likely token (the lowest id among equals) is the
+  // exact configuration's.
+  double top1 = 1.0;
+};
+
 class RequestScorer {
  public:
   // Prefills the request's moved rows with exact KV. `model`, `request` and `backend` must
@@ -49,6 +66,9 @@ class RequestScorer {
   // The mean NLL of the eval tokens over the cache NextConfiguration() returned: what a
   // migration target computes after receiving (and rebuilding) those rows.
   absl::StatusOr<double> Score();
+  // Score() with the divergence from the exact configuration, which must have been scored first
+  // (FailedPrecondition otherwise); the exact configuration itself has kl 0 and top1 1.
+  absl::StatusOr<ScoredQuality> ScoreQuality();
 
   // Layer passes run by Score() so far, n_layers for a full pass.
   int64_t layers_run() const { return layers_run_; }
@@ -56,9 +76,17 @@ class RequestScorer {
  private:
   RequestScorer(Model& model, const Request& request, Backend* backend)
       : model_(model), request_(request), backend_(backend) {}
+  absl::StatusOr<ScoredQuality> ScoreAny(bool divergence);
   // Decodes the last history token over `cache` and scores the eval tokens, running layers
-  // [first, n_layers) from stream[first] and saving each run layer's stream into `stream`.
-  absl::StatusOr<double> Run(KvCache& cache, int64_t first, std::vector<float>& stream);
+  // [first, n_layers) from stream[first] and saving each run layer's stream into `stream`. The
+  // exact pass (`reference`) keeps each position's kKlTopTokens most likely tokens for the
+  // divergences of later passes.
+  absl::StatusOr<ScoredQuality> Run(KvCache& cache, int64_t first, std::vector<float>& stream,
+                                    bool reference);
+  // One position's NLL of `target`, and its divergence from the reference's position i (or, for
+  // the reference, the position's top tokens saved).
+  void ScorePosition(std::span<const float> logits, int32_t target, int64_t i, bool reference,
+                     double* nll, double* kl, double* top1);
   // The lowest layer whose moved rows differ between a and b (n_layers when none does).
   int64_t FirstDifference(const KvCache& a, const KvCache& b) const;
 
@@ -70,11 +98,16 @@ class RequestScorer {
   // Residual streams entering each layer, [n_layers, scored_, hidden]: of the exact pass and of
   // the last configuration scored.
   std::vector<float> exact_stream_, previous_stream_;
-  double exact_nll_ = 0.0, previous_nll_ = 0.0;
-  bool exact_scored_ = false;       // exact_stream_ and exact_nll_ are set
-  bool has_previous_ = false;       // a configuration has been scored
-  bool previous_is_exact_ = false;  // ... and it was the exact one
-  bool pending_ = false;            // NextConfiguration() returned work_ and Score() has not run
+  ScoredQuality exact_quality_, previous_quality_;
+  // The exact pass's kKlTopTokens most likely tokens at each eval position, most likely first
+  // (the lowest id among equals), and their log-probabilities.
+  std::vector<int32_t> reference_ids_;
+  std::vector<float> reference_logp_;
+  bool exact_scored_ = false;             // exact_stream_, exact_quality_ and the reference are set
+  bool has_previous_ = false;             // a configuration has been scored
+  bool previous_is_exact_ = false;        // ... and it was the exact one
+  bool previous_has_divergence_ = false;  // ... after the reference: its kl and top1 are set
+  bool pending_ = false;  // NextConfiguration() returned work_ and Score() has not run
   int64_t layers_run_ = 0;
 };
 

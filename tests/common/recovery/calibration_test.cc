@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -174,6 +175,23 @@ void ExpectFullPassResults(Model& m, const Request& req,
   for (size_t k = 0; k < configs.size(); ++k) {
     EXPECT_EQ((*nll)[k][0], FullPassNll(m, req, configs[k])) << "configuration " << k;
   }
+  // With the divergences: the same NLLs, none for the exact configuration, some for the others.
+  if (!configs[0].empty()) return;
+  auto quality = MeasureQualityWith(m, std::span<const Request>(&req, 1), configs.size(),
+                                    [&](size_t k, size_t, const KvCache&, KvCache& work, Backend&) {
+                                      return Perturb(configs[k], req.moved_rows(), work);
+                                    });
+  ASSERT_TRUE(quality.ok()) << quality.status();
+  for (size_t k = 0; k < configs.size(); ++k) {
+    EXPECT_EQ(quality->nll[k][0], (*nll)[k][0]) << "configuration " << k;
+    if (configs[k].empty()) {
+      EXPECT_EQ(quality->kl[k][0], 0.0);
+      EXPECT_EQ(quality->top1[k][0], 1.0);
+    } else {
+      EXPECT_GT(quality->kl[k][0], 0.0) << "configuration " << k;
+      EXPECT_LE(quality->top1[k][0], 1.0);
+    }
+  }
 }
 
 TEST(RequestScorer, StartsAtTheLowestChangedLayerAndMatchesFullPassesBitForBit) {
@@ -216,6 +234,97 @@ TEST(RequestScorer, StartsAtTheLowestChangedLayerAndMatchesFullPassesBitForBit) 
     ASSERT_TRUE(nll.ok());
     EXPECT_EQ(*nll, FullPassNll(m, req, config));
     EXPECT_EQ((*chain)->layers_run() - before, run);
+  }
+}
+
+// Each eval position's logits in the full pass of FullPassNll: the decode's, then the
+// teacher-forced rows.
+std::vector<std::vector<float>> FullPassLogits(Model& m, const Request& req,
+                                               const std::vector<int64_t>& layers) {
+  auto cache = m.NewKvCache(req.tokens.size());
+  const auto tokens = std::span<const int32_t>(req.tokens);
+  EXPECT_TRUE(m.Prefill(tokens.first(req.moved_rows()), **cache).ok());
+  EXPECT_TRUE(Perturb(layers, req.moved_rows(), **cache).ok());
+  auto last = m.Decode(tokens[req.moved_rows()], **cache);
+  EXPECT_TRUE(last.ok());
+  std::vector<std::vector<float>> out = {*last};
+  std::vector<float> rows;
+  ForwardOptions options;
+  options.all_logits = true;
+  const auto eval = tokens.subspan(req.history);
+  EXPECT_TRUE(m.Forward(eval.first(eval.size() - 1), **cache, options, &rows).ok());
+  const int64_t vocab = m.config().vocab;
+  for (size_t i = 0; i + 1 < eval.size(); ++i) {
+    out.emplace_back(rows.begin() + i * vocab, rows.begin() + (i + 1) * vocab);
+  }
+  return out;
+}
+
+// Log-probabilities of a row of logits, in long double.
+std::vector<long double> LogSoftmax(const std::vector<float>& logits) {
+  long double max = logits[0], sum = 0;
+  for (float v : logits) max = std::max<long double>(max, v);
+  for (float v : logits) sum += std::exp(static_cast<long double>(v) - max);
+  std::vector<long double> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - max - std::log(sum);
+  return out;
+}
+
+TEST(RequestScorer, DivergenceFromTheExactConfigurationAsAFullComputationGivesIt) {
+  auto model = Model::Load((testing::TestdataDir() / "tiny_llama_deep.gguf").string(),
+                           {.threads = 2, .activations = ActivationPrecision::kF32});
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  ASSERT_GT(m.config().vocab, kKlTopTokens);  // the rest of the vocabulary is lumped
+  std::vector<int32_t> tokens(80);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 29 + 3) % 300);
+  const Request req = MakeRequests(tokens, 50, 30, 1).at(0);
+  auto scorer = RequestScorer::Create(m, req);
+  ASSERT_TRUE(scorer.ok());
+  // Before the exact configuration there is nothing to diverge from.
+  ASSERT_TRUE(Perturb({4}, req.moved_rows(), *(*scorer)->NextConfiguration().value()).ok());
+  EXPECT_EQ((*scorer)->ScoreQuality().status().code(), absl::StatusCode::kFailedPrecondition);
+
+  const std::vector<std::vector<float>> exact = FullPassLogits(m, req, {});
+  for (const std::vector<int64_t>& config : std::vector<std::vector<int64_t>>{{}, {4}, {1, 6}}) {
+    auto work = (*scorer)->NextConfiguration();
+    ASSERT_TRUE(work.ok());
+    ASSERT_TRUE(Perturb(config, req.moved_rows(), **work).ok());
+    auto q = (*scorer)->ScoreQuality();
+    ASSERT_TRUE(q.ok()) << q.status();
+    const std::vector<std::vector<float>> got = FullPassLogits(m, req, config);
+    long double lumped = 0, full = 0, agree = 0;
+    for (size_t i = 0; i < exact.size(); ++i) {
+      const std::vector<long double> p = LogSoftmax(exact[i]), r = LogSoftmax(got[i]);
+      std::vector<size_t> order(p.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return exact[i][a] > exact[i][b]; });
+      long double p_top = 0, q_top = 0, kl = 0;
+      for (int64_t j = 0; j < kKlTopTokens; ++j) {
+        const size_t v = order[j];
+        kl += std::exp(p[v]) * (p[v] - r[v]);
+        p_top += std::exp(p[v]);
+        q_top += std::exp(r[v]);
+      }
+      kl += (1 - p_top) * std::log((1 - p_top) / (1 - q_top));
+      lumped += kl;
+      for (size_t v = 0; v < p.size(); ++v) full += std::exp(p[v]) * (p[v] - r[v]);
+      const size_t best = std::max_element(got[i].begin(), got[i].end()) - got[i].begin();
+      agree += best == order[0] ? 1 : 0;
+    }
+    const double n = static_cast<double>(exact.size());
+    EXPECT_EQ(q->nll, FullPassNll(m, req, config));
+    EXPECT_NEAR(q->kl, static_cast<double>(lumped / n),
+                1e-6 + 1e-4 * static_cast<double>(lumped / n));
+    EXPECT_LE(q->kl, static_cast<double>(full / n) + 1e-6);  // a lower bound on the full KL
+    EXPECT_DOUBLE_EQ(q->top1, static_cast<double>(agree / n));
+    if (config.empty()) {
+      EXPECT_EQ(q->kl, 0.0);
+      EXPECT_EQ(q->top1, 1.0);
+    } else {
+      EXPECT_GT(q->kl, 0.0);
+    }
   }
 }
 
