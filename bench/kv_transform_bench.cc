@@ -196,12 +196,17 @@ std::string Chart(const std::vector<Row>& rows, const std::vector<size_t>& hull)
   }
   const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"};
   std::map<std::string, int> series;
+  int above = 0;  // configurations whose mean lies above the chart
   for (const Row& r : rows) {
     if (r.config->exact || r.config->layer >= 0) continue;
     const std::string key = r.config->transform
                                 ? std::string(riskkv::TransformKindName(r.config->kind))
                                 : std::string(riskkv::WireFormName(r.config->form));
     const int k = series.emplace(key, static_cast<int>(series.size())).first->second;
+    if (r.all.mean > yhi) {
+      ++above;
+      continue;
+    }
     const char* col = colours[k % 5];
     const double x = p.X(100 * r.bytes_share);
     const double top = std::min(r.all.hi, yhi), bottom = std::max(r.all.lo, ylo);
@@ -230,8 +235,10 @@ std::string Chart(const std::vector<Row>& rows, const std::vector<size_t>& hull)
            p.top + 18 + 16.0 * k, name.c_str());
     ++k;
   }
-  s += F("<text x='%.1f' y='%.1f'>&#9660; worst text's upper bound; dashed: its lower hull</text>",
-         p.left + 8, p.top + 14);
+  s +=
+      F("<text x='%.1f' y='%.1f'>&#9660; worst text's upper bound; dashed: its lower hull%s</text>",
+        p.left + 8, p.top + 14,
+        above > 0 ? F("; %d above the chart (in the table)", above).c_str() : "");
   return riskkv::report::Svg(p.left + p.w + 30, p.top + p.h + 50, s);
 }
 
