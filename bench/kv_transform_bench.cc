@@ -8,7 +8,8 @@
 //    arithmetic nodes serve with: every layer's moved rows sent in int8, int4, or transform coded
 //    at each --steps ratio (a layer's step is the ratio times its RMS around the mean), with the
 //    first --sink and last --recent rows exact. Bytes are the encoded sizes of those rows.
-// 3. Encode and decode rates of each transform configuration on one thread, beside 1 Gbit/s.
+// 3. Encode and decode rates of each transform configuration on one thread over the fitted rows
+//    but the sink, beside 1 Gbit/s, with zstd's bits a value against the codes' entropy.
 // Prints a table, the configurations on the lower convex hull of bytes against the worst text's
 // upper ΔNLL bound, and the fewest bytes within ΔPPL 0.5% and 1%; writes --json and --svg.
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/eval_texts.h"
 #include "bench/paired_mean.h"
 #include "common/kvcodec/kv_codec.h"
 #include "common/kvcodec/kv_transform.h"
@@ -121,14 +123,6 @@ absl::StatusOr<int64_t> Send(const Config& c, const Fitted& fitted, int64_t laye
     bytes += *b;
   }
   return bytes;
-}
-
-std::string ReadFile(const std::string& path, bool* ok) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  *ok = static_cast<bool>(in);
-  return text.str();
 }
 
 struct Row {
@@ -275,10 +269,10 @@ int main(int argc, char** argv) {
     if (!absl::SimpleAtod(r, &v) || !(v > 0)) return Fail("--steps: '" + std::string(r) + "'");
     ratios.push_back(v);
   }
-  bool ok = false;
-  const std::string fit_text = ReadFile(absl::GetFlag(FLAGS_fit_text), &ok);
-  if (!ok) return Fail("cannot read --fit-text " + absl::GetFlag(FLAGS_fit_text));
-  auto fit_ids = (*model)->tokenizer().Encode(fit_text, /*add_special=*/true, false);
+  const absl::StatusOr<std::string> fit_text =
+      riskkv::bench::ReadTextFile(absl::GetFlag(FLAGS_fit_text));
+  if (!fit_text.ok()) return Fail("--fit-text: " + fit_text.status().ToString());
+  auto fit_ids = (*model)->tokenizer().Encode(*fit_text, /*add_special=*/true, false);
   if (!fit_ids.ok()) return Fail(fit_ids.status().ToString());
   const int64_t n = absl::GetFlag(FLAGS_fit_tokens);
   if (n < 2 || static_cast<int64_t>(fit_ids->size()) < n) {
@@ -336,28 +330,15 @@ int main(int argc, char** argv) {
           {.name = name, .transform = true, .kind = k, .ratio = ratios[0], .layer = l});
     }
   }
-  std::vector<riskkv::Request> requests;
-  std::vector<size_t> file_of;
   const std::vector<std::string> paths =
       absl::StrSplit(absl::GetFlag(FLAGS_eval_text), ',', absl::SkipEmpty());
   if (paths.empty()) return Fail("--eval-text names no file");
-  for (const std::string& path : paths) {
-    const std::string text = ReadFile(path, &ok);
-    if (!ok) return Fail("cannot read --eval-text " + path);
-    auto ids = (*model)->tokenizer().Encode(text, /*add_special=*/true, false);
-    if (!ids.ok()) return Fail(ids.status().ToString());
-    const int64_t want = absl::GetFlag(FLAGS_eval_requests);
-    auto r = riskkv::MakeRequests(*ids, absl::GetFlag(FLAGS_eval_history),
-                                  absl::GetFlag(FLAGS_eval_tokens), want);
-    if (static_cast<int64_t>(r.size()) < want) {
-      return Fail(path + " holds " + std::to_string(r.size()) + " requests, not " +
-                  std::to_string(want));
-    }
-    for (auto& q : r) {
-      requests.push_back(std::move(q));
-      file_of.push_back(static_cast<size_t>(&path - paths.data()));
-    }
-  }
+  auto cut = riskkv::bench::CutEvalRequests(**model, paths, absl::GetFlag(FLAGS_eval_history),
+                                            absl::GetFlag(FLAGS_eval_tokens),
+                                            absl::GetFlag(FLAGS_eval_requests));
+  if (!cut.ok()) return Fail("--eval-text: " + cut.status().ToString());
+  const std::vector<riskkv::Request>& requests = cut->requests;
+  const std::vector<size_t>& file_of = cut->file_of;  // the file each request was cut from
   const int64_t moved = requests[0].moved_rows();
   // bytes[config][request]: each (config, request) is applied once, by one thread.
   std::vector<std::vector<int64_t>> bytes(configs.size(), std::vector<int64_t>(requests.size()));
@@ -425,16 +406,17 @@ int main(int argc, char** argv) {
       for (int v = 0; v < 2; ++v) {
         const LayerTransform& t = fitted.at(configs[k].kind)[l][v];
         const float step = Step(configs[k], t, v == 1);
-        const std::vector<float>& x = fit_rows[l][v];
-        back.resize(x.size());
+        // The fitted rows but the first (the sink, sent exact): m rows from x.
+        const float* x = fit_rows[l][v].data() + width;
+        const int64_t m = n - 1;
+        back.resize(static_cast<size_t>(m * width));
         const auto t0 = std::chrono::steady_clock::now();
-        if (!riskkv::EncodeTransformed(t, step, x.data(), n, absl::GetFlag(FLAGS_zstd_level),
-                                       &chunk)
+        if (!riskkv::EncodeTransformed(t, step, x, m, absl::GetFlag(FLAGS_zstd_level), &chunk)
                  .ok()) {
           return Fail("encode failed");
         }
         const auto t1 = std::chrono::steady_clock::now();
-        if (absl::Status s = riskkv::DecodeTransformed(t, step, chunk, n, back.data()); !s.ok()) {
+        if (absl::Status s = riskkv::DecodeTransformed(t, step, chunk, m, back.data()); !s.ok()) {
           return Fail(s.ToString());
         }
         const auto t2 = std::chrono::steady_clock::now();
@@ -447,7 +429,7 @@ int main(int argc, char** argv) {
             if (!riskkv::ComponentCoded(ht.variance[i], step)) continue;
             coded += 1;
             std::map<int64_t, int64_t> histogram;
-            for (int64_t r = 0; r < n; ++r) {
+            for (int64_t r = 0; r < m; ++r) {
               double y = 0;
               for (int64_t j = 0; j < dim; ++j) {
                 y += double(ht.basis[i * dim + j]) * (x[r * width + h * dim + j] - ht.mean[j]);
@@ -455,18 +437,18 @@ int main(int argc, char** argv) {
               ++histogram[std::llround(y / step)];
             }
             for (const auto& [code, count] : histogram) {
-              const double p = static_cast<double>(count) / static_cast<double>(n);
+              const double p = static_cast<double>(count) / static_cast<double>(m);
               entropy -= static_cast<double>(count) * std::log2(p);
             }
           }
         }
       }
     }
-    const double values = 2.0 * static_cast<double>(c.n_layers * n * width);
+    const double values = 2.0 * static_cast<double>(c.n_layers * (n - 1) * width);
     row.coded_share = coded / (2.0 * static_cast<double>(c.n_layers * width));
     row.zstd_bits = 8 * out_bytes / values;
     row.entropy_bits = entropy / values;
-    const double f16_mb = 2.0 * 2 * static_cast<double>(c.n_layers * n * width) / 1e6;
+    const double f16_mb = 2.0 * 2 * static_cast<double>(c.n_layers * (n - 1) * width) / 1e6;
     row.encode_mbps = f16_mb / enc;
     row.decode_mbps = f16_mb / dec;
     row.wire_mbps = out_bytes / 1e6 / std::max(enc, dec);

@@ -24,6 +24,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/eval_texts.h"
 #include "bench/kv_candidates.h"
 #include "bench/paired_mean.h"
 #include "common/kvcodec/kv_codec.h"
@@ -89,14 +90,6 @@ double BytesPerValue(const QuantScheme& s, bool values, int64_t dim) {
   return code + params / (values ? static_cast<double>(dim) : riskkv::kTokenGroup);
 }
 
-std::string ReadFile(const std::string& path, bool* ok) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  *ok = static_cast<bool>(in);
-  return text.str();
-}
-
 // Every candidate of kv_candidates.h: NRMSE over the prefill's keys and values, bytes at the
 // --history of a migration as a share of plain f16, and the ΔNLL of --eval-tokens scored tokens
 // after --eval-history tokens of each --eval-text file, the candidate applied to every layer's
@@ -120,28 +113,14 @@ int CandidateTable(riskkv::Model& model, const std::vector<Tensor>& keys,
     cands = std::move(picked);
   }
   const riskkv::bench::KeyRope rope{.backend = &model.backend(), .params = c.rope()};
-  std::vector<riskkv::Request> requests;
-  std::vector<size_t> file_of;  // the --eval-text file each request was cut from
   const std::vector<std::string> paths =
       absl::StrSplit(absl::GetFlag(FLAGS_eval_text), ',', absl::SkipEmpty());
-  for (const std::string& path : paths) {
-    bool ok = false;
-    const std::string text = ReadFile(path, &ok);
-    if (!ok) return Fail("cannot read --eval-text " + path);
-    auto ids = model.tokenizer().Encode(text, /*add_special=*/true, false);
-    if (!ids.ok()) return Fail(ids.status().ToString());
-    const int64_t want = absl::GetFlag(FLAGS_eval_requests);
-    auto r = riskkv::MakeRequests(*ids, absl::GetFlag(FLAGS_eval_history),
-                                  absl::GetFlag(FLAGS_eval_tokens), want);
-    if (static_cast<int64_t>(r.size()) < want) {
-      return Fail(path + " holds " + std::to_string(r.size()) + " requests, not " +
-                  std::to_string(want));
-    }
-    for (auto& q : r) {
-      requests.push_back(std::move(q));
-      file_of.push_back(&path - paths.data());
-    }
-  }
+  auto cut = riskkv::bench::CutEvalRequests(model, paths, absl::GetFlag(FLAGS_eval_history),
+                                            absl::GetFlag(FLAGS_eval_tokens),
+                                            absl::GetFlag(FLAGS_eval_requests));
+  if (!cut.ok()) return Fail("--eval-text: " + cut.status().ToString());
+  const std::vector<riskkv::Request>& requests = cut->requests;
+  const std::vector<size_t>& file_of = cut->file_of;  // the file each request was cut from
   std::vector<std::vector<double>> nll;
   if (!requests.empty()) {
     const int64_t moved = requests[0].moved_rows();

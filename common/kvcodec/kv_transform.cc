@@ -2,6 +2,7 @@
 #include "common/kvcodec/kv_transform.h"
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <bit>
 #include <cmath>
 
@@ -48,7 +49,10 @@ std::vector<float> ComponentVariance(const MatrixD& basis, const MatrixD& cov) {
   return var;
 }
 
-MatrixD Basis(TransformKind kind, const MatrixD& cov, int64_t dim) {
+// The basis of `kind` for this covariance; for PCA, *eigenvalues receives the components'
+// variances (its eigenvalues, largest first, negative rounding clamped to 0).
+MatrixD Basis(TransformKind kind, const MatrixD& cov, int64_t dim,
+              std::vector<float>* eigenvalues) {
   MatrixD b(dim, dim);
   switch (kind) {
     case TransformKind::kIdentity:
@@ -67,7 +71,10 @@ MatrixD Basis(TransformKind kind, const MatrixD& cov, int64_t dim) {
       const Eigen::SelfAdjointEigenSolver<MatrixD> eig(cov);
       // Ascending eigenvalues: component i is the eigenvector of the i-th largest, its sign
       // fixed so that its largest entry is positive.
+      eigenvalues->resize(static_cast<size_t>(dim));
       for (int64_t i = 0; i < dim; ++i) {
+        (*eigenvalues)[static_cast<size_t>(i)] =
+            static_cast<float>(std::max(0.0, eig.eigenvalues()[dim - 1 - i]));
         Eigen::VectorXd v = eig.eigenvectors().col(dim - 1 - i);
         Eigen::Index top = 0;
         v.cwiseAbs().maxCoeff(&top);
@@ -131,17 +138,22 @@ absl::StatusOr<LayerTransform> FitTransform(TransformKind kind, const float* row
     Eigen::VectorXd mean;
     MatrixD cov;
     Moments(rows, n, heads, dim, h, &mean, &cov);
-    const MatrixD basis = Basis(kind, cov, dim);
+    std::vector<float> eigenvalues;
+    const MatrixD basis = Basis(kind, cov, dim, &eigenvalues);
     HeadTransform& out = t.head[static_cast<size_t>(h)];
     out.mean.assign(mean.data(), mean.data() + dim);
     out.basis.resize(static_cast<size_t>(dim * dim));
     for (int64_t i = 0; i < dim * dim; ++i) out.basis[i] = static_cast<float>(basis.data()[i]);
-    out.variance = ComponentVariance(basis, cov);
+    out.variance = kind == TransformKind::kPca ? eigenvalues : ComponentVariance(basis, cov);
   }
   return t;
 }
 
 absl::Status CheckTransform(const LayerTransform& t, int64_t heads, int64_t dim) {
+  if (heads < 1 || dim < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a transform needs heads and dim >= 1, not ", heads, " and ", dim));
+  }
   if (t.heads != heads || t.dim != dim || static_cast<int64_t>(t.head.size()) != heads) {
     return absl::InvalidArgumentError(
         absl::StrCat("transform of ", t.head.size(), " heads (", t.heads, " declared) of ", t.dim,

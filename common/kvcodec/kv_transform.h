@@ -28,8 +28,8 @@ absl::StatusOr<TransformKind> ParseTransformKind(std::string_view name);
 struct HeadTransform {
   std::vector<float> mean;      // [dim]
   std::vector<float> basis;     // [dim, dim]: row i is component i, unit length, rows orthogonal
-  std::vector<float> variance;  // [dim]: of each component on the fitted rows, non-increasing
-                                // for PCA (in the basis's order for the fixed kinds)
+  std::vector<float> variance;  // [dim]: of each component on the fitted rows (for PCA the
+                                // covariance's eigenvalues, non-increasing)
 };
 
 struct LayerTransform {
@@ -48,8 +48,8 @@ struct LayerTransform {
 absl::StatusOr<LayerTransform> FitTransform(TransformKind kind, const float* rows, int64_t n,
                                             int64_t heads, int64_t dim);
 
-// Whether `t` is a transform of this shape that a codec can use: heads and dim as given, every
-// vector of its size, every value finite, variances >= 0, and every basis orthonormal within
+// Whether `t` is a transform of this shape that a codec can use: heads and dim >= 1 and as given,
+// every vector of its size, every value finite, variances >= 0, and every basis orthonormal within
 // 1e-3 (|B B^T - I| elementwise). InvalidArgument naming the head and what is wrong.
 absl::Status CheckTransform(const LayerTransform& t, int64_t heads, int64_t dim);
 

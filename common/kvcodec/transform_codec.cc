@@ -20,9 +20,36 @@ uint16_t ZigZag(int32_t c) { return static_cast<uint16_t>((c << 1) ^ (c >> 31));
 int32_t UnZigZag(uint16_t u) { return static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1); }
 
 absl::Status CheckStep(float step) {
-  if (!(step > 0.0f) || !std::isfinite(step)) {
+  if (!(step >= std::numeric_limits<float>::min()) || !std::isfinite(step)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("transform codec: step ", step, " is not a finite number > 0"));
+        absl::StrCat("transform codec: step ", step, " is not a finite number >= ",
+                     std::numeric_limits<float>::min(), " (the smallest normal float)"));
+  }
+  return absl::OkStatus();
+}
+
+// Rows one chunk may hold: every size the codec computes from a count stays far inside int64.
+constexpr int64_t kMaxRows = int64_t{1} << 24;
+
+// The shape checks the codec relies on (CheckTransform makes the rest): InvalidArgument for a
+// transform whose heads or head size are < 1, whose head list is not `heads` long, or a head whose
+// vectors are not of the head size, and for a row count outside [1, kMaxRows].
+absl::Status CheckShape(const LayerTransform& t, int64_t count) {
+  if (count < 1 || count > kMaxRows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transform codec: ", count, " rows (1 to ", kMaxRows, " a chunk)"));
+  }
+  if (t.heads < 1 || t.dim < 1 || t.dim > 4096 || static_cast<int64_t>(t.head.size()) != t.heads) {
+    return absl::InvalidArgumentError(absl::StrCat("transform codec: a transform of ",
+                                                   t.head.size(), " heads (", t.heads,
+                                                   " declared) of ", t.dim));
+  }
+  for (const HeadTransform& h : t.head) {
+    if (static_cast<int64_t>(h.mean.size()) != t.dim ||
+        static_cast<int64_t>(h.variance.size()) != t.dim ||
+        static_cast<int64_t>(h.basis.size()) != t.dim * t.dim) {
+      return absl::InvalidArgumentError("transform codec: a head's vectors are not of its size");
+    }
   }
   return absl::OkStatus();
 }
@@ -100,13 +127,11 @@ int64_t CodedComponents(const LayerTransform& t, float step) {
 absl::Status EncodeTransformed(const LayerTransform& t, float step, const float* rows,
                                int64_t count, int zstd_level, std::string* out) {
   if (absl::Status s = CheckStep(step); !s.ok()) return s;
+  if (absl::Status s = CheckShape(t, count); !s.ok()) return s;
   if (zstd_level < ZSTD_minCLevel() || zstd_level > ZSTD_maxCLevel()) {
     return absl::InvalidArgumentError(absl::StrCat("transform codec: zstd level ", zstd_level,
                                                    " is outside [", ZSTD_minCLevel(), ", ",
                                                    ZSTD_maxCLevel(), "]"));
-  }
-  if (count < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("transform codec: ", count, " rows"));
   }
   const int64_t dim = t.dim, width = t.heads * t.dim;
   const int64_t n = count * CodedComponents(t, step);
@@ -131,7 +156,8 @@ absl::Status EncodeTransformed(const LayerTransform& t, float step, const float*
     RowTimes(centred.data(), count, dim, transposed.data(), coded, y.data());
     for (int64_t k = 0; k < coded; ++k) {
       for (int64_t r = 0; r < count; ++r, ++at) {
-        const float q = std::nearbyint(y[r * coded + k] * inv);
+        float q = std::nearbyint(y[r * coded + k] * inv);
+        if (std::isnan(q)) q = 0.0f;
         const int32_t c = static_cast<int32_t>(std::clamp(q, -32767.0f, 32767.0f));
         const uint16_t u = ZigZag(c);
         planes[static_cast<size_t>(at)] = static_cast<uint8_t>(u & 0xff);
@@ -152,11 +178,18 @@ absl::Status EncodeTransformed(const LayerTransform& t, float step, const float*
 absl::Status DecodeTransformed(const LayerTransform& t, float step, std::string_view data,
                                int64_t count, float* out) {
   if (absl::Status s = CheckStep(step); !s.ok()) return s;
-  if (count < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("transform codec: ", count, " rows"));
-  }
+  if (absl::Status s = CheckShape(t, count); !s.ok()) return s;
   const int64_t n = count * CodedComponents(t, step);
   const uint64_t expected = static_cast<uint64_t>(2 * n);
+  // A zstd frame, not a skippable one: its magic number first.
+  if (data.size() < 4 ||
+      (static_cast<uint32_t>(static_cast<uint8_t>(data[0])) |
+       static_cast<uint32_t>(static_cast<uint8_t>(data[1])) << 8 |
+       static_cast<uint32_t>(static_cast<uint8_t>(data[2])) << 16 |
+       static_cast<uint32_t>(static_cast<uint8_t>(data[3])) << 24) != ZSTD_MAGICNUMBER) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transform codec: ", data.size(), " bytes are not a whole zstd frame (no frame magic)"));
+  }
   const size_t frame = ZSTD_findFrameCompressedSize(data.data(), data.size());
   if (ZSTD_isError(frame)) {
     return absl::InvalidArgumentError(absl::StrCat("transform codec: ", data.size(),

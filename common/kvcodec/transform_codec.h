@@ -5,9 +5,10 @@
 // 2. Bit allocation by reverse water-filling at one distortion level for every component: a
 //    uniform quantizer of step `step` leaves each component an error of variance step^2 / 12,
 //    so a component whose fitted variance is at most that is dropped (decoded as 0, which costs
-//    it exactly its variance) and every other is coded as c = round(y / step), saturated to
-//    [-32767, 32767]. The step sets the rate: the entropy coder spends on each component about
-//    log2(sigma / step) + 1.25 bits, fewer for a smaller sigma, and none on a dropped one.
+//    it exactly its variance) and every other is coded as c = y * (1 / step) rounded to the
+//    nearest integer (ties to even), saturated to [-32767, 32767]. The step sets the rate: an
+//    ideal entropy coder spends about log2(sigma / step) + 2 bits on a Gaussian component at
+//    high rate, fewer at low rate, and none on a dropped one.
 // 3. Entropy coding: the codes, head by head, component by component (coded components in
 //    index order), token by token, zigzagged to 16 bits and split into a plane of low bytes
 //    followed by a plane of high bytes, compressed as one zstd frame that states its content
@@ -39,16 +40,18 @@ inline bool ComponentCoded(float variance, float step) {
 // Coded components over every head of `t` at `step`.
 int64_t CodedComponents(const LayerTransform& t, float step);
 
-// Encodes rows [count, heads * dim] (count >= 1) into *out, replacing its contents. Non-finite
-// values code as the head's mean. `t` must have passed CheckTransform; step must be finite and
-// > 0; zstd_level as zstd takes it (1 to 19; negative levels are faster). InvalidArgument for a
-// bad step or level.
+// Encodes rows [count, heads * dim] into *out, replacing its contents. Non-finite values code as
+// the head's mean. `t` should have passed CheckTransform (what the codec needs of its shape is
+// checked here); step must be a finite normal float > 0; zstd_level as zstd takes it (1 to 19;
+// negative levels are faster). InvalidArgument for a bad step, level or shape, or a count outside
+// [1, 2^24].
 absl::Status EncodeTransformed(const LayerTransform& t, float step, const float* rows,
                                int64_t count, int zstd_level, std::string* out);
 
-// Decodes a chunk of `count` rows into out [count, heads * dim]. InvalidArgument, nothing promised
-// about `out`, for: count < 1, a bad step, bytes that are not exactly one zstd frame (truncated
-// or followed by more), a frame that does not state its content size or states one other than
+// Decodes a chunk of `count` rows into out [count, heads * dim], with `t` as Encode takes it.
+// InvalidArgument, nothing promised about `out`, for: a bad step, shape or count (as Encode),
+// bytes that are not exactly one zstd frame (truncated, followed by more, or a skippable frame),
+// a frame that does not state its content size or states one other than
 // the count's (checked before anything is decompressed, so a frame cannot make the decoder
 // allocate more than the rows need), a frame that does not decompress to what it states, a code
 // the encoder never writes (-32768), and

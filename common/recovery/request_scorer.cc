@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <span>
 
@@ -79,11 +80,10 @@ absl::StatusOr<ScoredQuality> RequestScorer::ScoreAny(bool divergence) {
   }
   if (has_previous_ && !previous_is_exact_) {
     const int64_t from_previous = FirstDifference(*previous_, *work_);
-    // A repeat of the previous configuration costs nothing, unless its pass predates the
-    // reference and the divergence is asked for.
-    if (from_previous == n_layers && (!divergence || previous_has_divergence_)) {
-      return previous_quality_;
-    }
+    // A repeat of the previous configuration costs nothing. (A previous configuration here ran
+    // after the exact one whenever the divergence is asked for: it is only kept while no exact
+    // configuration has been scored since, and the divergence needs one scored.)
+    if (from_previous == n_layers) return previous_quality_;
     if (from_previous > first) {
       first = from_previous;
       base = &previous_stream_;
@@ -96,7 +96,6 @@ absl::StatusOr<ScoredQuality> RequestScorer::ScoreAny(bool divergence) {
               previous_stream_.begin());
   }
   ASSIGN_OR_RETURN(previous_quality_, Run(*work_, first, previous_stream_, /*reference=*/false));
-  previous_has_divergence_ = exact_scored_;
   std::swap(work_, previous_);
   has_previous_ = true;
   previous_is_exact_ = false;
@@ -114,8 +113,13 @@ void RequestScorer::ScorePosition(std::span<const float> logits, int32_t target,
   if (reference) {
     std::vector<int32_t> order(static_cast<size_t>(vocab));
     std::iota(order.begin(), order.end(), 0);
+    // NaN ranks below every number, so the order stays strict whatever the logits hold.
+    const auto key = [&](int32_t a) {
+      const float v = logits[a];
+      return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v;
+    };
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+      return key(a) > key(b) || (key(a) == key(b) && a < b);
     });
     for (int64_t j = 0; j < k; ++j) {
       ids[j] = order[j];

@@ -103,11 +103,10 @@ class RequestScorer {
   // (the lowest id among equals), and their log-probabilities.
   std::vector<int32_t> reference_ids_;
   std::vector<float> reference_logp_;
-  bool exact_scored_ = false;             // exact_stream_, exact_quality_ and the reference are set
-  bool has_previous_ = false;             // a configuration has been scored
-  bool previous_is_exact_ = false;        // ... and it was the exact one
-  bool previous_has_divergence_ = false;  // ... after the reference: its kl and top1 are set
-  bool pending_ = false;  // NextConfiguration() returned work_ and Score() has not run
+  bool exact_scored_ = false;       // exact_stream_, exact_quality_ and the reference are set
+  bool has_previous_ = false;       // a configuration has been scored
+  bool previous_is_exact_ = false;  // ... and it was the exact one
+  bool pending_ = false;            // NextConfiguration() returned work_ and Score() has not run
   int64_t layers_run_ = 0;
 };
 

@@ -130,13 +130,16 @@ TEST(KvTransformTest, FixedKindsAreTheMatricesTheyName) {
   auto id = FitTransform(TransformKind::kIdentity, s.rows.data(), 64, kHeads, kDim);
   auto had = FitTransform(TransformKind::kHadamard, s.rows.data(), 64, kHeads, kDim);
   ASSERT_TRUE(id.ok() && had.ok());
+  // Sylvester's 8 x 8 Hadamard matrix, written out.
+  const char* signs[kDim] = {"++++++++", "+-+-+-+-", "++--++--", "+--++--+",
+                             "++++----", "+-+--+-+", "++----++", "+--+-++-"};
   const double a = 1.0 / std::sqrt(static_cast<double>(kDim));
   for (int64_t i = 0; i < kDim; ++i) {
     for (int64_t j = 0; j < kDim; ++j) {
       EXPECT_EQ(id->head[1].basis[i * kDim + j], i == j ? 1.0f : 0.0f);
-      // Sylvester's construction: H[i][j] = (-1)^popcount(i & j) / sqrt(dim).
-      const int parity = __builtin_popcountll(static_cast<uint64_t>(i & j)) % 2;
-      EXPECT_FLOAT_EQ(had->head[0].basis[i * kDim + j], static_cast<float>(parity ? -a : a));
+      EXPECT_FLOAT_EQ(had->head[0].basis[i * kDim + j],
+                      static_cast<float>(signs[i][j] == '-' ? -a : a))
+          << i << " " << j;
     }
   }
   EXPECT_THAT(FitTransform(TransformKind::kHadamard, s.rows.data(), 64, 1, 12).status().message(),
@@ -178,6 +181,7 @@ TEST(KvTransformTest, CheckRefusesMalformedTransforms) {
   EXPECT_TRUE(CheckTransform(good, kHeads, kDim).ok());
   EXPECT_THAT(CheckTransform(good, kHeads + 1, kDim).message(), HasSubstr("does not match"));
   EXPECT_THAT(CheckTransform(good, kHeads, kDim * 2).message(), HasSubstr("does not match"));
+  EXPECT_THAT(CheckTransform(LayerTransform{}, 0, -1).message(), HasSubstr(">= 1"));
 
   LayerTransform t = good;
   t.head[1].mean.pop_back();

@@ -127,6 +127,19 @@ TEST(TransformCodecTest, RowsDecodeTheSameHoweverTheyAreChunked) {
   EXPECT_EQ(whole, parts);
 }
 
+TEST(TransformCodecTest, CodesSaturateAtTheLargestWritten) {
+  const LayerTransform t = Fit(TransformKind::kIdentity);
+  std::vector<float> x(kWidth);
+  for (int64_t i = 0; i < kWidth; ++i) x[i] = t.head[i / kDim].mean[i % kDim];
+  x[5] += 1000.0f;  // 10^6 steps of 0.001 from the mean
+  x[7] -= 1000.0f;
+  ASSERT_TRUE(ComponentCoded(t.head[0].variance[5], 0.001f));
+  ASSERT_TRUE(ComponentCoded(t.head[0].variance[7], 0.001f));
+  ASSERT_TRUE(RoundTripTransformed(t, 0.001f, x.data(), 1, 3).ok());
+  EXPECT_NEAR(x[5] - t.head[0].mean[5], 32767 * 0.001, 1e-3);
+  EXPECT_NEAR(x[7] - t.head[0].mean[7], -32767 * 0.001, 1e-3);
+}
+
 TEST(TransformCodecTest, NonFiniteInputCodesAsTheMean) {
   const LayerTransform t = Fit(TransformKind::kIdentity);
   std::vector<float> x(2 * kWidth, std::numeric_limits<float>::quiet_NaN());
@@ -206,9 +219,54 @@ TEST(TransformCodecTest, RefusesMalformedChunks) {
   const absl::Status big = DecodeTransformed(
       t, 10.0f, Chunk(std::vector<uint16_t>(n * CodedComponents(t, 10.0f), 0xfffe)), n, o.data());
   EXPECT_THAT(big.message(), HasSubstr("f16 range"));
+  // A frame whose header states the right size around blocks that hold less.
+  {
+    const int64_t rows = 2;
+    const int64_t want = 2 * rows * CodedComponents(t, step);
+    ASSERT_LT(want, 256);  // a one-byte content size field, the header's last byte
+    std::vector<uint16_t> shorter(rows * CodedComponents(t, step) - 4, 0);
+    std::string frame = Chunk(shorter);
+    // A small frame's header: magic, a descriptor byte saying single segment, no dictionary and
+    // a one-byte content size, then that byte.
+    const auto descriptor = static_cast<uint8_t>(frame[4]);
+    ASSERT_EQ(descriptor & 0xe3, 0x20);
+    frame[5] = static_cast<char>(want);
+    ASSERT_EQ(ZSTD_getFrameContentSize(frame.data(), frame.size()), static_cast<uint64_t>(want));
+    EXPECT_THAT(refused(frame, rows), HasSubstr("does not decompress to the"));
+  }
+  // A skippable frame (no content) where no component is coded.
+  {
+    const float coarse = 1e4f;
+    ASSERT_EQ(CodedComponents(t, coarse), 0);
+    // Magic 0x184D2A50, little-endian, and a content size of 0.
+    const std::string skippable("\x50\x2a\x4d\x18\0\0\0\0", 8);
+    std::vector<float> o(n * kWidth);
+    EXPECT_THAT(DecodeTransformed(t, coarse, skippable, n, o.data()).message(),
+                HasSubstr("no frame magic"));
+    std::string empty;
+    ASSERT_TRUE(EncodeTransformed(t, coarse, x.data(), n, 3, &empty).ok());
+    EXPECT_TRUE(DecodeTransformed(t, coarse, empty, n, o.data()).ok());
+  }
+  // A transform whose shape the codec cannot use, and counts past a chunk's bound.
+  {
+    LayerTransform short_mean = t;
+    short_mean.head[2].mean.pop_back();
+    std::vector<float> o(n * kWidth);
+    EXPECT_THAT(DecodeTransformed(short_mean, step, good, n, o.data()).message(),
+                HasSubstr("not of its size"));
+    LayerTransform short_list = t;
+    short_list.head.pop_back();
+    std::string unused;
+    EXPECT_THAT(EncodeTransformed(short_list, step, x.data(), n, 3, &unused).message(),
+                HasSubstr("declared"));
+    // Refused before anything is written: the buffer needs no room for them.
+    EXPECT_THAT(DecodeTransformed(t, step, good, int64_t{1} << 40, o.data()).message(),
+                HasSubstr("rows (1 to"));
+  }
   // Bad encoder arguments.
   std::string unused;
   EXPECT_FALSE(EncodeTransformed(t, -1.0f, x.data(), n, 3, &unused).ok());
+  EXPECT_FALSE(EncodeTransformed(t, 1e-40f, x.data(), n, 3, &unused).ok());  // subnormal
   EXPECT_FALSE(EncodeTransformed(t, step, x.data(), n, 99, &unused).ok());
   EXPECT_FALSE(EncodeTransformed(t, step, x.data(), 0, 3, &unused).ok());
 }
