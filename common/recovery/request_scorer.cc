@@ -60,16 +60,19 @@ absl::StatusOr<ScoredQuality> RequestScorer::ScoreAny(bool divergence) {
   const int64_t n_layers = model_.config().n_layers;
   const int64_t from_exact = FirstDifference(*exact_, *work_);
   if (from_exact == n_layers) {
-    if (!exact_scored_) {
-      ASSIGN_OR_RETURN(exact_quality_, Run(*work_, 0, exact_stream_, /*reference=*/true));
+    // The NLL alone costs what it did before divergences; the reference's top tokens are kept
+    // only when a divergence is asked for (a second exact pass if the first was NLL only).
+    if (!exact_scored_ || (divergence && reference_ids_.empty())) {
+      ASSIGN_OR_RETURN(exact_quality_, Run(*work_, 0, exact_stream_, /*reference=*/divergence));
       exact_scored_ = true;
     }
     has_previous_ = previous_is_exact_ = true;
     return exact_quality_;
   }
-  if (divergence && !exact_scored_) {
+  if (divergence && reference_ids_.empty()) {
     return absl::FailedPreconditionError(
-        "a configuration's divergence needs the exact configuration scored first");
+        "a configuration's divergence needs the exact configuration scored first, by "
+        "ScoreQuality");
   }
   // The saved stream to start from, and the layer: the base agreeing on the most layers.
   int64_t first = 0;

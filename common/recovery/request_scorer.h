@@ -67,7 +67,8 @@ class RequestScorer {
   // migration target computes after receiving (and rebuilding) those rows.
   absl::StatusOr<double> Score();
   // Score() with the divergence from the exact configuration, which must have been scored first
-  // (FailedPrecondition otherwise); the exact configuration itself has kl 0 and top1 1.
+  // by ScoreQuality (FailedPrecondition otherwise; Score() keeps no reference, so the NLL alone
+  // costs no more than it did); the exact configuration itself has kl 0 and top1 1.
   absl::StatusOr<ScoredQuality> ScoreQuality();
 
   // Layer passes run by Score() so far, n_layers for a full pass.

@@ -280,7 +280,12 @@ TEST(RequestScorer, DivergenceFromTheExactConfigurationAsAFullComputationGivesIt
   const Request req = MakeRequests(tokens, 50, 30, 1).at(0);
   auto scorer = RequestScorer::Create(m, req);
   ASSERT_TRUE(scorer.ok());
-  // Before the exact configuration there is nothing to diverge from.
+  // Before the exact configuration there is nothing to diverge from, nor after one scored for
+  // its NLL alone (Score keeps no reference).
+  ASSERT_TRUE(Perturb({4}, req.moved_rows(), *(*scorer)->NextConfiguration().value()).ok());
+  EXPECT_EQ((*scorer)->ScoreQuality().status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*scorer)->NextConfiguration().ok());
+  ASSERT_TRUE((*scorer)->Score().ok());
   ASSERT_TRUE(Perturb({4}, req.moved_rows(), *(*scorer)->NextConfiguration().value()).ok());
   EXPECT_EQ((*scorer)->ScoreQuality().status().code(), absl::StatusCode::kFailedPrecondition);
 
