@@ -9,6 +9,7 @@
 #include <span>
 
 #include "common/base/status_macros.h"
+#include "common/model/sampler.h"
 #include "common/recovery/parallel_for.h"
 #include "kernels/cpu/fixed_order.h"
 
@@ -137,12 +138,7 @@ void RequestScorer::ScorePosition(std::span<const float> logits, int32_t target,
     *top1 = 0.0;
     return;
   }
-  // The most likely token: the first maximum.
-  int64_t best = 0;
-  for (int64_t v = 1; v < vocab; ++v) {
-    if (logits[v] > logits[best]) best = v;
-  }
-  *top1 = best == ids[0] ? 1.0 : 0.0;
+  *top1 = Argmax(logits) == ids[0] ? 1.0 : 0.0;  // the greedy sampler's token
   double divergence = 0.0, p_top = 0.0, q_top = 0.0;
   for (int64_t j = 0; j < k; ++j) {
     const double p = std::exp(static_cast<double>(logp[j]));

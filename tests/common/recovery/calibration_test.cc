@@ -151,15 +151,28 @@ TEST(Calibration, EachWireFormGetsPredictorsFittedOnItsDecodedAnchors) {
   }
 }
 
-// The full pass a migration target runs, every layer from the start.
-double FullPassNll(Model& m, const Request& req, const std::vector<int64_t>& layers) {
+// What a migration target holds after the moved rows (with `layers` perturbed) and the decode
+// of the last history token: its cache and that decode's logits.
+struct Decoded {
+  std::unique_ptr<KvCache> cache;
+  std::vector<float> last;
+};
+Decoded DecodeAfterMove(Model& m, const Request& req, const std::vector<int64_t>& layers) {
   auto cache = m.NewKvCache(req.tokens.size());
+  EXPECT_TRUE(cache.ok());
   const auto tokens = std::span<const int32_t>(req.tokens);
   EXPECT_TRUE(m.Prefill(tokens.first(req.moved_rows()), **cache).ok());
   EXPECT_TRUE(Perturb(layers, req.moved_rows(), **cache).ok());
   auto last = m.Decode(tokens[req.moved_rows()], **cache);
   EXPECT_TRUE(last.ok());
-  auto nll = m.TeacherForcedNll(tokens.subspan(req.history), **cache, *last);
+  return {std::move(*cache), last.ok() ? *last : std::vector<float>{}};
+}
+
+// The full pass a migration target runs, every layer from the start.
+double FullPassNll(Model& m, const Request& req, const std::vector<int64_t>& layers) {
+  Decoded d = DecodeAfterMove(m, req, layers);
+  auto nll = m.TeacherForcedNll(std::span<const int32_t>(req.tokens).subspan(req.history), *d.cache,
+                                d.last);
   EXPECT_TRUE(nll.ok()) << nll.status();
   return nll.ok() ? nll->mean : NAN;
 }
@@ -240,18 +253,14 @@ TEST(RequestScorer, StartsAtTheLowestChangedLayerAndMatchesFullPassesBitForBit) 
 // teacher-forced rows.
 std::vector<std::vector<float>> FullPassLogits(Model& m, const Request& req,
                                                const std::vector<int64_t>& layers) {
-  auto cache = m.NewKvCache(req.tokens.size());
+  Decoded d = DecodeAfterMove(m, req, layers);
   const auto tokens = std::span<const int32_t>(req.tokens);
-  EXPECT_TRUE(m.Prefill(tokens.first(req.moved_rows()), **cache).ok());
-  EXPECT_TRUE(Perturb(layers, req.moved_rows(), **cache).ok());
-  auto last = m.Decode(tokens[req.moved_rows()], **cache);
-  EXPECT_TRUE(last.ok());
-  std::vector<std::vector<float>> out = {*last};
+  std::vector<std::vector<float>> out = {d.last};
   std::vector<float> rows;
   ForwardOptions options;
   options.all_logits = true;
   const auto eval = tokens.subspan(req.history);
-  EXPECT_TRUE(m.Forward(eval.first(eval.size() - 1), **cache, options, &rows).ok());
+  EXPECT_TRUE(m.Forward(eval.first(eval.size() - 1), *d.cache, options, &rows).ok());
   const int64_t vocab = m.config().vocab;
   for (size_t i = 0; i + 1 < eval.size(); ++i) {
     out.emplace_back(rows.begin() + i * vocab, rows.begin() + (i + 1) * vocab);
