@@ -38,6 +38,27 @@ constexpr uint32_t kMaxGroups = 1u << 16;
 constexpr uint32_t kMaxGroupLayers = 1u << 12;
 constexpr int64_t kMaxDim = int64_t{1} << 24;
 constexpr int32_t kMaxLayerId = 1 << 20;
+constexpr uint64_t kTransformHeadBytes = 16;  // kind, layer count, heads, head_dim
+constexpr uint64_t kTransformRecordBytes = 48;
+constexpr uint32_t kMaxTransformDim = 4096;  // heads, and head_dim, each
+
+// A transform kind's code in the file, and back.
+uint32_t TransformKindCode(TransformKind kind) {
+  switch (kind) {
+    case TransformKind::kHadamard:
+      return 1;
+    case TransformKind::kIdentity:
+      return 2;
+    case TransformKind::kPca:
+      break;
+  }
+  return 0;
+}
+
+// Bytes of a transform's mean, basis and variance blocks.
+std::array<uint64_t, 3> TransformBlockBytes(uint64_t heads, uint64_t dim) {
+  return {4 * heads * dim, 4 * heads * dim * dim, 4 * heads * dim};
+}
 
 uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -147,6 +168,86 @@ class PredictorBank::Parser {
 PredictorBank::PredictorBank() = default;
 PredictorBank::~PredictorBank() = default;
 
+absl::StatusOr<const uint8_t*> PredictorBank::ReadBlock(Parser& p, const std::string& name,
+                                                        uint64_t expected, uint64_t payload_start,
+                                                        uint64_t& payload_end) {
+  const uint64_t size = storage_->size;
+  const uint64_t field_at = p.pos();
+  ASSIGN_OR_RETURN(const uint64_t offset, p.Read<uint64_t>(name + " offset"));
+  ASSIGN_OR_RETURN(const uint64_t length, p.Read<uint64_t>(name + " length"));
+  if (length != expected) {
+    return p.Error(name, field_at + 8, absl::StrCat("length ", length, ", expected ", expected));
+  }
+  if (offset % kBlockAlign != 0 || offset < payload_start || offset < payload_end ||
+      offset > size || length > size - offset) {
+    return p.Error(name, field_at,
+                   absl::StrCat("block [", offset, ", +", length,
+                                ") is misaligned, overlaps another or lies outside the payload [",
+                                payload_start, ", ", size, ")"));
+  }
+  payload_end = offset + length;
+  payload_bytes_ += static_cast<int64_t>(length);
+  return storage_->data + offset;
+}
+
+absl::Status PredictorBank::LoadTransforms(Parser& p, int64_t kv_width, uint64_t payload_start,
+                                           uint64_t& payload_end) {
+  const uint64_t at = p.pos();
+  ASSIGN_OR_RETURN(const uint32_t kind_code, p.Read<uint32_t>("transform kind"));
+  ASSIGN_OR_RETURN(const uint32_t n_layers, p.Read<uint32_t>("transform layer count"));
+  ASSIGN_OR_RETURN(const uint32_t heads, p.Read<uint32_t>("transform heads"));
+  ASSIGN_OR_RETURN(const uint32_t dim, p.Read<uint32_t>("transform head_dim"));
+  if (kind_code > 2) return p.Error("transform kind", at, absl::StrCat("unknown code ", kind_code));
+  if (n_layers == 0 || n_layers > static_cast<uint32_t>(kMaxLayerId) ||
+      p.remaining() / (2 * kTransformRecordBytes) < n_layers) {
+    return p.Error("transform layer count", at + 4,
+                   absl::StrCat(n_layers, " layers' records do not fit the header"));
+  }
+  if (heads == 0 || heads > kMaxTransformDim || dim == 0 || dim > kMaxTransformDim) {
+    return p.Error("transform shape", at + 8,
+                   absl::StrCat(heads, " heads of ", dim, " outside [1, ", kMaxTransformDim, "]"));
+  }
+  if (kv_width != 0 && int64_t{heads} * dim != kv_width) {
+    return p.Error(
+        "transform shape", at + 8,
+        absl::StrCat(heads, " heads of ", dim, " do not make the maps' kv_width ", kv_width));
+  }
+  BankTransforms t;
+  t.kind = kind_code == 0   ? TransformKind::kPca
+           : kind_code == 1 ? TransformKind::kHadamard
+                            : TransformKind::kIdentity;
+  t.layers.resize(n_layers);
+  const std::array<uint64_t, 3> expected = TransformBlockBytes(heads, dim);
+  const char* kNames[3] = {"mean", "basis", "variance"};
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    for (int v = 0; v < 2; ++v) {
+      const uint64_t record_at = p.pos();
+      const std::string name = absl::StrCat("layer ", l, (v ? " values" : " keys"), " transform");
+      const float* block[3];
+      for (int b = 0; b < 3; ++b) {
+        ASSIGN_OR_RETURN(const uint8_t* bytes, ReadBlock(p, absl::StrCat(name, " ", kNames[b]),
+                                                         expected[b], payload_start, payload_end));
+        block[b] = reinterpret_cast<const float*>(bytes);
+      }
+      LayerTransform& lt = t.layers[l][v];
+      lt.heads = heads;
+      lt.dim = dim;
+      lt.head.resize(heads);
+      for (uint32_t h = 0; h < heads; ++h) {
+        HeadTransform& ht = lt.head[h];
+        ht.mean.assign(block[0] + h * dim, block[0] + (h + 1) * dim);
+        ht.basis.assign(block[1] + uint64_t{h} * dim * dim, block[1] + uint64_t{h + 1} * dim * dim);
+        ht.variance.assign(block[2] + h * dim, block[2] + (h + 1) * dim);
+      }
+      if (absl::Status s = CheckTransform(lt, heads, dim); !s.ok()) {
+        return p.Error(name, record_at, s.message());
+      }
+    }
+  }
+  transforms_ = std::move(t);
+  return absl::OkStatus();
+}
+
 absl::Status PredictorBank::Load(std::string_view source, std::string_view expected_fingerprint) {
   const uint8_t* base = storage_->data;
   const uint64_t size = storage_->size;
@@ -166,10 +267,10 @@ absl::Status PredictorBank::Load(std::string_view source, std::string_view expec
   Parser header(source, base, kFixedBytes);
   header.Seek(sizeof(kMagic));
   ASSIGN_OR_RETURN(const uint32_t version, header.Read<uint32_t>("format version"));
-  if (version != kFormatVersion) {
-    return header.Error(
-        "format version", 8,
-        absl::StrCat("unsupported version ", version, " (this build reads ", kFormatVersion, ")"));
+  if (version != 1 && version != kFormatVersion) {
+    return header.Error("format version", 8,
+                        absl::StrCat("unsupported version ", version, " (this build reads 1 to ",
+                                     kFormatVersion, ")"));
   }
   ASSIGN_OR_RETURN(const uint32_t header_bytes, header.Read<uint32_t>("header size"));
   header.Seek(kFileBytesOffset);
@@ -281,25 +382,8 @@ absl::Status PredictorBank::Load(std::string_view source, std::string_view expec
       const char* kBlockNames[4] = {"A_k", "A_v", "c_k", "c_v"};
       const uint8_t* block[4];
       for (int b = 0; b < 4; ++b) {
-        const uint64_t field_at = p.pos();
-        const std::string bname = absl::StrCat(lname, " ", kBlockNames[b]);
-        ASSIGN_OR_RETURN(const uint64_t offset, p.Read<uint64_t>(bname + " offset"));
-        ASSIGN_OR_RETURN(const uint64_t length, p.Read<uint64_t>(bname + " length"));
-        if (length != expected[b]) {
-          return p.Error(bname, field_at + 8,
-                         absl::StrCat("length ", length, ", expected ", expected[b]));
-        }
-        if (offset % kBlockAlign != 0 || offset < payload_start || offset < payload_end ||
-            offset > size || length > size - offset) {
-          return p.Error(bname, field_at,
-                         absl::StrCat("block [", offset, ", +", length,
-                                      ") is misaligned, overlaps another or lies outside the "
-                                      "payload [",
-                                      payload_start, ", ", size, ")"));
-        }
-        block[b] = base + offset;
-        payload_end = offset + length;
-        payload_bytes_ += static_cast<int64_t>(length);
+        ASSIGN_OR_RETURN(block[b], ReadBlock(p, absl::StrCat(lname, " ", kBlockNames[b]),
+                                             expected[b], payload_start, payload_end));
       }
       FoldedMap map;
       map.layer = layer;
@@ -311,6 +395,7 @@ absl::Status PredictorBank::Load(std::string_view source, std::string_view expec
       lambdas_[g].push_back(lambda);
     }
   }
+  if (version >= 2) RETURN_IF_ERROR(LoadTransforms(p, kv_width, payload_start, payload_end));
   if (p.pos() != header_bytes) {
     return p.Error("directory", p.pos(),
                    absl::StrCat("ends here but the header size says ", header_bytes));
@@ -330,7 +415,8 @@ absl::Status PredictorBank::Load(std::string_view source, std::string_view expec
 }
 
 absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::FromFits(
-    std::string model_fingerprint, DType dtype, const std::vector<GroupFit>& fits) {
+    std::string model_fingerprint, DType dtype, const std::vector<GroupFit>& fits,
+    const BankTransforms* transforms) {
   const std::string src = "predictor bank (from fits)";
   if (dtype != DType::kF32 && dtype != DType::kF16) {
     return absl::InvalidArgumentError(
@@ -399,6 +485,30 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::FromFits(
         AlignUp(header_bytes + 8 + 4 * (fit.group.targets.size() + fit.group.anchors.size()), 8) +
         kLayerRecordBytes * fit.layers.size();
   }
+  int64_t t_heads = 0, t_dim = 0;
+  if (transforms != nullptr) {
+    const auto& layers = transforms->layers;
+    if (layers.empty() || layers.size() > static_cast<size_t>(kMaxLayerId)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(src, ": transforms of ", layers.size(), " layers"));
+    }
+    t_heads = layers[0][0].heads;
+    t_dim = layers[0][0].dim;
+    if (t_heads < 1 || t_heads > kMaxTransformDim || t_dim < 1 || t_dim > kMaxTransformDim ||
+        (kv_width != 0 && t_heads * t_dim != kv_width)) {
+      return absl::InvalidArgumentError(absl::StrCat(src, ": transforms of ", t_heads, " heads of ",
+                                                     t_dim, " for maps of kv_width ", kv_width));
+    }
+    for (size_t l = 0; l < layers.size(); ++l) {
+      for (int v = 0; v < 2; ++v) {
+        if (absl::Status s = CheckTransform(layers[l][v], t_heads, t_dim); !s.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              src, ": layer ", l, (v ? " values" : " keys"), " transform: ", s.message()));
+        }
+      }
+    }
+    header_bytes += kTransformHeadBytes + 2 * kTransformRecordBytes * layers.size();
+  }
   if (header_bytes > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(src, ": directory too large"));
   }
@@ -408,6 +518,12 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::FromFits(
       const uint64_t m = static_cast<uint64_t>(l.kv_width * l.n_features) * elem_bytes;
       const uint64_t c = static_cast<uint64_t>(l.kv_width) * 4;
       for (uint64_t len : {m, m, c, c}) file_bytes = AlignUp(file_bytes, kBlockAlign) + len;
+    }
+  }
+  if (transforms != nullptr) {
+    const std::array<uint64_t, 3> lens = TransformBlockBytes(t_heads, t_dim);
+    for (size_t i = 0; i < 2 * transforms->layers.size(); ++i) {
+      for (uint64_t len : lens) file_bytes = AlignUp(file_bytes, kBlockAlign) + len;
     }
   }
 
@@ -426,7 +542,7 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::FromFits(
 
   ImageWriter w(st.owned);
   w.PutBytes(kMagic, sizeof(kMagic));
-  w.Put<uint32_t>(kFormatVersion);
+  w.Put<uint32_t>(transforms != nullptr ? kFormatVersion : 1);
   w.Put<uint32_t>(static_cast<uint32_t>(header_bytes));
   w.Seek(kFileBytesOffset);  // the checksum is filled in last
   w.Put<uint64_t>(file_bytes);
@@ -481,6 +597,27 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::FromFits(
       }
     }
   }
+  if (transforms != nullptr) {
+    w.Put<uint32_t>(TransformKindCode(transforms->kind));
+    w.Put<uint32_t>(static_cast<uint32_t>(transforms->layers.size()));
+    w.Put<uint32_t>(static_cast<uint32_t>(t_heads));
+    w.Put<uint32_t>(static_cast<uint32_t>(t_dim));
+    for (const std::array<LayerTransform, 2>& layer : transforms->layers) {
+      for (const LayerTransform& t : layer) {
+        for (int b = 0; b < 3; ++b) {
+          block_pos = AlignUp(block_pos, kBlockAlign);
+          const uint64_t start = block_pos;
+          for (const HeadTransform& h : t.head) {
+            const std::vector<float>& v = b == 0 ? h.mean : b == 1 ? h.basis : h.variance;
+            std::memcpy(st.owned + block_pos, v.data(), v.size() * 4);
+            block_pos += v.size() * 4;
+          }
+          w.Put<uint64_t>(start);
+          w.Put<uint64_t>(block_pos - start);
+        }
+      }
+    }
+  }
   ASSIGN_OR_RETURN(const std::string checksum, Sha256(st.owned, file_bytes));
   std::memcpy(st.owned + kChecksumOffset, checksum.data(), kChecksumBytes);
   RETURN_IF_ERROR(bank->Load(src, ""));
@@ -507,11 +644,11 @@ absl::Status PredictorBank::CheckHead(std::string_view source, std::string_view 
     return absl::InvalidArgumentError(absl::StrCat(
         src, ": ", file_bytes, " bytes announced, shorter than the fixed header of ", kFixedBytes));
   }
-  if (size >= 12 && le(8, uint32_t{}) != kFormatVersion) {
+  if (size >= 12 && le(8, uint32_t{}) != 1 && le(8, uint32_t{}) != kFormatVersion) {
     return absl::InvalidArgumentError(absl::StrCat(src,
                                                    ": format version (byte offset 8): "
                                                    "unsupported version ",
-                                                   le(8, uint32_t{}), " (this build reads ",
+                                                   le(8, uint32_t{}), " (this build reads 1 to ",
                                                    kFormatVersion, ")"));
   }
   if (size >= kFileBytesOffset + 8 && le(kFileBytesOffset, uint64_t{}) != file_bytes) {
@@ -550,6 +687,13 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> PredictorBank::Open(
 
 absl::Status PredictorBank::Write(const std::string& path) const {
   return WriteFileAtomically(path, AsChars(storage_->data, storage_->size));
+}
+
+const LayerTransform* PredictorBank::transform(int32_t layer, bool values) const {
+  if (!transforms_ || layer < 0 || static_cast<size_t>(layer) >= transforms_->layers.size()) {
+    return nullptr;
+  }
+  return &transforms_->layers[static_cast<size_t>(layer)][values ? 1 : 0];
 }
 
 const FoldedGroup* PredictorBank::FindGroupForLayer(int32_t layer) const {

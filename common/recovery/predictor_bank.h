@@ -19,35 +19,55 @@
 //   zero padding to 64, then the payload: A_k [kv_width, F] row-major, A_v likewise, c_k
 //   [kv_width] f32, c_v likewise, for each layer in directory order, each block starting at a
 //   multiple of 64 bytes (zero padding between blocks), the file ending after the last block.
+//
+// Format version 2 is version 1 with the transform codec's transforms (kv_transform.h) of every
+// layer's keys and values: after the group directory,
+//       u32 transform kind (0 = PCA, 1 = Hadamard, 2 = identity), u32 layer count L (>= 1),
+//       u32 KV heads, u32 head_dim D, then 2 L records of 48 bytes, layer 0's keys, layer 0's
+//       values, layer 1's keys, ...: (u64 offset, u64 length) of mean [heads, D] f32, basis
+//       [heads, D, D] f32 (head by head, component by component) and variance [heads, D] f32
+//   and, in the payload after the maps' blocks, those blocks in the same order. A bank without
+//   transforms is written in version 1; this build reads both.
 // content_hash() is the hex SHA-256 of the file bytes exactly as written (checksum included),
 // i.e. what `sha256sum` prints for the file.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/kvcodec/kv_transform.h"
 #include "common/recovery/folded_map.h"
 #include "kernels/dtype.h"
 
 namespace riskkv {
 
+// The transform codec's transforms of every layer of a model, fitted by the calibration.
+struct BankTransforms {
+  TransformKind kind = TransformKind::kPca;
+  std::vector<std::array<LayerTransform, 2>> layers;  // [layer][0: keys, 1: values]
+};
+
 class PredictorBank {
  public:
-  static constexpr uint32_t kFormatVersion = 1;
+  // The newest version this build writes and reads; a bank without transforms is written in 1.
+  static constexpr uint32_t kFormatVersion = 2;
 
   // Converts fitted maps to `dtype` (kF32 or kF16) and lays them out as the file would be.
   // InvalidArgument when a fit is malformed: layer ids that are not the group's targets in
   // order, targets not ascending and consecutive, a layer in two groups, A/c sizes that are not
   // kv_width*F and kv_width, kv_width differing between layers, non-finite values or values that
-  // overflow f16, a negative or non-finite lambda, an empty fingerprint.
-  static absl::StatusOr<std::unique_ptr<PredictorBank>> FromFits(std::string model_fingerprint,
-                                                                 DType dtype,
-                                                                 const std::vector<GroupFit>& fits);
+  // overflow f16, a negative or non-finite lambda, an empty fingerprint; and `transforms`, when
+  // given, without layers, of shapes that differ between layers, or failing CheckTransform.
+  static absl::StatusOr<std::unique_ptr<PredictorBank>> FromFits(
+      std::string model_fingerprint, DType dtype, const std::vector<GroupFit>& fits,
+      const BankTransforms* transforms = nullptr);
 
   // Maps `path` read-only and validates everything before use (see the format above).
   // FailedPrecondition when `expected_fingerprint` is non-empty and differs from the bank's;
@@ -85,6 +105,10 @@ class PredictorBank {
   const FoldedGroup* FindGroupForLayer(int32_t layer) const;
   // ridge lambda of each map, parallel to groups()[g].maps.
   double ridge_lambda(size_t group, size_t map) const { return lambdas_[group][map]; }
+  // The transform codec's transforms (format version 2), or nullptr for a bank without them.
+  const BankTransforms* transforms() const { return transforms_ ? &*transforms_ : nullptr; }
+  // The transform of `layer`'s keys or values, or nullptr when the bank has none for it.
+  const LayerTransform* transform(int32_t layer, bool values) const;
 
  private:
   class Parser;
@@ -93,6 +117,14 @@ class PredictorBank {
 
   // Parses and validates the image held by storage_ and fills the fields below.
   absl::Status Load(std::string_view source, std::string_view expected_fingerprint);
+  // Reads a block's (offset, length) record at p: the block must have `expected` bytes, start on
+  // kBlockAlign at or after payload_start and payload_end and lie in the file. Advances
+  // payload_end past it and returns where it starts.
+  absl::StatusOr<const uint8_t*> ReadBlock(Parser& p, const std::string& name, uint64_t expected,
+                                           uint64_t payload_start, uint64_t& payload_end);
+  // The transform directory of format version 2, at p; kv_width is the maps' (0: no maps).
+  absl::Status LoadTransforms(Parser& p, int64_t kv_width, uint64_t payload_start,
+                              uint64_t& payload_end);
 
   std::unique_ptr<Storage> storage_;
   std::string fingerprint_;
@@ -100,6 +132,7 @@ class PredictorBank {
   std::string content_hash_;
   std::vector<FoldedGroup> groups_;
   std::vector<std::vector<double>> lambdas_;
+  std::optional<BankTransforms> transforms_;
   int64_t payload_bytes_ = 0;
 };
 

@@ -276,9 +276,9 @@ TEST(PredictorBankTest, CheckHeadPassesEveryPrefixAndRefusesEachFieldItReads) {
   refused(magic.substr(0, 2), file.size(), kFingerprint, absl::StatusCode::kInvalidArgument,
           "bad magic");
   std::string version = file;
-  Poke<uint32_t>(version, 8, 2);
+  Poke<uint32_t>(version, 8, 3);
   refused(version.substr(0, 12), file.size(), kFingerprint, absl::StatusCode::kInvalidArgument,
-          "unsupported version 2");
+          "unsupported version 3");
   EXPECT_TRUE(PredictorBank::CheckHead("b", version.substr(0, 11), file.size(), "").ok())
       << "the version is not read before its last byte arrives";
   refused(file.substr(0, 56), file.size() + 1, kFingerprint, absl::StatusCode::kInvalidArgument,
@@ -361,12 +361,199 @@ TEST(PredictorBankTest, BadMagicAndVersion) {
   EXPECT_THAT(std::string(opened.status().message()), HasSubstr("bad magic"));
 
   std::string version = file;
+  Poke<uint32_t>(version, 8, 3);
+  Resign(version);
+  WriteFile(path, version);
+  opened = PredictorBank::Open(path, "");
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(opened.status().message()), HasSubstr("unsupported version 3"));
+
+  // A version 1 file relabelled 2 lacks the transform directory that version 2 puts after the
+  // groups.
   Poke<uint32_t>(version, 8, 2);
   Resign(version);
   WriteFile(path, version);
   opened = PredictorBank::Open(path, "");
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(opened.status().message()), HasSubstr("unsupported version 2"));
+  EXPECT_THAT(std::string(opened.status().message()), HasSubstr("transform"));
+}
+
+// Transforms for SmallFits' kv_width of 4 (2 heads of 2) for layers 0..6: PCA fitted to random
+// correlated rows, so every basis is a real rotation.
+BankTransforms SmallTransforms() {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  BankTransforms t;
+  t.kind = TransformKind::kPca;
+  for (int l = 0; l < 7; ++l) {
+    std::array<LayerTransform, 2> layer;
+    for (int v = 0; v < 2; ++v) {
+      std::vector<float> rows;
+      for (int r = 0; r < 64; ++r) {
+        const float a = n(rng), b = n(rng);
+        for (float x : {a + 0.3f * b + l, 2 * a - b, 0.5f * b, a - 3 * b + v}) rows.push_back(x);
+      }
+      auto fitted = FitTransform(TransformKind::kPca, rows.data(), 64, 2, 2);
+      EXPECT_TRUE(fitted.ok()) << fitted.status();
+      layer[v] = *std::move(fitted);
+    }
+    t.layers.push_back(std::move(layer));
+  }
+  return t;
+}
+
+void ExpectSameTransform(const LayerTransform& a, const LayerTransform& b) {
+  ASSERT_EQ(a.heads, b.heads);
+  ASSERT_EQ(a.dim, b.dim);
+  ASSERT_EQ(a.head.size(), b.head.size());
+  for (size_t h = 0; h < a.head.size(); ++h) {
+    EXPECT_EQ(a.head[h].mean, b.head[h].mean);
+    EXPECT_EQ(a.head[h].basis, b.head[h].basis);
+    EXPECT_EQ(a.head[h].variance, b.head[h].variance);
+  }
+}
+
+TEST(PredictorBankTest, TransformsRoundTripInVersion2AndBanksWithoutThemStayVersion1) {
+  const BankTransforms transforms = SmallTransforms();
+  auto with = PredictorBank::FromFits(kFingerprint, DType::kF16, SmallFits(), &transforms);
+  ASSERT_TRUE(with.ok()) << with.status();
+  auto without = PredictorBank::FromFits(kFingerprint, DType::kF16, SmallFits());
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ((*without)->transforms(), nullptr);
+  EXPECT_EQ((*without)->transform(0, false), nullptr);
+  EXPECT_NE((*with)->content_hash(), (*without)->content_hash());
+  // 14 transforms of 2 heads: mean 4, basis 8 and variance 4 floats each.
+  EXPECT_EQ((*with)->bytes(), (*without)->bytes() + 14 * 16 * 4);
+
+  const std::string path = TempPath("bank.rkv"), plain = TempPath("plain.rkv");
+  ASSERT_TRUE((*with)->Write(path).ok());
+  ASSERT_TRUE((*without)->Write(plain).ok());
+  const std::string file = ReadFile(path);
+  EXPECT_EQ(Peek<uint32_t>(file, 8), 2u);
+  EXPECT_EQ(Peek<uint32_t>(ReadFile(plain), 8), 1u);
+  auto opened = PredictorBank::Open(path, kFingerprint);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  const PredictorBank& bank = **opened;
+  EXPECT_EQ(bank.content_hash(), (*with)->content_hash());
+  ExpectMatches(bank, SmallFits());
+  ASSERT_NE(bank.transforms(), nullptr);
+  EXPECT_EQ(bank.transforms()->kind, TransformKind::kPca);
+  ASSERT_EQ(bank.transforms()->layers.size(), 7u);
+  for (int32_t l = 0; l < 7; ++l) {
+    for (bool v : {false, true}) {
+      ASSERT_NE(bank.transform(l, v), nullptr);
+      ExpectSameTransform(*bank.transform(l, v), transforms.layers[l][v ? 1 : 0]);
+    }
+  }
+  EXPECT_EQ(bank.transform(7, false), nullptr);
+  EXPECT_EQ(bank.transform(-1, true), nullptr);
+  const std::string copy = TempPath("copy.rkv");
+  ASSERT_TRUE(bank.Write(copy).ok());
+  EXPECT_EQ(ReadFile(copy), file);
+
+  // Transforms alone (no rebuilt group) make a bank too.
+  auto alone = PredictorBank::FromFits(kFingerprint, DType::kF32, {}, &transforms);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_TRUE((*alone)->Write(path).ok());
+  opened = PredictorBank::Open(path, kFingerprint);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_TRUE((*opened)->groups().empty());
+  ExpectSameTransform(*(*opened)->transform(6, true), transforms.layers[6][1]);
+}
+
+TEST(PredictorBankTest, ResignedBadTransformFieldsAreInvalidArgument) {
+  const BankTransforms transforms = SmallTransforms();
+  auto bank = PredictorBank::FromFits(kFingerprint, DType::kF32, SmallFits(), &transforms);
+  ASSERT_TRUE(bank.ok());
+  const std::string path = TempPath("bank.rkv");
+  ASSERT_TRUE((*bank)->Write(path).ok());
+  const std::string file = ReadFile(path);
+  // The transform directory closes the header: 16 bytes, then 14 records of 48.
+  const size_t dir = Peek<uint32_t>(file, 12) - 16 - 14 * 48, rec = dir + 16;
+  ASSERT_EQ(Peek<uint32_t>(file, dir + 4), 7u);
+  const uint64_t basis0 = Peek<uint64_t>(file, rec + 16);
+  struct Case {
+    const char* name;
+    size_t at;
+    uint64_t value;
+    int width;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"kind", dir, 9, 4, "transform kind"},
+      {"layer count", dir + 4, 0, 4, "transform layer count"},
+      {"too many layers", dir + 4, 1000, 4, "do not fit the header"},
+      {"heads", dir + 8, 0, 4, "0 heads"},
+      {"head_dim", dir + 12, 5000, 4, "outside [1, 4096]"},
+      {"shape against kv_width", dir + 8, 1, 4, "kv_width"},
+      {"mean length", rec + 8, 12, 8, "expected 16"},
+      {"basis misaligned", rec + 16, basis0 + 4, 8, "misaligned"},
+      {"basis not orthonormal", basis0, 0x3f800000u, 4, "orthonormal"},
+      {"variance negative", Peek<uint64_t>(file, rec + 32), 0xbf800000u, 4, "varian"},
+      {"mean not finite", Peek<uint64_t>(file, rec), 0x7fc00000u, 4, "mean 0 is nan"},
+  };
+  for (const Case& c : cases) {
+    std::string bytes = file;
+    if (c.width == 4) {
+      Poke<uint32_t>(bytes, c.at, static_cast<uint32_t>(c.value));
+    } else {
+      Poke<uint64_t>(bytes, c.at, c.value);
+    }
+    Resign(bytes);
+    WriteFile(path, bytes);
+    auto opened = PredictorBank::Open(path, "");
+    ASSERT_FALSE(opened.ok()) << c.name;
+    EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(std::string(opened.status().message()), HasSubstr(c.expect)) << c.name;
+    EXPECT_THAT(std::string(opened.status().message()), HasSubstr("byte offset")) << c.name;
+  }
+
+  // Every byte of the transform directory changed and re-signed: an error or a bank whose
+  // transforms have the shape they claim, never a crash.
+  for (size_t at = dir; at < dir + 16 + 14 * 48; ++at) {
+    for (uint8_t x : {0x01, 0x80, 0xff}) {
+      std::string bytes = file;
+      bytes[at] = static_cast<char>(bytes[at] ^ x);
+      Resign(bytes);
+      WriteFile(path, bytes);
+      auto opened = PredictorBank::Open(path, "");
+      if (!opened.ok()) continue;
+      for (const auto& layer : (*opened)->transforms()->layers) {
+        for (const LayerTransform& t : layer) EXPECT_TRUE(CheckTransform(t, 2, 2).ok());
+      }
+    }
+  }
+}
+
+TEST(PredictorBankTest, FromFitsRejectsBadTransforms) {
+  struct Case {
+    const char* name;
+    std::function<void(BankTransforms&)> mutate;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"no layers", [](auto& t) { t.layers.clear(); }, "transforms of 0 layers"},
+      {"shape against kv_width",
+       [](auto& t) {
+         auto rows = std::vector<float>(3 * 64, 1.0f);
+         for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i % 7);
+         for (auto& layer : t.layers) {
+           for (auto& lt : layer)
+             lt = *FitTransform(TransformKind::kIdentity, rows.data(), 64, 1, 3);
+         }
+       },
+       "kv_width 4"},
+      {"shape between layers", [](auto& t) { t.layers[3][1].head.pop_back(); }, "layer 3 values"},
+      {"not orthonormal", [](auto& t) { t.layers[2][0].head[1].basis[0] = 2; }, "orthonormal"},
+  };
+  for (const Case& c : cases) {
+    BankTransforms t = SmallTransforms();
+    c.mutate(t);
+    auto bank = PredictorBank::FromFits(kFingerprint, DType::kF32, SmallFits(), &t);
+    ASSERT_FALSE(bank.ok()) << c.name;
+    EXPECT_EQ(bank.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(std::string(bank.status().message()), HasSubstr(c.expect)) << c.name;
+  }
 }
 
 // Header fields with a valid checksum, as a buggy writer could produce: each must be caught by
