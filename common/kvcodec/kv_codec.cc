@@ -88,7 +88,7 @@ QuantScheme WireScheme(WireForm form, bool values) {
 
 int64_t EncodedBytes(WireForm form, bool values, int64_t first_token, int64_t count,
                      int64_t kv_heads, int64_t head_dim, DType plain_dtype) {
-  if (count <= 0) return 0;
+  if (count <= 0 || form == WireForm::kTransform) return 0;
   const int64_t c = kv_heads * head_dim;
   if (form == WireForm::kPlain) return count * c * PlainBytes(plain_dtype);
   const int64_t sink = SinkRows(first_token, count);
@@ -109,7 +109,7 @@ void Encode(WireForm form, bool values, const float* rows, int64_t first_token, 
                   EncodedBytes(form, values, first_token, count, kv_heads, head_dim, plain_dtype)),
               '\0');
   auto* p = reinterpret_cast<uint8_t*>(out->data());
-  if (count <= 0) return;
+  if (count <= 0 || form == WireForm::kTransform) return;
   if (form == WireForm::kPlain) {
     if (plain_dtype == DType::kF16) {
       F32ToF16Row(rows, reinterpret_cast<uint16_t*>(p), count * c);
@@ -163,6 +163,10 @@ absl::Status Decode(WireForm form, bool values, std::string_view data, int64_t f
                     int64_t count, int64_t kv_heads, int64_t head_dim, float* out,
                     DType plain_dtype) {
   const std::string what = Describe(form, values);
+  if (form == WireForm::kTransform) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the transform form decodes with its transform (transform_codec.h)"));
+  }
   if (count < 1 || first_token < 0 || kv_heads < 1 || head_dim < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", count, " rows from token ", first_token, " of ", kv_heads,

@@ -1,5 +1,7 @@
 // The retained KV of one layer on the migration wire: rows [first_token, first_token + count) of
-// its keys or values, encoded in a wire form (wire_form.h).
+// its keys or values, encoded in a wire form (wire_form.h). The functions here code the plain,
+// int8 and int4 forms; the transform form needs its transform (transform_codec.h): for it
+// EncodedBytes and LayerWireBytes are 0, Encode writes nothing and Decode refuses.
 //
 // - plain: the rows in plain_dtype (f32 or f16), little-endian, [count, kv_heads, head_dim].
 // - int8 / int4: keys per channel over each token group [g * kTokenGroup, (g + 1) *

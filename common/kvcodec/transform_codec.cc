@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/kvcodec/kv_codec.h"
+#include "kernels/dtype.h"
 
 namespace riskkv {
 namespace {
@@ -266,6 +269,91 @@ absl::StatusOr<int64_t> RoundTripTransformed(const LayerTransform& t, float step
   }
   if (absl::Status s = DecodeTransformed(t, step, bytes, count, rows); !s.ok()) return s;
   return static_cast<int64_t>(bytes.size());
+}
+
+float TransformStep(const LayerTransform& t, double ratio) {
+  return static_cast<float>(std::max(1e-6, ratio * t.Rms()));
+}
+
+namespace {
+
+// Rows of [first_token, first_token + count) that cross in f16 ahead of the frame.
+int64_t ChunkSinkRows(int64_t first_token, int64_t count) {
+  return std::clamp<int64_t>(kSinkTokens - first_token, 0, count);
+}
+
+}  // namespace
+
+int64_t TransformChunkBound(const LayerTransform& t, int64_t first_token, int64_t count) {
+  const int64_t width = t.heads * t.dim;
+  const int64_t sink = ChunkSinkRows(first_token, count);
+  const int64_t coded = count - sink;
+  return sink * width * 2 +
+         (coded > 0
+              ? static_cast<int64_t>(ZSTD_compressBound(static_cast<size_t>(2 * coded * width)))
+              : 0);
+}
+
+absl::Status EncodeTransformChunk(const LayerTransform& t, float step, const float* rows,
+                                  int64_t first_token, int64_t count, int zstd_level,
+                                  std::string* out) {
+  if (first_token < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transform codec: first_token ", first_token, " is negative"));
+  }
+  if (absl::Status s = CheckShape(t, count); !s.ok()) return s;
+  const int64_t width = t.heads * t.dim;
+  const int64_t sink = ChunkSinkRows(first_token, count);
+  std::string frame;
+  if (count > sink) {
+    if (absl::Status s =
+            EncodeTransformed(t, step, rows + sink * width, count - sink, zstd_level, &frame);
+        !s.ok()) {
+      return s;
+    }
+  } else if (absl::Status s = CheckStep(step); !s.ok()) {
+    return s;
+  }
+  out->assign(static_cast<size_t>(sink * width * 2), '\0');
+  if (sink > 0) {
+    std::vector<float> clamped(rows, rows + sink * width);
+    for (float& v : clamped) v = std::isnan(v) ? 0.0f : std::clamp(v, -kF16Max, kF16Max);
+    F32ToF16Row(clamped.data(), reinterpret_cast<uint16_t*>(out->data()), sink * width);
+  }
+  out->append(frame);
+  return absl::OkStatus();
+}
+
+absl::Status DecodeTransformChunk(const LayerTransform& t, float step, std::string_view data,
+                                  int64_t first_token, int64_t count, float* out) {
+  if (first_token < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transform codec: first_token ", first_token, " is negative"));
+  }
+  if (absl::Status s = CheckStep(step); !s.ok()) return s;
+  if (absl::Status s = CheckShape(t, count); !s.ok()) return s;
+  const int64_t width = t.heads * t.dim;
+  const int64_t sink = ChunkSinkRows(first_token, count);
+  const auto sink_bytes = static_cast<size_t>(sink * width * 2);
+  if (data.size() < sink_bytes || (count == sink && data.size() != sink_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("transform codec: ", data.size(), " bytes for ",
+                                                   sink, " sink rows of ", width, " f16 values",
+                                                   count > sink ? " and a frame" : ""));
+  }
+  if (sink > 0) {
+    // The f16 rows may sit at any alignment in the message: copied out first.
+    std::vector<uint16_t> half(static_cast<size_t>(sink * width));
+    std::memcpy(half.data(), data.data(), sink_bytes);
+    F16ToF32Row(half.data(), out, sink * width);
+    for (int64_t i = 0; i < sink * width; ++i) {
+      if (!std::isfinite(out[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("transform codec: sink token ", i / width,
+                                                       " channel ", i % width, " is ", out[i]));
+      }
+    }
+  }
+  if (count == sink) return absl::OkStatus();
+  return DecodeTransformed(t, step, data.substr(sink_bytes), count - sink, out + sink * width);
 }
 
 }  // namespace riskkv

@@ -63,4 +63,28 @@ absl::Status DecodeTransformed(const LayerTransform& t, float step, std::string_
 absl::StatusOr<int64_t> RoundTripTransformed(const LayerTransform& t, float step, float* rows,
                                              int64_t count, int zstd_level);
 
+// The step a policy's step ratio gives a layer's transform: ratio times the rows' RMS around
+// their mean (LayerTransform::Rms), at least 1e-6, computed the same on both ends.
+float TransformStep(const LayerTransform& t, double ratio);
+
+// The zstd level a migration encodes its chunks at (the decoder does not depend on it).
+inline constexpr int kTransformWireZstdLevel = 3;
+
+// A migration chunk in the transform wire form (wire_form.h): rows [first_token, first_token +
+// count) of one layer's keys or values. Rows among the history's first kSinkTokens (the
+// attention sink, kv_codec.h) cross in f16 ([n, width], NaN as 0, beyond the f16 range
+// saturated), then, if rows remain, EncodeTransformed's frame of them. Rows decode the same
+// however the layer is cut into chunks.
+//
+// The most bytes such a chunk takes; a receiver refuses a larger one.
+int64_t TransformChunkBound(const LayerTransform& t, int64_t first_token, int64_t count);
+// EncodeTransformed's errors, and InvalidArgument for a negative first_token.
+absl::Status EncodeTransformChunk(const LayerTransform& t, float step, const float* rows,
+                                  int64_t first_token, int64_t count, int zstd_level,
+                                  std::string* out);
+// DecodeTransformed's errors for the coded rows, and InvalidArgument for a negative first_token,
+// a chunk shorter than its sink rows, and a sink value that is not finite.
+absl::Status DecodeTransformChunk(const LayerTransform& t, float step, std::string_view data,
+                                  int64_t first_token, int64_t count, float* out);
+
 }  // namespace riskkv

@@ -13,16 +13,18 @@ std::string_view WireFormName(WireForm form) {
       return "int8";
     case WireForm::kInt4:
       return "int4";
+    case WireForm::kTransform:
+      return "transform";
   }
   return "unknown";
 }
 
 absl::StatusOr<WireForm> ParseWireForm(std::string_view name) {
-  for (WireForm f : {WireForm::kPlain, WireForm::kInt8, WireForm::kInt4}) {
+  for (WireForm f : {WireForm::kPlain, WireForm::kInt8, WireForm::kInt4, WireForm::kTransform}) {
     if (name == WireFormName(f)) return f;
   }
   return absl::InvalidArgumentError("wire form '" + std::string(name) +
-                                    "' is not plain, int8 or int4");
+                                    "' is not plain, int8, int4 or transform");
 }
 
 }  // namespace riskkv

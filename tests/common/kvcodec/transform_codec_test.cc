@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dtype.h"
+
 namespace riskkv {
 namespace {
 
@@ -269,6 +271,82 @@ TEST(TransformCodecTest, RefusesMalformedChunks) {
   EXPECT_FALSE(EncodeTransformed(t, 1e-40f, x.data(), n, 3, &unused).ok());  // subnormal
   EXPECT_FALSE(EncodeTransformed(t, step, x.data(), n, 99, &unused).ok());
   EXPECT_FALSE(EncodeTransformed(t, step, x.data(), 0, 3, &unused).ok());
+}
+
+// The wire chunk: the sink row in f16 ahead of the frame of the rest, decoding bit for bit what
+// the frame alone and the f16 row decode to, the same however the layer is cut, within the bound.
+TEST(TransformCodecTest, WireChunksSendTheSinkRowInHalfAndCodeTheRest) {
+  const LayerTransform t = Fit();
+  const float step = TransformStep(t, 0.25);
+  EXPECT_FLOAT_EQ(step, static_cast<float>(0.25 * t.Rms()));
+  const int64_t n = 40;
+  const std::vector<float> rows = Rows(n, 11);
+  std::string whole;
+  ASSERT_TRUE(
+      EncodeTransformChunk(t, step, rows.data(), 0, n, kTransformWireZstdLevel, &whole).ok());
+  EXPECT_LE(static_cast<int64_t>(whole.size()), TransformChunkBound(t, 0, n));
+  std::vector<float> got(n * kWidth);
+  ASSERT_TRUE(DecodeTransformChunk(t, step, whole, 0, n, got.data()).ok());
+  // The sink row: its values rounded to f16.
+  std::vector<uint16_t> half(kWidth);
+  F32ToF16Row(rows.data(), half.data(), kWidth);
+  for (int64_t i = 0; i < kWidth; ++i) EXPECT_EQ(got[i], F16ToF32(half[i])) << i;
+  // The rest: what the frame codec gives those rows.
+  std::vector<float> rest(rows.begin() + kWidth, rows.end());
+  ASSERT_TRUE(RoundTripTransformed(t, step, rest.data(), n - 1, 1).ok());
+  for (int64_t i = 0; i < (n - 1) * kWidth; ++i) ASSERT_EQ(got[kWidth + i], rest[i]) << i;
+  // Cut as [0, 1), [1, 7), [7, n): the same rows; the sink-only chunk is exactly its f16 row.
+  std::vector<float> cut(n * kWidth);
+  int64_t total = 0;
+  for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 1}, {1, 6}, {7, n - 7}}) {
+    std::string chunk;
+    ASSERT_TRUE(
+        EncodeTransformChunk(t, step, rows.data() + first * kWidth, first, count, 1, &chunk).ok());
+    EXPECT_LE(static_cast<int64_t>(chunk.size()), TransformChunkBound(t, first, count));
+    if (first == 0) {
+      EXPECT_EQ(static_cast<int64_t>(chunk.size()), kWidth * 2);
+    }
+    total += static_cast<int64_t>(chunk.size());
+    ASSERT_TRUE(
+        DecodeTransformChunk(t, step, chunk, first, count, cut.data() + first * kWidth).ok());
+  }
+  EXPECT_EQ(cut, got);
+  EXPECT_LT(total, n * kWidth * 2);  // fewer bytes than f16 even cut in three
+  // Rows that start after the sink carry no f16 row.
+  EXPECT_EQ(TransformChunkBound(t, 5, 3), static_cast<int64_t>(ZSTD_compressBound(3 * kWidth * 2)));
+  EXPECT_EQ(TransformChunkBound(t, 0, 3),
+            2 * kWidth + static_cast<int64_t>(ZSTD_compressBound(2 * kWidth * 2)));
+}
+
+TEST(TransformCodecTest, RefusesMalformedWireChunks) {
+  const LayerTransform t = Fit();
+  const float step = TransformStep(t, 0.5);
+  const std::vector<float> rows = Rows(8, 3);
+  std::string chunk;
+  ASSERT_TRUE(EncodeTransformChunk(t, step, rows.data(), 0, 8, 1, &chunk).ok());
+  std::vector<float> out(8 * kWidth);
+  auto refused = [&](std::string_view data, int64_t first, int64_t count, const char* needle) {
+    const absl::Status s = DecodeTransformChunk(t, step, data, first, count, out.data());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle << ": " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(needle));
+  };
+  refused(chunk, -1, 8, "first_token -1");
+  refused(std::string_view(chunk).substr(0, kWidth), 0, 8, "sink rows");
+  refused(std::string_view(chunk).substr(0, 2 * kWidth), 0, 8, "zstd frame");  // no frame
+  refused(chunk, 0, 1, "sink rows");   // a sink-only chunk with a frame behind it
+  refused(chunk, 3, 8, "zstd frame");  // no sink expected: f16 bytes are not a frame
+  std::string nan = chunk;
+  nan[10] = '\x00';
+  nan[11] = '\x7e';  // f16 NaN in the sink row's sixth value
+  refused(nan, 0, 8, "sink token 0 channel 5");
+  std::string sink_only;
+  ASSERT_TRUE(EncodeTransformChunk(t, step, rows.data(), 0, 1, 1, &sink_only).ok());
+  refused(sink_only + "x", 0, 1, "sink rows");
+  EXPECT_TRUE(DecodeTransformChunk(t, step, sink_only, 0, 1, out.data()).ok());
+  EXPECT_EQ(EncodeTransformChunk(t, step, rows.data(), -2, 1, 1, &chunk).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeTransformChunk(t, 0.0f, rows.data(), 0, 1, 1, &chunk).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
