@@ -149,6 +149,73 @@ absl::StatusOr<LayerTransform> FitTransform(TransformKind kind, const float* row
   return t;
 }
 
+TransformMoments::TransformMoments(int64_t heads, int64_t dim)
+    : heads_(heads),
+      dim_(dim),
+      count_(static_cast<size_t>(std::max<int64_t>(heads, 0)), 0),
+      sum_(static_cast<size_t>(std::max<int64_t>(heads * dim, 0)), 0.0),
+      outer_(static_cast<size_t>(std::max<int64_t>(heads * dim * dim, 0)), 0.0) {}
+
+void TransformMoments::Add(const float* rows, int64_t n) {
+  if (heads_ < 1 || dim_ < 1) return;
+  const int64_t width = heads_ * dim_;
+  std::vector<double> x(static_cast<size_t>(dim_));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < heads_; ++h) {
+      const float* row = rows + t * width + h * dim_;
+      bool finite = true;
+      for (int64_t i = 0; i < dim_; ++i) {
+        finite = finite && std::isfinite(row[i]);
+        x[i] = row[i];
+      }
+      if (!finite) continue;
+      ++count_[h];
+      double* s = &sum_[h * dim_];
+      double* o = &outer_[h * dim_ * dim_];
+      for (int64_t i = 0; i < dim_; ++i) {
+        s[i] += x[i];
+        for (int64_t j = i; j < dim_; ++j) o[i * dim_ + j] += x[i] * x[j];
+      }
+    }
+  }
+}
+
+absl::StatusOr<LayerTransform> TransformMoments::Fit(TransformKind kind) const {
+  int64_t fewest = heads_ > 0 ? count_[0] : 0;
+  for (int64_t c : count_) fewest = std::min(fewest, c);
+  if (heads_ < 1 || dim_ < 1 || fewest < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a transform needs heads and dim >= 1 and two rows or more, not ", heads_,
+                     " heads of ", dim_, " over ", fewest, " rows"));
+  }
+  if (kind == TransformKind::kHadamard && !std::has_single_bit(static_cast<uint64_t>(dim_))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a Hadamard transform needs a power-of-two head_dim, not ", dim_));
+  }
+  LayerTransform t{.heads = heads_, .dim = dim_, .head = {}};
+  t.head.resize(static_cast<size_t>(heads_));
+  for (int64_t h = 0; h < heads_; ++h) {
+    const auto n = static_cast<double>(count_[h]);
+    Eigen::VectorXd mean(dim_);
+    for (int64_t i = 0; i < dim_; ++i) mean[i] = sum_[h * dim_ + i] / n;
+    MatrixD cov(dim_, dim_);
+    for (int64_t i = 0; i < dim_; ++i) {
+      for (int64_t j = i; j < dim_; ++j) {
+        cov(i, j) = outer_[(h * dim_ + i) * dim_ + j] / n - mean[i] * mean[j];
+        cov(j, i) = cov(i, j);
+      }
+    }
+    std::vector<float> eigenvalues;
+    const MatrixD basis = Basis(kind, cov, dim_, &eigenvalues);
+    HeadTransform& out = t.head[static_cast<size_t>(h)];
+    out.mean.assign(mean.data(), mean.data() + dim_);
+    out.basis.resize(static_cast<size_t>(dim_ * dim_));
+    for (int64_t i = 0; i < dim_ * dim_; ++i) out.basis[i] = static_cast<float>(basis.data()[i]);
+    out.variance = kind == TransformKind::kPca ? eigenvalues : ComponentVariance(basis, cov);
+  }
+  return t;
+}
+
 absl::Status CheckTransform(const LayerTransform& t, int64_t heads, int64_t dim) {
   if (heads < 1 || dim < 1) {
     return absl::InvalidArgumentError(

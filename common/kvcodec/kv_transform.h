@@ -48,6 +48,28 @@ struct LayerTransform {
 absl::StatusOr<LayerTransform> FitTransform(TransformKind kind, const float* rows, int64_t n,
                                             int64_t heads, int64_t dim);
 
+// The moments of rows added a batch at a time (the sum and sum of outer products of each head, in
+// double), to fit a transform to more rows than are held at once. A head's row that holds a
+// non-finite value is left out of that head's moments.
+class TransformMoments {
+ public:
+  // heads and dim >= 1 (FitTransform refuses others).
+  TransformMoments(int64_t heads, int64_t dim);
+  // Adds rows [n, heads * dim].
+  void Add(const float* rows, int64_t n);
+  // The rows each head's moments hold.
+  int64_t rows(int64_t head) const { return count_[static_cast<size_t>(head)]; }
+  // FitTransform over every row added: InvalidArgument as FitTransform, counting each head's
+  // rows.
+  absl::StatusOr<LayerTransform> Fit(TransformKind kind) const;
+
+ private:
+  int64_t heads_, dim_;
+  std::vector<int64_t> count_;  // [heads]
+  std::vector<double> sum_;     // [heads, dim]
+  std::vector<double> outer_;   // [heads, dim, dim]
+};
+
 // Whether `t` is a transform of this shape that a codec can use: heads and dim >= 1 and as given,
 // every vector of its size, every value finite, variances >= 0, and every basis orthonormal within
 // 1e-3 (|B B^T - I| elementwise). InvalidArgument naming the head and what is wrong.

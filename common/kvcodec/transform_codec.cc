@@ -284,8 +284,7 @@ int64_t ChunkSinkRows(int64_t first_token, int64_t count) {
 
 }  // namespace
 
-int64_t TransformChunkBound(const LayerTransform& t, int64_t first_token, int64_t count) {
-  const int64_t width = t.heads * t.dim;
+int64_t TransformChunkBound(int64_t width, int64_t first_token, int64_t count) {
   const int64_t sink = ChunkSinkRows(first_token, count);
   const int64_t coded = count - sink;
   return sink * width * 2 +

@@ -77,7 +77,8 @@ inline constexpr int kTransformWireZstdLevel = 3;
 // however the layer is cut into chunks.
 //
 // The most bytes such a chunk takes; a receiver refuses a larger one.
-int64_t TransformChunkBound(const LayerTransform& t, int64_t first_token, int64_t count);
+// width is the transform's heads * dim.
+int64_t TransformChunkBound(int64_t width, int64_t first_token, int64_t count);
 // EncodeTransformed's errors, and InvalidArgument for a negative first_token.
 absl::Status EncodeTransformChunk(const LayerTransform& t, float step, const float* rows,
                                   int64_t first_token, int64_t count, int zstd_level,

@@ -80,6 +80,8 @@ absl::StatusOr<RetentionPolicy> PolicyFromProto(const v1::RetentionPolicy& proto
   p.kv_dtype = proto.kv_dtype();
   p.wire_form = proto.wire_form();
   p.arithmetic = proto.arithmetic();
+  p.transform_step = proto.transform_step();
+  p.transform_bytes_per_token = proto.transform_bytes_per_token();
 
   if (n_layers == 0) {
     ASSIGN_OR_RETURN(n_layers, ImpliedLayers(p));
@@ -126,6 +128,8 @@ v1::RetentionPolicy PolicyToProto(const RetentionPolicy& p) {
   out.set_kv_dtype(p.kv_dtype);
   out.set_wire_form(p.wire_form);
   out.set_arithmetic(p.arithmetic);
+  out.set_transform_step(p.transform_step);
+  out.set_transform_bytes_per_token(p.transform_bytes_per_token);
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include <google/protobuf/text_format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -60,20 +61,37 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
   if (!kv_dtype.empty() && kv_dtype != "f16" && kv_dtype != "f32") {
     return bad("kv_dtype '" + kv_dtype + "' is not f16 or f32");
   }
+  bool transform = false;
   if (!wire_form.empty()) {
-    if (auto f = ParseWireForm(wire_form); !f.ok()) return bad(std::string(f.status().message()));
+    auto f = ParseWireForm(wire_form);
+    if (!f.ok()) return bad(std::string(f.status().message()));
+    transform = *f == WireForm::kTransform;
   }
   for (size_t i = 0; i < path.size(); ++i) {
     const PathPoint& pt = path[i];
     if (!pt.wire_form.empty()) {
-      if (auto f = ParseWireForm(pt.wire_form); !f.ok()) {
-        return bad(absl::StrCat("path point ", i, ": ", f.status().message()));
-      }
+      auto f = ParseWireForm(pt.wire_form);
+      if (!f.ok()) return bad(absl::StrCat("path point ", i, ": ", f.status().message()));
+      transform = transform || *f == WireForm::kTransform;
     }
     const auto fraction = [](double f) { return f >= 0.0 && f <= 1.0; };  // false for NaN
     if (!fraction(pt.kv_omitted_fraction) || !fraction(pt.kv_sent_fraction)) {
       return bad(absl::StrCat("path point ", i, ": KV fractions ", pt.kv_omitted_fraction, " and ",
                               pt.kv_sent_fraction, " must be within [0, 1]"));
+    }
+  }
+  if (transform) {
+    // Written as negations so that NaN fails them.
+    if (!(transform_step > 0.0) || !std::isfinite(transform_step)) {
+      return bad(absl::StrCat("the transform wire form needs a finite transform_step > 0, not ",
+                              transform_step));
+    }
+    if (!(transform_bytes_per_token >= 0.0) || !std::isfinite(transform_bytes_per_token)) {
+      return bad(absl::StrCat("transform_bytes_per_token ", transform_bytes_per_token,
+                              " is not a finite number >= 0"));
+    }
+    if (predictor_bank_sha256.empty()) {
+      return bad("the transform wire form needs the predictor bank that holds its transforms");
     }
   }
   if (!arithmetic.empty() && arithmetic != "int8" && arithmetic != "f32") {
@@ -94,6 +112,10 @@ WireForm PolicyWireForm(const RetentionPolicy& policy) {
   if (policy.wire_form.empty()) return WireForm::kPlain;
   const absl::StatusOr<WireForm> f = ParseWireForm(policy.wire_form);
   return f.ok() ? *f : WireForm::kPlain;
+}
+
+bool PolicyNeedsBank(const RetentionPolicy& policy) {
+  return !policy.rebuilt_groups.empty() || PolicyWireForm(policy) == WireForm::kTransform;
 }
 
 absl::Status WritePolicy(const RetentionPolicy& policy, const std::string& path) {

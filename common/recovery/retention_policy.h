@@ -42,7 +42,7 @@ struct RetentionPolicy {
     DeltaNll delta_nll;
     double gate_statistic = 0.0;    // what the gate compared with epsilon
     bool passed = false;            // within the gate's budget
-    std::string wire_form;          // "plain", "int8" or "int4"; empty reads as plain
+    std::string wire_form;          // "plain", "int8", "int4" or "transform"; empty: plain
     double kv_sent_fraction = 0.0;  // bytes sent, as a share of every layer's KV in the KV dtype
 
     bool operator==(const PathPoint&) const = default;
@@ -65,11 +65,17 @@ struct RetentionPolicy {
   int32_t history_tokens = 0;              // H of the calibration requests
   int32_t eval_tokens = 0;                 // T of the calibration requests
   std::string kv_dtype;  // "f32" or "f16": the dtype the byte counts assume; empty: unknown
-  // The wire form RECONSTRUCT sends the kept layers in, as calibrated: "plain", "int8" or "int4"
-  // (common/kvcodec/wire_form.h); empty reads as plain (see PolicyWireForm).
+  // The wire form RECONSTRUCT sends the kept layers in, as calibrated: "plain", "int8", "int4" or
+  // "transform" (common/kvcodec/wire_form.h); empty reads as plain (see PolicyWireForm).
   std::string wire_form;
   // The activation precision the ΔNLL figures were measured in: "int8" or "f32"; empty: unknown.
   std::string arithmetic;
+  // The transform form's step ratio (transform_codec.h TransformStep), for "transform" here and on
+  // the path (0 when no point uses it); the transforms are in the predictor bank.
+  double transform_step = 0.0;
+  // Mean bytes of one layer's keys and values per history row in the transform form, measured on
+  // the calibration's training text (0 when no point uses it): transfer estimates use it.
+  double transform_bytes_per_token = 0.0;
 
   // "ID vN", for messages.
   std::string Name() const;
@@ -78,7 +84,9 @@ struct RetentionPolicy {
   // format version, non-empty fingerprint and id, a known gate, epsilon >= 0, groups valid
   // (consecutive targets, anchors not rebuilt), kept and rebuilt layers partitioning
   // [0, n_layers), a hex SHA-256 bank hash when groups are rebuilt or a hash is given, a known
-  // KV dtype, a known wire form and arithmetic, token counts >= 0 and saved bytes <= total bytes.
+  // KV dtype, a known wire form and arithmetic, token counts >= 0 and saved bytes <= total bytes,
+  // and, where the policy or its path names the transform form, a finite transform_step > 0, a
+  // finite transform_bytes_per_token >= 0 and a bank hash.
   absl::Status Validate(int32_t n_layers) const;
 
   bool operator==(const RetentionPolicy&) const = default;
@@ -87,6 +95,10 @@ struct RetentionPolicy {
 // The form a RECONSTRUCT under `policy` sends (its wire_form; plain when empty). The policy must
 // have passed Validate.
 WireForm PolicyWireForm(const RetentionPolicy& policy);
+
+// Whether a node needs the policy's predictor bank to migrate under it: the policy rebuilds
+// layers, or sends the kept layers in the transform form (whose transforms the bank holds).
+bool PolicyNeedsBank(const RetentionPolicy& policy);
 
 // A policy id names files and directories: 1-128 characters of [A-Za-z0-9._-], not starting
 // with '.', '_' or '-'.

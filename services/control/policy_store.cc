@@ -147,7 +147,7 @@ absl::StatusOr<RetentionPolicy> PolicyStore::Put(const v1::RetentionPolicy& poli
   }
   absl::MutexLock lock(&mu_);
   if (bank) banks_.insert(sha);
-  if (!p.rebuilt_groups.empty() && !banks_.count(sha)) {
+  if (PolicyNeedsBank(p) && !banks_.count(sha)) {
     return absl::FailedPreconditionError(
         "the policy needs bank " + sha +
         ", which the store does not hold: send it with the policy");

@@ -10,6 +10,7 @@
 #include "common/base/status_macros.h"
 #include "common/base/stopwatch.h"
 #include "common/kvcodec/kv_codec.h"
+#include "common/kvcodec/transform_codec.h"
 #include "common/recovery/retention_policy.h"
 #include "services/access/access_list.h"
 #include "services/migration/wire.h"
@@ -140,6 +141,11 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
         absl::StrCat("TOKEN_REPLAY sends no KV, yet the handshake names wire form ",
                      std::string(WireFormName(form_))));
   }
+  if (form_ == WireForm::kTransform && session_.mode != MigrationMode::kReconstruct) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        MigrationModeName(session_.mode),
+        " names the transform wire form, which only RECONSTRUCT sends (with its policy's bank)"));
+  }
   ASSIGN_OR_RETURN(DType dtype, DtypeFromProto(h.kv_dtype()));
   ASSIGN_OR_RETURN(DecodingState state, DecodeDecodingState(h.session()));
   history_ = h.history_tokens();
@@ -189,6 +195,7 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
                                  std::string(WireFormName(PolicyWireForm(*p))), " that policy ",
                                  p->Name(), " was calibrated for"));
     }
+    if (form_ == WireForm::kTransform) RETURN_IF_ERROR(CheckTransformHandshake(h, *p));
     if (ctx_.groups != nullptr) pending_.assign(ctx_.groups->begin(), ctx_.groups->end());
     if (!pending_.empty() &&
         (ctx_.predictors == nullptr || &ctx_.predictors->bank() != ctx_.bank)) {
@@ -245,6 +252,35 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
   return live_ ? absl::OkStatus() : RebuildReadyGroups();
 }
 
+absl::Status MigrationReceiver::CheckTransformHandshake(const v1::MigrationHandshake& h,
+                                                        const RetentionPolicy& p) {
+  refusal_ = "wire_form";
+  if (h.transform_codec_version() != kTransformCodecVersion) {
+    return Refuse(absl::StrCat("transform codec version ", h.transform_codec_version(),
+                               " is not the ", kTransformCodecVersion, " this node decodes"));
+  }
+  if (h.transform_step() != p.transform_step) {
+    return Refuse(absl::StrCat("transform step ", h.transform_step(), " is not the ",
+                               p.transform_step, " of policy ", p.Name()));
+  }
+  const ModelConfig& c = ctx_.engine->config();
+  if (absl::Status st = CheckTransforms(ctx_.bank, c); !st.ok()) {
+    return Refuse(std::string(st.message()));
+  }
+  refusal_ = "handshake";
+  steps_.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int v = 0; v < 2; ++v) {
+      steps_[l][v] = TransformStep(ctx_.bank->transforms()->layers[l][v], p.transform_step);
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool MigrationReceiver::AnnouncedBytes(int64_t received) const {
+  return handshake_.kv_bytes() == (form_ == WireForm::kTransform ? 0 : received);
+}
+
 absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
   if (chunk.sequence() != next_sequence_) {
     return absl::InvalidArgumentError(
@@ -267,7 +303,7 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
               : absl::StrCat("chunk ", chunk.sequence(), " has ", n, " rows from row ", first,
                              ", outside the history of ", history_));
   }
-  if (form_ != WireForm::kPlain &&
+  if (ChunkRowUnit(form_) != 1 &&
       (first % kTokenGroup != 0 || (n % kTokenGroup != 0 && first + n != history_ && !live_))) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk ", chunk.sequence(), " has ", n, " rows from row ", first, ": ",
@@ -275,12 +311,21 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
                      "-token groups (only a layer's last may be shorter)"));
   }
   const ModelConfig& c = ctx_.engine->config();
-  const int64_t size =
-      EncodedBytes(form_, chunk.values(), first, n, c.n_kv_heads, c.head_dim, wire_dtype_);
-  if (static_cast<int64_t>(chunk.data().size()) != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk ", chunk.sequence(), " carries ", chunk.data().size(), " bytes for ", n,
-                     " rows in ", std::string(WireFormName(form_)), "; ", size, " expected"));
+  const int64_t size = static_cast<int64_t>(chunk.data().size());
+  if (form_ == WireForm::kTransform) {
+    // Coded sizes vary; the bound keeps a chunk from costing more than its rows could.
+    if (const int64_t bound = TransformChunkBound(c.kv_width(), first, n); size > bound) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", chunk.sequence(), " carries ", size, " bytes for ", n,
+                       " transform-coded rows, above their bound of ", bound));
+    }
+  } else if (size !=
+             EncodedBytes(form_, chunk.values(), first, n, c.n_kv_heads, c.head_dim, wire_dtype_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", chunk.sequence(), " carries ", chunk.data().size(), " bytes for ", n, " rows in ",
+        std::string(WireFormName(form_)), "; ",
+        EncodedBytes(form_, chunk.values(), first, n, c.n_kv_heads, c.head_dim, wire_dtype_),
+        " expected"));
   }
   if (const int64_t bound = std::max(ctx_.max_chunk_bytes,
                                      MinChunkBytes(form_, c.n_kv_heads, c.head_dim, wire_dtype_));
@@ -309,8 +354,12 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
   } else {
     // Bounded by the chunk's own size: the rows it decodes to are the rows its bytes encode.
     rows_.resize(static_cast<size_t>(n * c.kv_width()));
-    if (auto st = Decode(form_, chunk.values(), chunk.data(), first, n, c.n_kv_heads, c.head_dim,
-                         rows_.data());
+    const int v = chunk.values() ? 1 : 0;
+    if (auto st = form_ == WireForm::kTransform
+                      ? DecodeTransformChunk(ctx_.bank->transforms()->layers[layer][v],
+                                             steps_[layer][v], chunk.data(), first, n, rows_.data())
+                      : Decode(form_, chunk.values(), chunk.data(), first, n, c.n_kv_heads,
+                               c.head_dim, rows_.data());
         !st.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", chunk.sequence(), " (layer ", layer, "): ", st.message()));
@@ -421,14 +470,14 @@ absl::Status MigrationReceiver::OnRound(const v1::PrecopyRound& round) {
                     "a pre-copy round to row ", end, " with ", added, " new tokens after ", known,
                     " (this node's cache holds ", capacity_, " rows)")));
   }
-  if (form_ != WireForm::kPlain && end % kTokenGroup != 0) {
+  if (ChunkRowUnit(form_) != 1 && end % kTokenGroup != 0) {
     return Fail("bad_chunk",
                 absl::InvalidArgumentError(absl::StrCat(
                     "a pre-copy round in ", std::string(WireFormName(form_)), " ends at row ", end,
                     ", inside a ", kTokenGroup, "-token group")));
   }
-  if (rounds_ == 0 && (next_sequence_ != handshake_.chunk_count() ||
-                       figures_.kv_bytes_received != handshake_.kv_bytes())) {
+  if (rounds_ == 0 &&
+      (next_sequence_ != handshake_.chunk_count() || !AnnouncedBytes(figures_.kv_bytes_received))) {
     return Fail("corrupt", absl::DataLossError(absl::StrCat(
                                "the first round brought ", next_sequence_, " chunks and ",
                                figures_.kv_bytes_received, " bytes; the handshake announced ",
@@ -460,7 +509,7 @@ absl::Status MigrationReceiver::OnTrailer(const v1::MigrationTrailer& t) {
                                 "the trailer of a stop-and-copy migration carries a session"));
   }
   if (t.chunk_count() != next_sequence_ || handshake_.chunk_count() != next_sequence_ ||
-      t.kv_bytes() != received || handshake_.kv_bytes() != received || t.crc32c() != crc_of_crcs_) {
+      t.kv_bytes() != received || !AnnouncedBytes(received) || t.crc32c() != crc_of_crcs_) {
     return Fail("corrupt", absl::DataLossError(absl::StrCat(
                                "stream ended after ", next_sequence_, " chunks and ", received,
                                " bytes; the handshake announced ", handshake_.chunk_count(),

@@ -9,6 +9,7 @@
 // are FailedPrecondition.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -136,6 +137,12 @@ class MigrationReceiver {
   enum class Stage { kHandshake, kChunks, kResumed, kCommitted, kFailed };
   absl::Status OnHandshake(const v1::MigrationHandshake& handshake);
   absl::Status OnChunk(const v1::KvChunk& chunk);
+  // The transform form's handshake against this node's policy and bank: the codec version, the
+  // policy's step ratio and transforms for this model (a refusal otherwise); sets steps_.
+  absl::Status CheckTransformHandshake(const v1::MigrationHandshake& h, const RetentionPolicy& p);
+  // Whether the handshake's kv_bytes announced `received` (0 in the transform form, whose sizes
+  // are not known ahead).
+  bool AnnouncedBytes(int64_t received) const;
   absl::Status OnTrailer(const v1::MigrationTrailer& trailer);
   absl::Status OnLiveTrailer(const v1::MigrationTrailer& trailer);
   absl::Status OnRound(const v1::PrecopyRound& round);
@@ -168,8 +175,9 @@ class MigrationReceiver {
   int64_t history_ = 0;
   DType wire_dtype_ = DType::kF16;
   WireForm form_ = WireForm::kPlain;
-  const char* refusal_ = "handshake";  // the failure reason of a refused handshake
-  std::vector<float> rows_;            // a quantized chunk, decoded
+  const char* refusal_ = "handshake";        // the failure reason of a refused handshake
+  std::vector<float> rows_;                  // a coded chunk, decoded
+  std::vector<std::array<float, 2>> steps_;  // the transform form's step per layer, K and V
   int64_t next_sequence_ = 0;
   uint32_t crc_of_crcs_ = 0;
   std::vector<std::vector<bool>> rows_done_;  // [layer * 2 + values][row]

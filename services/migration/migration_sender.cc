@@ -8,6 +8,7 @@
 #include "common/base/crc32c.h"
 #include "common/base/status_macros.h"
 #include "common/kvcodec/kv_codec.h"
+#include "common/kvcodec/transform_codec.h"
 #include "services/migration/wire.h"
 #include "services/session_codec.h"
 
@@ -65,11 +66,26 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
   form_ = options_.mode == MigrationMode::kReconstruct ? PolicyWireForm(*options_.policy)
           : options_.mode == MigrationMode::kFullKv    ? options_.wire_form
                                                        : WireForm::kPlain;
+  if (form_ == WireForm::kTransform) {
+    if (options_.mode != MigrationMode::kReconstruct) {
+      return Fail(absl::InvalidArgumentError(
+          "FULL_KV sends plain, int8 or int4: the transform form comes with a retention policy "
+          "(RECONSTRUCT)"));
+    }
+    if (auto st = CheckTransforms(options_.bank, c); !st.ok()) return Fail(st);
+    transforms_ = options_.bank->transforms();
+    steps_.resize(static_cast<size_t>(c.n_layers));
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      for (int v = 0; v < 2; ++v) {
+        steps_[l][v] = TransformStep(transforms_->layers[l][v], options_.policy->transform_step);
+      }
+    }
+  }
   const int64_t least = MinChunkBytes(form_, c.n_kv_heads, c.head_dim, dtype);
   if (options_.max_chunk_bytes < least) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("max_chunk_bytes ", options_.max_chunk_bytes, " is less than one ",
-                     form_ == WireForm::kPlain ? "row" : "token group", " in ",
+                     ChunkRowUnit(form_) == 1 ? "row" : "token group", " in ",
                      std::string(WireFormName(form_)), " (", least, " bytes)")));
   }
   // The first round of a live migration ends where a round may; the handshake then names the
@@ -89,6 +105,10 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
   }
   h.set_kv_dtype(DtypeToProto(dtype));
   if (options_.mode != MigrationMode::kTokenReplay) h.set_wire_form(WireFormToProto(form_));
+  if (form_ == WireForm::kTransform) {
+    h.set_transform_step(options_.policy->transform_step);
+    h.set_transform_codec_version(kTransformCodecVersion);
+  }
   const std::vector<int32_t> layers = SendOrder(options_.mode, c.n_layers, options_.policy);
   for (int32_t l : layers) h.add_layers(l);
   h.set_history_tokens(first);
@@ -115,7 +135,8 @@ absl::StatusOr<v1::MigrationFrame> MigrationSender::Handshake() {
 }
 
 int64_t MigrationSender::RoundEnd(int64_t history) const {
-  return form_ == WireForm::kPlain ? history : history / kTokenGroup * kTokenGroup;
+  const int64_t unit = ChunkRowUnit(form_);
+  return history / unit * unit;
 }
 
 int64_t MigrationSender::PauseRows() const {
@@ -129,7 +150,7 @@ bool MigrationSender::ShouldPause(int64_t history_tokens) const {
 }
 
 int64_t MigrationSender::AwaitGroupEnd(int64_t history_tokens) {
-  if (state_ != State::kRoundDone || form_ == WireForm::kPlain || awaited_group_ ||
+  if (state_ != State::kRoundDone || ChunkRowUnit(form_) == 1 || awaited_group_ ||
       rounds_ >= options_.max_rounds || history_tokens - round_end_ <= PauseRows()) {
     return 0;
   }
@@ -264,7 +285,16 @@ absl::StatusOr<std::optional<v1::MigrationFrame>> MigrationSender::NextFrame() {
     } else {
       std::memcpy(rows_.data(), raw_.data(), raw_.size());
     }
-    Encode(form_, values_, rows_.data(), first_row_, n, mc.n_kv_heads, mc.head_dim, data);
+    if (form_ == WireForm::kTransform) {
+      if (auto st = EncodeTransformChunk(transforms_->layers[layer][values_ ? 1 : 0],
+                                         steps_[layer][values_ ? 1 : 0], rows_.data(), first_row_,
+                                         n, kTransformWireZstdLevel, data);
+          !st.ok()) {
+        return Fail(st);
+      }
+    } else {
+      Encode(form_, values_, rows_.data(), first_row_, n, mc.n_kv_heads, mc.head_dim, data);
+    }
   }
   const auto bytes = static_cast<int64_t>(data->size());
   c->set_sequence(sequence_++);

@@ -32,6 +32,7 @@
 // intact. A call out of order is FailedPrecondition and changes nothing.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -43,6 +44,7 @@
 #include "common/engine/engine.h"
 #include "common/kvcodec/wire_form.h"
 #include "common/model/sampler.h"
+#include "common/recovery/predictor_bank.h"
 #include "common/recovery/retention_policy.h"
 #include "riskkv/v1/migration.pb.h"
 #include "services/migration/migration_mode.h"
@@ -66,8 +68,10 @@ struct SendOptions {
   // The identity that owns the session (empty: none); the target registers it under the same.
   std::string owner = {};
   const RetentionPolicy* policy = nullptr;  // required for RECONSTRUCT
-  // The form FULL_KV sends the rows in; RECONSTRUCT sends its policy's (PolicyWireForm) and
-  // TOKEN_REPLAY none.
+  // The policy's bank: required for RECONSTRUCT in the transform form, whose transforms it holds.
+  const PredictorBank* bank = nullptr;
+  // The form FULL_KV sends the rows in (plain, int8 or int4); RECONSTRUCT sends its policy's
+  // (PolicyWireForm) and TOKEN_REPLAY none.
   WireForm wire_form = WireForm::kPlain;
   // Payload bound of one chunk: at least one row (plain) or one token group (MinChunkBytes).
   int64_t max_chunk_bytes = 256 << 10;
@@ -200,8 +204,10 @@ class MigrationSender {
   v1::DecodingState final_state_;      // what the trailer carries (live)
   int64_t rows_per_chunk_ = 1;
   WireForm form_ = WireForm::kPlain;
-  std::vector<uint8_t> raw_;  // a quantized chunk's rows as the store holds them
-  std::vector<float> rows_;   // and in f32, to encode
+  const BankTransforms* transforms_ = nullptr;  // the transform form's
+  std::vector<std::array<float, 2>> steps_;     // its step per layer, keys and values
+  std::vector<uint8_t> raw_;                    // a coded chunk's rows as the store holds them
+  std::vector<float> rows_;                     // and in f32, to encode
   int64_t sequence_ = 0;
   int64_t bytes_ = 0;
   uint32_t crc_of_crcs_ = 0;

@@ -2,10 +2,12 @@
 #include "services/migration/wire.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/crc32c.h"
+#include "common/kvcodec/transform_codec.h"
 #include "common/recovery/retention_policy.h"
 
 namespace riskkv {
@@ -30,9 +32,21 @@ std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers,
   return order;
 }
 
-int64_t ChunkRowUnit(WireForm form) { return form == WireForm::kPlain ? 1 : kTokenGroup; }
+int64_t ChunkRowUnit(WireForm form) {
+  return form == WireForm::kPlain || form == WireForm::kTransform ? 1 : kTokenGroup;
+}
+
+namespace {
+
+// The transform form's bound on a chunk of n rows, wherever it starts.
+int64_t TransformBound(int64_t n, int64_t width) {
+  return std::max(TransformChunkBound(width, 0, n), TransformChunkBound(width, kSinkTokens, n));
+}
+
+}  // namespace
 
 int64_t MinChunkBytes(WireForm form, int64_t kv_heads, int64_t head_dim, DType dtype) {
+  if (form == WireForm::kTransform) return TransformBound(1, kv_heads * head_dim);
   const int64_t unit = ChunkRowUnit(form);
   return std::max(EncodedBytes(form, false, 0, unit, kv_heads, head_dim, dtype),
                   EncodedBytes(form, true, 0, unit, kv_heads, head_dim, dtype));
@@ -40,6 +54,13 @@ int64_t MinChunkBytes(WireForm form, int64_t kv_heads, int64_t head_dim, DType d
 
 int64_t RowsPerChunk(int64_t max_chunk_bytes, WireForm form, int64_t kv_heads, int64_t head_dim,
                      DType dtype) {
+  if (form == WireForm::kTransform) {
+    // The bound grows by a little over two bytes a value: start from that and step down.
+    const int64_t width = kv_heads * head_dim;
+    int64_t n = std::max<int64_t>(1, max_chunk_bytes / (2 * width + 1));
+    while (n > 1 && TransformBound(n, width) > max_chunk_bytes) n = n * 15 / 16;
+    return n;
+  }
   const int64_t unit_bytes = MinChunkBytes(form, kv_heads, head_dim, dtype);
   return ChunkRowUnit(form) * std::max<int64_t>(1, max_chunk_bytes / unit_bytes);
 }
@@ -47,6 +68,34 @@ int64_t RowsPerChunk(int64_t max_chunk_bytes, WireForm form, int64_t kv_heads, i
 int64_t StreamKvBytes(WireForm form, int64_t history, int64_t layers, int64_t kv_heads,
                       int64_t head_dim, DType dtype) {
   return layers * LayerWireBytes(form, history, kv_heads, head_dim, dtype);
+}
+
+int64_t EstimateKvBytes(WireForm form, const RetentionPolicy* policy, int64_t history,
+                        int64_t layers, const ModelConfig& config, DType dtype) {
+  if (form != WireForm::kTransform) {
+    return StreamKvBytes(form, history, layers, config.n_kv_heads, config.head_dim, dtype);
+  }
+  if (policy == nullptr) return 0;
+  return static_cast<int64_t>(
+      std::llround(policy->transform_bytes_per_token * static_cast<double>(history * layers)));
+}
+
+absl::Status CheckTransforms(const PredictorBank* bank, const ModelConfig& config) {
+  if (bank == nullptr || bank->transforms() == nullptr) {
+    return absl::FailedPreconditionError(
+        bank == nullptr ? "the transform form needs the policy's predictor bank, and none is loaded"
+                        : "predictor bank " + bank->content_hash() + " holds no transforms");
+  }
+  const BankTransforms& t = *bank->transforms();
+  const LayerTransform& first = t.layers.front()[0];
+  if (static_cast<int64_t>(t.layers.size()) != config.n_layers ||
+      first.heads != config.n_kv_heads || first.dim != config.head_dim) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "predictor bank ", bank->content_hash(), " holds transforms of ", t.layers.size(),
+        " layers of ", first.heads, " heads of ", first.dim, ", not this model's ", config.n_layers,
+        " layers of ", config.n_kv_heads, " KV heads of ", config.head_dim));
+  }
+  return absl::OkStatus();
 }
 
 uint32_t ExtendWithCrc(uint32_t acc, uint32_t crc) {
@@ -75,6 +124,8 @@ v1::KvWireForm WireFormToProto(WireForm form) {
       return v1::KV_WIRE_INT8;
     case WireForm::kInt4:
       return v1::KV_WIRE_INT4;
+    case WireForm::kTransform:
+      return v1::KV_WIRE_TRANSFORM;
     case WireForm::kPlain:
       break;
   }
@@ -90,10 +141,12 @@ absl::StatusOr<WireForm> WireFormFromProto(v1::KvWireForm form) {
       return WireForm::kInt8;
     case v1::KV_WIRE_INT4:
       return WireForm::kInt4;
+    case v1::KV_WIRE_TRANSFORM:
+      return WireForm::kTransform;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("wire form ", static_cast<int>(form),
-                       " is not one this node decodes (plain, int8, int4)"));
+                       " is not one this node decodes (plain, int8, int4, transform)"));
   }
 }
 

@@ -12,6 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/kvcodec/kv_codec.h"
+#include "common/model/model_config.h"
+#include "common/recovery/predictor_bank.h"
 #include "common/recovery/retention_policy.h"
 #include "kernels/dtype.h"
 #include "riskkv/v1/migration.pb.h"
@@ -30,17 +32,31 @@ inline constexpr uint32_t kMigrationProtocolVersion = 1;
 std::vector<int32_t> SendOrder(MigrationMode mode, int64_t n_layers, const RetentionPolicy* policy);
 
 // Rows per chunk: as many as fit max_chunk_bytes once encoded in `form` (rows of `dtype` for
-// plain), at least one; for the quantized forms a whole number of kTokenGroup-token groups, at
-// least one, so every chunk but a layer's last starts and ends on a group.
+// plain; the transform form's bound, TransformChunkBound, for it), at least one; for the
+// quantized forms a whole number of kTokenGroup-token groups, at least one, so every chunk but a
+// layer's last starts and ends on a group.
 int64_t RowsPerChunk(int64_t max_chunk_bytes, WireForm form, int64_t kv_heads, int64_t head_dim,
                      DType dtype);
-// The smallest max_chunk_bytes RowsPerChunk honours: one row (plain) or one token group.
+// The smallest max_chunk_bytes RowsPerChunk honours: one row (plain, transform) or one token
+// group.
 int64_t MinChunkBytes(WireForm form, int64_t kv_heads, int64_t head_dim, DType dtype);
-// Rows a chunk holds at least, but for a layer's last: 1 (plain) or kTokenGroup.
+// Rows a chunk holds at least, but for a layer's last: 1 (plain, transform) or kTokenGroup.
 int64_t ChunkRowUnit(WireForm form);
-// KV bytes a stream of `layers` layers of `history` rows carries in `form`.
+// KV bytes a stream of `layers` layers of `history` rows carries in `form`; 0 for the transform
+// form, whose sizes are known only as its rows are coded (a handshake announces 0).
 int64_t StreamKvBytes(WireForm form, int64_t history, int64_t layers, int64_t kv_heads,
                       int64_t head_dim, DType dtype);
+
+// KV bytes such a stream is expected to carry: StreamKvBytes for plain, int8 and int4; for the
+// transform form, the policy's measured transform_bytes_per_token a layer and row (0 without a
+// policy).
+int64_t EstimateKvBytes(WireForm form, const RetentionPolicy* policy, int64_t history,
+                        int64_t layers, const ModelConfig& config, DType dtype);
+
+// Whether `bank` holds transforms a migration of this model can code the transform form with:
+// one per layer, keys and values, of the model's KV heads and head_dim. FailedPrecondition
+// naming what is missing or different.
+absl::Status CheckTransforms(const PredictorBank* bank, const ModelConfig& config);
 
 // The trailer's checksum: CRC-32C over the little-endian CRC-32C of every chunk, in order.
 uint32_t ExtendWithCrc(uint32_t acc, uint32_t chunk_crc);

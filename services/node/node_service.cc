@@ -376,6 +376,11 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   std::string reason = "requested";
   const absl::StatusOr<WireForm> full_kv_form = WireFormFromProto(req->wire_form());
   if (!full_kv_form.ok()) return ToGrpc(full_kv_form.status());
+  if (*full_kv_form == WireForm::kTransform) {
+    return Bad(
+        "wire_form: FULL_KV sends plain, int8 or int4; the transform form comes with a retention "
+        "policy (RECONSTRUCT)");
+  }
   if (req->mode() != v1::AUTO) {
     auto m = FromProto(req->mode());
     if (!m.ok()) return ToGrpc(m.status());
@@ -414,7 +419,7 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
     const std::shared_ptr<const Retention> r = retention();
     const ModelConfig& c = engine_.config();
     auto bytes = [&](WireForm form, int64_t layers) {
-      return StreamKvBytes(form, history, layers, c.n_kv_heads, c.head_dim, out->kv().dtype());
+      return EstimateKvBytes(form, r ? &r->policy : nullptr, history, layers, c, out->kv().dtype());
     };
     ModePlan plan = planner_.Rank(
         {.history_tokens = history,
@@ -503,6 +508,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
                           .migration_id = RandomId(),
                           .owner = out.session().owner,
                           .policy = retention ? &retention->policy : nullptr,
+                          .bank = retention ? retention->bank.get() : nullptr,
                           .wire_form = full_kv_form,
                           .max_chunk_bytes = options_.max_chunk_bytes,
                           .pace = [this](int64_t bytes) { link_.Acquire(bytes); },
@@ -563,9 +569,9 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
     reply->set_kv_bytes_after_pause(sender.bytes_sent() - sender.bytes_before_pause());
     if (mode == MigrationMode::kReconstruct) {
       // In the form the kept layers went in: what the policy saved, the form's own share aside.
-      reply->set_kv_bytes_omitted(StreamKvBytes(sender.wire_form(), sender.rows_sent(),
-                                                c.n_layers - h.layers_size(), c.n_kv_heads,
-                                                c.head_dim, out.kv().dtype()));
+      reply->set_kv_bytes_omitted(EstimateKvBytes(sender.wire_form(), &retention->policy,
+                                                  sender.rows_sent(), c.n_layers - h.layers_size(),
+                                                  c, out.kv().dtype()));
     }
     reply->set_rebuild_seconds(sender.resumed().rebuild_seconds());
     reply->set_recovery_seconds(sender.resumed().recovery_seconds());

@@ -88,7 +88,7 @@ absl::StatusOr<std::shared_ptr<const Retention>> PolicyFollower::LoadCache() {
                                       options_.policy_id + "'");
   }
   const std::string bank_path =
-      policy.rebuilt_groups.empty() ? "" : BankPath(policy.predictor_bank_sha256);
+      PolicyNeedsBank(policy) ? BankPath(policy.predictor_bank_sha256) : "";
   std::unique_ptr<PredictorBank> bank;
   if (!bank_path.empty()) {
     ASSIGN_OR_RETURN(bank, PredictorBank::Open(bank_path, options_.model_fingerprint));
@@ -307,8 +307,8 @@ absl::Status PolicyFollower::Accept(v1::Control::Stub& stub, const v1::Retention
     return absl::Status(checked.status().code(),
                         name + ": " + std::string(checked.status().message()));
   }
-  std::shared_ptr<const PredictorBank> bank;  // none for a policy that rebuilds nothing
-  if (policy.rebuilt_groups_size() > 0) {
+  std::shared_ptr<const PredictorBank> bank;  // none for a policy that needs none
+  if (PolicyNeedsBank(*checked)) {
     ASSIGN_OR_RETURN(bank, Bank(stub, policy.predictor_bank_sha256()));
   }
   ASSIGN_OR_RETURN(auto retention, MakeRetention(*std::move(checked), std::move(bank)));

@@ -1,6 +1,7 @@
 // Retention policy and bank pairs (see retention.h).
 #include "services/node/retention.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/recovery/retention_policy.h"
 
@@ -11,9 +12,11 @@ absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
   const std::string name = "policy " + policy.Name();
   auto r = std::make_shared<Retention>();
   if (bank == nullptr) {
-    if (!policy.rebuilt_groups.empty()) {
-      return absl::InvalidArgumentError(name + " rebuilds layers and comes without its bank " +
-                                        policy.predictor_bank_sha256);
+    if (PolicyNeedsBank(policy)) {
+      return absl::InvalidArgumentError(
+          name +
+          (policy.rebuilt_groups.empty() ? " sends the transform form" : " rebuilds layers") +
+          " and comes without its bank " + policy.predictor_bank_sha256);
     }
   } else if (bank->content_hash() != policy.predictor_bank_sha256) {
     return absl::InvalidArgumentError(name + " needs bank " + policy.predictor_bank_sha256 +
@@ -26,6 +29,21 @@ absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
                                         " has no predictor for group " + g.ToString());
     }
     r->groups.push_back(fg);
+  }
+  if (PolicyWireForm(policy) == WireForm::kTransform) {
+    const size_t n_layers = policy.kept_layers.size() + [&] {
+      size_t n = 0;
+      for (const LayerGroup& g : policy.rebuilt_groups) n += g.targets.size();
+      return n;
+    }();
+    if (bank->transforms() == nullptr || bank->transforms()->layers.size() != n_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " sends the transform form, and bank ", bank->content_hash(), " holds ",
+          bank->transforms()
+              ? absl::StrCat("transforms of ", bank->transforms()->layers.size(), " layers")
+              : std::string("no transforms"),
+          " for a model of ", n_layers));
+    }
   }
   r->policy = std::move(policy);
   r->bank = std::move(bank);

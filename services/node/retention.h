@@ -17,7 +17,7 @@ namespace riskkv {
 
 struct Retention {
   RetentionPolicy policy;
-  std::shared_ptr<const PredictorBank> bank;  // null when the policy rebuilds nothing
+  std::shared_ptr<const PredictorBank> bank;  // null when the policy needs none (PolicyNeedsBank)
   // The bank's predictor for each of policy.rebuilt_groups, in the policy's order, pointing into
   // `bank`: matched once, by MakeRetention, so migrations never look them up again.
   std::vector<const FoldedGroup*> groups;
@@ -27,8 +27,9 @@ struct Retention {
 
 // Pairs a policy, validated for the node's model when it was read (ReadPolicy, PolicyFromProto),
 // with its bank: the same content hash, and a predictor for each rebuilt group exactly as the
-// policy names it (InvalidArgument otherwise). A policy that rebuilds nothing (its gate fell back
-// to exact KV) may come without a bank.
+// policy names it, and for a policy in the transform form the transforms of every layer
+// (InvalidArgument otherwise). A policy that needs no bank (PolicyNeedsBank) may come without
+// one.
 absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
     RetentionPolicy policy, std::shared_ptr<const PredictorBank> bank);
 

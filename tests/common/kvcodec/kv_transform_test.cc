@@ -200,5 +200,55 @@ TEST(KvTransformTest, CheckRefusesMalformedTransforms) {
   EXPECT_THAT(CheckTransform(t, kHeads, kDim).message(), HasSubstr("basis holds"));
 }
 
+// Moments added in batches fit what FitTransform fits to all the rows at once (in double both, so
+// equal to rounding), and a head's row with a non-finite value is left out of that head only.
+TEST(KvTransformTest, MomentsInBatchesFitWhatTheRowsFitAtOnce) {
+  const Synthetic s = MakeRows(3000, 21);
+  for (TransformKind kind : {TransformKind::kPca, TransformKind::kHadamard}) {
+    TransformMoments m(kHeads, kDim);
+    m.Add(s.rows.data(), 1000);
+    m.Add(s.rows.data() + 1000 * kWidth, 1);
+    m.Add(s.rows.data() + 1001 * kWidth, 1999);
+    EXPECT_EQ(m.rows(0), 3000);
+    auto batched = m.Fit(kind);
+    auto whole = FitTransform(kind, s.rows.data(), 3000, kHeads, kDim);
+    ASSERT_TRUE(batched.ok()) << batched.status();
+    ASSERT_TRUE(whole.ok());
+    EXPECT_TRUE(CheckTransform(*batched, kHeads, kDim).ok());
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const HeadTransform &a = batched->head[h], &b = whole->head[h];
+      for (int64_t i = 0; i < kDim; ++i) {
+        EXPECT_NEAR(a.mean[i], b.mean[i], 1e-5 * (1 + std::abs(b.mean[i])));
+        EXPECT_NEAR(a.variance[i], b.variance[i], 1e-4 * b.variance[0]);
+      }
+      // Components with well-separated variances (a factor of 4) and the same sign rule.
+      for (int64_t i = 0; i < kDim * kDim; ++i) EXPECT_NEAR(a.basis[i], b.basis[i], 1e-3) << i;
+    }
+  }
+  // A NaN in head 1 of one row: head 0 keeps that row, head 1 fits the others exactly.
+  std::vector<float> rows = s.rows;
+  rows[5 * kWidth + kDim + 3] = std::numeric_limits<float>::quiet_NaN();
+  TransformMoments m(kHeads, kDim);
+  m.Add(rows.data(), 100);
+  EXPECT_EQ(m.rows(0), 100);
+  EXPECT_EQ(m.rows(1), 99);
+  std::vector<float> without(rows.begin(), rows.begin() + 100 * kWidth);
+  without.erase(without.begin() + 5 * kWidth, without.begin() + 6 * kWidth);
+  auto fitted = m.Fit(TransformKind::kPca);
+  auto expected = FitTransform(TransformKind::kPca, without.data(), 99, kHeads, kDim);
+  ASSERT_TRUE(fitted.ok() && expected.ok());
+  for (int64_t i = 0; i < kDim; ++i) {
+    EXPECT_NEAR(fitted->head[1].mean[i], expected->head[1].mean[i], 1e-5);
+  }
+  // Too few rows, and a Hadamard of a dim that is not a power of two.
+  TransformMoments one(kHeads, kDim);
+  one.Add(s.rows.data(), 1);
+  EXPECT_EQ(one.Fit(TransformKind::kPca).status().code(), absl::StatusCode::kInvalidArgument);
+  TransformMoments odd(1, 6);
+  odd.Add(s.rows.data(), 10);
+  EXPECT_THAT(std::string(odd.Fit(TransformKind::kHadamard).status().message()),
+              HasSubstr("power-of-two"));
+}
+
 }  // namespace
 }  // namespace riskkv
