@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
+#include "common/kvcodec/kv_transform.h"
 #include "common/recovery/features.h"
 #include "common/recovery/fold.h"
 #include "common/recovery/parallel_for.h"
@@ -27,7 +29,7 @@ namespace {
 // a migration in that form, and its targets' (exact) attention inputs side by side as y.
 // moments[f][g] is form f's group g.
 absl::Status AddHistory(Model& model, const Request& r, std::span<const LayerGroup> groups,
-                        std::span<const WireForm> forms,
+                        std::span<const WireForm> forms, const WireTransforms* transforms,
                         std::vector<std::vector<RidgeMoments>>& moments) {
   const ModelConfig& c = model.config();
   ASSIGN_OR_RETURN(auto cache, model.NewKvCache(r.history));
@@ -66,7 +68,7 @@ absl::Status AddHistory(Model& model, const Request& r, std::span<const LayerGro
       } else {
         RETURN_IF_ERROR(decoded->CopyFrom(*cache));
       }
-      RETURN_IF_ERROR(ApplyWireForm(forms[f], anchors, r.history, *decoded));
+      RETURN_IF_ERROR(ApplyWireForm(forms[f], anchors, r.history, *decoded, transforms));
       anchor_kv = decoded.get();
     }
     // Features of every group first (the backend runs the inverse RoPE), then the groups'
@@ -182,7 +184,8 @@ absl::StatusOr<std::vector<GroupFit>> FitGroups(Model& model, std::span<const Re
 
 absl::StatusOr<std::vector<std::vector<GroupFit>>> FitGroupsForForms(
     Model& model, std::span<const Request> train, std::span<const Request> validation,
-    std::span<const LayerGroup> groups, std::span<const WireForm> forms, const Progress& progress) {
+    std::span<const LayerGroup> groups, std::span<const WireForm> forms, const Progress& progress,
+    const WireTransforms* transforms) {
   const ModelConfig& c = model.config();
   if (train.empty()) return absl::InvalidArgumentError("no training requests");
   if (forms.empty()) return absl::InvalidArgumentError("no anchor form to fit for");
@@ -205,11 +208,11 @@ absl::StatusOr<std::vector<std::vector<GroupFit>>> FitGroupsForForms(
                         target_count * static_cast<int64_t>(n_forms);
   int64_t done = 0;
   for (const Request& r : train) {
-    RETURN_IF_ERROR(AddHistory(model, r, groups, forms, tr));
+    RETURN_IF_ERROR(AddHistory(model, r, groups, forms, transforms, tr));
     if (progress) progress(++done, total);
   }
   for (const Request& r : validation) {
-    RETURN_IF_ERROR(AddHistory(model, r, groups, forms, va));
+    RETURN_IF_ERROR(AddHistory(model, r, groups, forms, transforms, va));
     if (progress) progress(++done, total);
   }
 
@@ -236,6 +239,84 @@ absl::StatusOr<std::vector<std::vector<GroupFit>>> FitGroupsForForms(
     }
   }
   return fits;
+}
+
+absl::StatusOr<WireTransformFit> FitWireTransforms(Model& model, std::span<const Request> train,
+                                                   TransformKind kind, double step_ratio,
+                                                   int byte_requests, const Progress& progress) {
+  const ModelConfig& c = model.config();
+  if (train.empty()) return absl::InvalidArgumentError("no requests to fit transforms to");
+  if (!(step_ratio > 0.0) || !std::isfinite(step_ratio)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transform step ratio ", step_ratio, " is not a finite number > 0"));
+  }
+  RETURN_IF_ERROR(CheckRequests(train, c));
+  const auto n_bytes = static_cast<size_t>(
+      std::clamp<int64_t>(byte_requests, 0, static_cast<int64_t>(train.size())));
+  const int64_t total = static_cast<int64_t>(train.size() + n_bytes);
+  int64_t done = 0;
+  // The moved rows of a request's exact prefill.
+  auto prefill = [&](const Request& r) -> absl::StatusOr<std::unique_ptr<KvCache>> {
+    ASSIGN_OR_RETURN(auto cache, model.NewKvCache(r.history));
+    RETURN_IF_ERROR(model.Forward(std::span<const int32_t>(r.tokens).first(r.moved_rows()), *cache,
+                                  {}, nullptr));
+    return cache;
+  };
+  WireTransformFit out;
+  std::vector<std::array<TransformMoments, 2>> moments;
+  moments.reserve(static_cast<size_t>(c.n_layers));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    moments.push_back(
+        {TransformMoments(c.n_kv_heads, c.head_dim), TransformMoments(c.n_kv_heads, c.head_dim)});
+  }
+  std::vector<float> rows;
+  for (const Request& r : train) {
+    ASSIGN_OR_RETURN(auto cache, prefill(r));
+    const int64_t n = r.moved_rows() - 1;  // the sink row left out
+    if (n > 0) {
+      rows.resize(static_cast<size_t>(n * c.kv_width()));
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        for (int v = 0; v < 2; ++v) {
+          RETURN_IF_ERROR(v ? cache->ReadValues(l, 1, n, rows.data())
+                            : cache->ReadKeys(l, 1, n, rows.data()));
+          moments[l][v].Add(rows.data(), n);
+        }
+      }
+      out.rows += n;
+    }
+    if (progress) progress(++done, total);
+  }
+  out.transforms.kind = kind;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    std::array<LayerTransform, 2> layer;
+    for (int v = 0; v < 2; ++v) {
+      absl::StatusOr<LayerTransform> t = moments[l][v].Fit(kind);
+      if (!t.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("layer ", l, v ? " values" : " keys",
+                                                       " transform: ", t.status().message()));
+      }
+      layer[v] = *std::move(t);
+    }
+    out.transforms.layers.push_back(std::move(layer));
+  }
+  std::vector<int32_t> every(static_cast<size_t>(c.n_layers));
+  std::iota(every.begin(), every.end(), 0);
+  const WireTransforms wt{&out.transforms, step_ratio};
+  int64_t bytes = 0;
+  for (size_t i = 0; i < n_bytes; ++i) {
+    const Request& r = train[i];
+    ASSIGN_OR_RETURN(auto cache, prefill(r));
+    int64_t b = 0;
+    RETURN_IF_ERROR(ApplyWireForm(WireForm::kTransform, every, r.moved_rows(), *cache, &wt, &b));
+    bytes += b;
+    out.byte_rows += r.moved_rows();
+    if (progress) progress(++done, total);
+  }
+  if (out.byte_rows > 0) {
+    out.bytes_per_token =
+        static_cast<double>(bytes) / static_cast<double>(out.byte_rows * c.n_layers);
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<std::vector<double>>> MeasureNll(

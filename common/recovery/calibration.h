@@ -14,7 +14,9 @@
 #include "common/model/model.h"
 #include "common/recovery/folded_map.h"
 #include "common/recovery/layer_group.h"
+#include "common/recovery/predictor_bank.h"
 #include "common/recovery/request_scorer.h"
+#include "common/recovery/wire_apply.h"
 
 namespace riskkv {
 
@@ -36,12 +38,33 @@ absl::StatusOr<std::vector<GroupFit>> FitGroups(Model& model, std::span<const Re
 
 // FitGroups once per anchor form, sharing each request's forward pass: fits[f] predicts from the
 // anchors as a target holds them after a migration that sent them in forms[f] (kPlain: exact),
-// so a quantized form's predictors are fitted on its decoded anchors (joint calibration of the
-// wire form and the reconstruction). The targets are always the exact attention inputs.
+// so a coded form's predictors are fitted on its decoded anchors (joint calibration of the
+// wire form and the reconstruction). The targets are always the exact attention inputs. The
+// transform form needs `transforms` (ApplyWireForm's).
 absl::StatusOr<std::vector<std::vector<GroupFit>>> FitGroupsForForms(
     Model& model, std::span<const Request> train, std::span<const Request> validation,
     std::span<const LayerGroup> groups, std::span<const WireForm> forms,
-    const Progress& progress = {});
+    const Progress& progress = {}, const WireTransforms* transforms = nullptr);
+
+// The transform codec's transforms of a model (transform_codec.h), as the calibration fits them.
+struct WireTransformFit {
+  BankTransforms transforms;
+  // Mean bytes of one layer's keys and values per moved row in the transform form at the step
+  // ratio asked for: what its migrations are estimated to send.
+  double bytes_per_token = 0.0;
+  int64_t rows = 0;       // moved rows the transforms were fitted to, per layer
+  int64_t byte_rows = 0;  // moved rows bytes_per_token was measured on, per layer
+};
+
+// Fits a transform of `kind` to every layer's keys and values over the moved rows of `train`'s
+// histories, the first (the attention sink, which crosses in f16) left out; then codes the moved
+// rows of up to `byte_requests` of them in the transform form at step_ratio, as ApplyWireForm
+// does, for bytes_per_token. Progress counts the forward passes. InvalidArgument for no requests,
+// a step ratio that is not a finite number > 0, and FitTransform's refusals.
+absl::StatusOr<WireTransformFit> FitWireTransforms(Model& model, std::span<const Request> train,
+                                                   TransformKind kind, double step_ratio,
+                                                   int byte_requests = 8,
+                                                   const Progress& progress = {});
 
 // Per-request NLL of the eval tokens for each configuration. configs[c] lists indices into
 // `groups` (the groups rebuilt over the history for that configuration; empty = exact KV).

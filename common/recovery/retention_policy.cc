@@ -90,7 +90,7 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
       return bad(absl::StrCat("transform_bytes_per_token ", transform_bytes_per_token,
                               " is not a finite number >= 0"));
     }
-    if (predictor_bank_sha256.empty()) {
+    if (PolicyWireForm(*this) == WireForm::kTransform && predictor_bank_sha256.empty()) {
       return bad("the transform wire form needs the predictor bank that holds its transforms");
     }
   }

@@ -86,7 +86,7 @@ struct RetentionPolicy {
   // [0, n_layers), a hex SHA-256 bank hash when groups are rebuilt or a hash is given, a known
   // KV dtype, a known wire form and arithmetic, token counts >= 0 and saved bytes <= total bytes,
   // and, where the policy or its path names the transform form, a finite transform_step > 0, a
-  // finite transform_bytes_per_token >= 0 and a bank hash.
+  // finite transform_bytes_per_token >= 0, and a bank hash when the policy itself sends it.
   absl::Status Validate(int32_t n_layers) const;
 
   bool operator==(const RetentionPolicy&) const = default;

@@ -125,6 +125,17 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   };
   clock.End("corpus");
 
+  // 1b. The transform form's transforms, fitted to the training histories, and its bytes.
+  if (std::find(o.wire_forms.begin(), o.wire_forms.end(), WireForm::kTransform) !=
+      o.wire_forms.end()) {
+    auto b = bar("transforms");
+    ASSIGN_OR_RETURN(res.transforms, FitWireTransforms(model, train, o.transform_kind,
+                                                       o.transform_step, 8, b->Callback()));
+    clock.End("transforms");
+  }
+  const WireTransforms wire_transforms{res.transforms ? &res.transforms->transforms : nullptr,
+                                       o.transform_step};
+
   // 2. Fit: on exact anchors (ranking, plain form), and with fit_on_wire on each quantized form's
   // decoded anchors, all from the same forward passes.
   std::vector<WireForm> fit_forms = {WireForm::kPlain};
@@ -135,15 +146,15 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   }
   {
     auto b = bar("fit");
-    ASSIGN_OR_RETURN(auto fits,
-                     FitGroupsForForms(model, train, val, res.groups, fit_forms, b->Callback()));
+    ASSIGN_OR_RETURN(auto fits, FitGroupsForForms(model, train, val, res.groups, fit_forms,
+                                                  b->Callback(), &wire_transforms));
     res.fits = std::move(fits[0]);
     for (size_t f = 1; f < fit_forms.size(); ++f) {
       res.wire_fits[static_cast<size_t>(fit_forms[f])] = std::move(fits[f]);
     }
   }
   // Each form's bank, as the target that receives that form holds it.
-  std::array<std::unique_ptr<PredictorBank>, 3> banks;
+  std::array<std::unique_ptr<PredictorBank>, kWireFormCount> banks;
   for (WireForm form : fit_forms) {
     ASSIGN_OR_RETURN(banks[static_cast<size_t>(form)],
                      PredictorBank::FromFits(res.fingerprint, o.bank_dtype, res.FitsFor(form)));
@@ -180,8 +191,14 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
   // plain, whose k = 0 is exact KV; from 0 for the quantized forms, which is FULL_KV in that
   // form without reconstruction).
   const int64_t moved = o.history - 1;
-  const double full_bytes = static_cast<double>(
-      n_layers * LayerWireBytes(WireForm::kPlain, moved, c.n_kv_heads, c.head_dim, o.kv_dtype));
+  // One layer's bytes in a form: computed for the fixed forms, measured for the transform form.
+  auto layer_bytes = [&](WireForm form) {
+    return form == WireForm::kTransform
+               ? res.transforms->bytes_per_token * static_cast<double>(moved)
+               : static_cast<double>(
+                     LayerWireBytes(form, moved, c.n_kv_heads, c.head_dim, o.kv_dtype));
+  };
+  const double full_bytes = n_layers * layer_bytes(WireForm::kPlain);
   for (WireForm form : o.wire_forms) {
     std::vector<int> groups;
     for (int k = form == WireForm::kPlain ? 1 : 0; k <= G; ++k) {
@@ -199,8 +216,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       for (int32_t l = 0; l < n_layers; ++l) {
         if (rebuilt[l]) continue;
         p.kept_layers.push_back(l);
-        sent +=
-            static_cast<double>(LayerWireBytes(form, moved, c.n_kv_heads, c.head_dim, o.kv_dtype));
+        sent += layer_bytes(form);
       }
       p.sent_fraction = sent / full_bytes;
       res.path.push_back(std::move(p));
@@ -216,7 +232,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       if (configs[config] < 0) return absl::OkStatus();
       const PathPointResult& p = res.path[configs[config]];
       const int64_t h = reqs[r].moved_rows();
-      RETURN_IF_ERROR(ApplyWireForm(p.form, p.kept_layers, h, work));
+      RETURN_IF_ERROR(ApplyWireForm(p.form, p.kept_layers, h, work, &wire_transforms));
       const auto& form_folded = folded_for(p.form);
       for (int g : p.groups) {
         RETURN_IF_ERROR(RebuildGroup(work, form_folded[g], c, backend, 0, h));
@@ -276,10 +292,8 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     double tightest = o.epsilon;
     for (double e : kReportBudgets) tightest = std::min(tightest, e);
     std::vector<WireForm> forms = o.wire_forms;
-    std::stable_sort(forms.begin(), forms.end(), [&](WireForm a, WireForm b) {
-      return LayerWireBytes(a, moved, c.n_kv_heads, c.head_dim, o.kv_dtype) <
-             LayerWireBytes(b, moved, c.n_kv_heads, c.head_dim, o.kv_dtype);
-    });
+    std::stable_sort(forms.begin(), forms.end(),
+                     [&](WireForm a, WireForm b) { return layer_bytes(a) < layer_bytes(b); });
     double bound = std::numeric_limits<double>::infinity(), full_kv_bound = bound;
     for (WireForm form : forms) {
       std::vector<int> points;

@@ -5,7 +5,8 @@
 //      chosen on validation histories);
 //   3. measure each group's singleton risk on validation requests and rank the groups;
 //   4. measure the joint configurations along the ranking (G more evaluations per wire form: the
-//      kept layers sent plain, int8 or int4, the rebuilt ones predicted from those anchors), on
+//      kept layers sent plain, int8, int4 or transform-coded, the rebuilt ones predicted from
+//      those anchors), on
 //      validation requests and on independent confirmation requests from the same split;
 //   5. choose with the quality gate on the worst kind of text (the passing configuration that
 //      sends the fewest bytes, else exact KV);
@@ -17,12 +18,15 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kvcodec/kv_transform.h"
 #include "common/kvcodec/wire_form.h"
 #include "common/model/model.h"
+#include "common/recovery/calibration.h"
 #include "common/recovery/folded_map.h"
 #include "common/recovery/layer_group.h"
 #include "common/recovery/predictor_bank.h"
@@ -62,6 +66,10 @@ struct CalibrateOptions {
   // The wire forms whose paths are measured and among which the gate chooses.
   // Plain is left out by default: its points send at least as many bytes as int8's.
   std::vector<WireForm> wire_forms = {WireForm::kInt8, WireForm::kInt4};
+  // The transform form's transforms (fitted to the training histories' moved rows) and step
+  // ratio (transform_codec.h TransformStep), when wire_forms names it.
+  TransformKind transform_kind = TransformKind::kPca;
+  double transform_step = 0.25;
   // Each quantized form's predictors fitted on the anchors decoded from that form (joint
   // calibration); false: every form rebuilds with the predictors fitted on exact anchors.
   bool fit_on_wire = true;
@@ -194,7 +202,9 @@ struct CalibrationResult {
   std::vector<GroupFit> fits;      // parallel to groups, fitted on exact anchors
   // With options.fit_on_wire, indexed by WireForm: each measured quantized form's fits from its
   // decoded anchors, parallel to groups; empty for the others, which use `fits`.
-  std::array<std::vector<GroupFit>, 3> wire_fits;
+  std::array<std::vector<GroupFit>, kWireFormCount> wire_fits;
+  // The transform form's transforms and measured bytes, when options.wire_forms names it.
+  std::optional<WireTransformFit> transforms;
   std::vector<Measured> singleton;  // parallel to groups, on validation requests
   std::vector<int> ranking;         // group indices, least risky first
   // For each wire form in options.wire_forms, in order: the points rebuilding the first k ranked

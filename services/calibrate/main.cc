@@ -65,7 +65,13 @@ ABSL_FLAG(
     "int8 (what nodes serve with by default) or f32: the arithmetic every NLL is measured in");
 ABSL_FLAG(std::string, wire_forms, "int8,int4",
           "wire forms of the kept layers to measure and choose among (comma-separated: plain, "
-          "int8, int4; --full-report: all three)");
+          "int8, int4, transform; --full-report: plain, int8 and int4 when not given)");
+ABSL_FLAG(std::string, transform, "pca",
+          "the transform form's transform, fitted to the training histories: pca, hadamard or "
+          "identity");
+ABSL_FLAG(double, transform_step, 0.25,
+          "the transform form's step as a share of each layer's RMS (larger: fewer bytes, more "
+          "damage)");
 ABSL_FLAG(std::string, test_points, "chosen",
           "path points scored on the held-out test split: chosen (each gate's and budget's "
           "choice and each form's FULL_KV point) or all (--full-report)");
@@ -179,6 +185,10 @@ absl::StatusOr<riskkv::CalibrateOptions> OptionsFromFlags() {
     if (!form.ok()) return form.status();
     o.wire_forms.push_back(*form);
   }
+  auto kind = riskkv::ParseTransformKind(absl::GetFlag(FLAGS_transform));
+  if (!kind.ok()) return kind.status();
+  o.transform_kind = *kind;
+  o.transform_step = absl::GetFlag(FLAGS_transform_step);
   // A two-valued flag: whether it holds `first` (else `second`), or an error naming it.
   auto either = [](const char* flag, const std::string& value, const char* first,
                    const char* second) -> absl::StatusOr<bool> {

@@ -13,8 +13,10 @@
 namespace riskkv {
 
 absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationResult& res) {
-  // Exact KV, or a quantized form without reconstruction: nothing to rebuild.
-  if (res.chosen < 0 || res.path[res.chosen].groups.empty()) {
+  // Exact KV, or a quantized form without reconstruction: nothing to rebuild. The transform form
+  // needs its transforms all the same.
+  const bool transform = res.chosen >= 0 && res.path[res.chosen].form == WireForm::kTransform;
+  if (res.chosen < 0 || (res.path[res.chosen].groups.empty() && !transform)) {
     return std::unique_ptr<PredictorBank>();
   }
   std::vector<GroupFit> fits;
@@ -23,7 +25,8 @@ absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationR
       if (f.group == g) fits.push_back(f);
     }
   }
-  return PredictorBank::FromFits(res.fingerprint, res.options.bank_dtype, fits);
+  return PredictorBank::FromFits(res.fingerprint, res.options.bank_dtype, fits,
+                                 transform ? &res.transforms->transforms : nullptr);
 }
 
 RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank_sha256) {
@@ -76,6 +79,10 @@ RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank
   p.history_tokens = static_cast<int32_t>(o.history);
   p.eval_tokens = static_cast<int32_t>(o.eval);
   p.kv_dtype = o.kv_dtype == DType::kF16 ? "f16" : "f32";
+  if (res.transforms) {
+    p.transform_step = o.transform_step;
+    p.transform_bytes_per_token = res.transforms->bytes_per_token;
+  }
   return p;
 }
 

@@ -123,6 +123,17 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
                        Mib(bank->bytes())) +
                          bank->content_hash() + "</code>"
                    : std::string("none (nothing rebuilt)"));
+  if (r.transforms) {
+    row("transform form",
+        F("%s transforms of every layer's keys and values, fitted to %lld moved rows of the "
+          "training histories; step %g of each layer's RMS; %.1f bytes per layer and token "
+          "(%.1f%% of f16), measured on %lld rows",
+          std::string(TransformKindName(r.transforms->transforms.kind)).c_str(),
+          static_cast<long long>(r.transforms->rows), o.transform_step,
+          r.transforms->bytes_per_token,
+          100.0 * r.transforms->bytes_per_token / (4.0 * static_cast<double>(c.kv_width())),
+          static_cast<long long>(r.transforms->byte_rows)));
+  }
   row("seed, bootstrap",
       F("%llu, %d resamples", static_cast<unsigned long long>(o.seed), o.bootstrap_resamples));
   h += "</table><table><tr><th class='l'>split</th><th>documents</th><th>documents "

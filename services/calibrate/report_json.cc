@@ -100,6 +100,13 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
   for (const GateResult& g : r.gates) {
     if (!g.decision.passed.empty()) j["gates"][GateName(g.gate)] = g.decision.chosen;
   }
+  if (r.transforms) {
+    j["transform"] = {{"kind", std::string(TransformKindName(r.transforms->transforms.kind))},
+                      {"step", r.options.transform_step},
+                      {"bytes_per_token", r.transforms->bytes_per_token},
+                      {"fitted_rows", r.transforms->rows},
+                      {"measured_rows", r.transforms->byte_rows}};
+  }
   j["chosen"] = {{"path_index", r.chosen},
                  {"kv_fraction", r.chosen >= 0 ? r.path[r.chosen].kv_fraction : 0.0},
                  {"sent_fraction", r.chosen >= 0 ? r.path[r.chosen].sent_fraction : 1.0},

@@ -4,10 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/kvcodec/kv_codec.h"
+#include "common/kvcodec/transform_codec.h"
 
 namespace riskkv {
 namespace {
@@ -88,6 +92,69 @@ TEST(ApplyWireForm, PlainChangesNothingAndBadRangesAreRefused) {
   s = ApplyWireForm(WireForm::kInt8, all, 41, **cache);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("41 rows"), std::string::npos) << s;
+}
+
+// The transform form: each chosen layer's rows are what its wire chunk decodes to (in the cache's
+// dtype), with the bytes that chunk takes; without transforms of the cache's shape it is refused.
+TEST(ApplyWireForm, TransformCodesEachChosenLayerWithItsOwnTransform) {
+  const int64_t tokens = 60, rows = 57;
+  const auto original = RandomCache(DType::kF32, tokens);
+  BankTransforms bt;
+  for (int64_t l = 0; l < 4; ++l) {
+    std::array<LayerTransform, 2> layer;
+    for (bool values : {false, true}) {
+      const auto r = Rows(*original, l, values, tokens);
+      auto t = FitTransform(values ? TransformKind::kHadamard : TransformKind::kPca, r.data(),
+                            tokens, 2, 16);
+      ASSERT_TRUE(t.ok());
+      layer[values ? 1 : 0] = *t;
+    }
+    bt.layers.push_back(std::move(layer));
+  }
+  const WireTransforms wt{&bt, 0.5};
+  auto cache = original->Clone();
+  ASSERT_TRUE(cache.ok());
+  const std::vector<int32_t> layers = {1, 3};
+  int64_t bytes = 0;
+  ASSERT_TRUE(ApplyWireForm(WireForm::kTransform, layers, rows, **cache, &wt, &bytes).ok());
+  int64_t expected_bytes = 0;
+  for (int64_t l = 0; l < 4; ++l) {
+    for (bool values : {false, true}) {
+      const auto before = Rows(*original, l, values, tokens);
+      auto expect = before;
+      if (l == 1 || l == 3) {
+        const LayerTransform& t = bt.layers[l][values ? 1 : 0];
+        const float step = TransformStep(t, 0.5);
+        // Cut in two chunks as a sender with small chunks would: the same rows.
+        for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 20}, {20, rows - 20}}) {
+          std::string chunk;
+          ASSERT_TRUE(
+              EncodeTransformChunk(t, step, before.data() + first * 32, first, count, 3, &chunk)
+                  .ok());
+          ASSERT_TRUE(
+              DecodeTransformChunk(t, step, chunk, first, count, expect.data() + first * 32).ok());
+        }
+        std::string whole;
+        ASSERT_TRUE(
+            EncodeTransformChunk(t, step, before.data(), 0, rows, kTransformWireZstdLevel, &whole)
+                .ok());
+        expected_bytes += static_cast<int64_t>(whole.size());
+      }
+      EXPECT_EQ(Rows(**cache, l, values, tokens), expect)
+          << "layer " << l << (values ? " values" : " keys");
+    }
+  }
+  EXPECT_EQ(bytes, expected_bytes);
+  EXPECT_LT(bytes, 2 * 2 * rows * 32 * 2);  // below f16
+
+  BankTransforms short_of_layers = bt;
+  short_of_layers.layers.pop_back();
+  const WireTransforms missing_layer{&short_of_layers, 0.5};
+  for (const WireTransforms* bad : {static_cast<const WireTransforms*>(nullptr), &missing_layer}) {
+    const absl::Status s = ApplyWireForm(WireForm::kTransform, layers, rows, **cache, bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("needs transforms"), std::string::npos) << s;
+  }
 }
 
 }  // namespace

@@ -455,6 +455,73 @@ TEST_F(CalibrateTiny, ExactAnchorFitsServeEveryForm) {
   EXPECT_EQ((*chosen)->content_hash(), (*plain)->content_hash());
 }
 
+// The transform form: transforms fitted to the training histories, its bytes measured, its path
+// priced at those bytes, its predictors fitted on its decoded anchors, and when chosen, a policy
+// that names its step and a bank that carries its transforms.
+TEST_F(CalibrateTiny, TransformFormIsFittedPricedAndShippedInTheBank) {
+  CalibrateOptions o = Quick();
+  o.epsilon = 10.0;
+  o.exhaustive = false;
+  o.noise_requests = 0;
+  o.confirm = 0;
+  o.wire_forms = {WireForm::kInt4, WireForm::kTransform};
+  o.transform_step = 2.0;  // coarse: far fewer bytes than int4 on these rows
+  auto res = Calibrate(*model_, "tiny_llama_deep.gguf", o);
+  ASSERT_TRUE(res.ok()) << res.status();
+  const CalibrationResult& r = *res;
+  ASSERT_TRUE(r.transforms.has_value());
+  const int64_t n_layers = model_->config().n_layers, moved = 47;
+  ASSERT_EQ(static_cast<int64_t>(r.transforms->transforms.layers.size()), n_layers);
+  EXPECT_EQ(r.transforms->transforms.kind, TransformKind::kPca);
+  EXPECT_EQ(r.transforms->rows, 6 * (moved - 1));  // every training history but its sink row
+  EXPECT_EQ(r.transforms->byte_rows, 6 * moved);
+  const double f16_layer = 2.0 * 32 * 2;  // keys and values of one row in f16
+  EXPECT_GT(r.transforms->bytes_per_token, 0.0);
+  EXPECT_LT(r.transforms->bytes_per_token, f16_layer);
+  const double plain_layer =
+      static_cast<double>(LayerWireBytes(WireForm::kPlain, moved, model_->config().n_kv_heads,
+                                         model_->config().head_dim, DType::kF16));
+  int transform_points = 0;
+  for (const PathPointResult& p : r.path) {
+    if (p.form != WireForm::kTransform) continue;
+    ++transform_points;
+    EXPECT_NEAR(p.sent_fraction,
+                static_cast<double>(p.kept_layers.size()) * r.transforms->bytes_per_token * moved /
+                    (n_layers * plain_layer),
+                1e-12);
+  }
+  EXPECT_EQ(transform_points, 4);  // k = 0..G
+  // Fitted on the transform form's decoded anchors: other maps than the exact anchors'.
+  const auto& own = r.wire_fits[static_cast<size_t>(WireForm::kTransform)];
+  ASSERT_EQ(own.size(), r.fits.size());
+  EXPECT_NE(own[0].layers[0].a_k, r.fits[0].layers[0].a_k);
+  ASSERT_GE(r.chosen, 0);
+  EXPECT_EQ(r.path[r.chosen].form, WireForm::kTransform);
+
+  const fs::path out = *dir_ / "transform";
+  ASSERT_TRUE(WriteOutputs(r, out.string()).ok());
+  auto bank = PredictorBank::Open((out / "bank.rkvbank").string(), "");
+  ASSERT_TRUE(bank.ok()) << bank.status();
+  ASSERT_NE((*bank)->transforms(), nullptr);
+  EXPECT_EQ((*bank)->transform(3, true)->head[0].basis,
+            r.transforms->transforms.layers[3][1].head[0].basis);
+  auto policy = ReadPolicy((out / "policy.pb").string(), static_cast<int32_t>(n_layers), "");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ(policy->wire_form, "transform");
+  EXPECT_EQ(policy->transform_step, 2.0);
+  EXPECT_EQ(policy->transform_bytes_per_token, r.transforms->bytes_per_token);
+  EXPECT_EQ(policy->predictor_bank_sha256, (*bank)->content_hash());
+  EXPECT_TRUE(PolicyNeedsBank(*policy));
+  std::ifstream json(out / "calibration.json");
+  const std::string text((std::istreambuf_iterator<char>(json)), {});
+  EXPECT_NE(text.find("\"transform\""), std::string::npos);
+
+  o.transform_step = 0.0;
+  auto bad = Calibrate(*model_, "tiny", o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--transform-step"), std::string::npos) << bad.status();
+}
+
 TEST_F(CalibrateTiny, GateDecidesAndExactFallbackWritesNoBank) {
   CalibrateOptions o = Quick();
   o.exhaustive = false;
