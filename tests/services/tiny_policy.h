@@ -24,8 +24,10 @@ struct TinyPolicy {
   std::vector<double> test_deltas;
 };
 
+// With `transforms`, the bank carries them too (PredictorBank format version 2).
 inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint, uint64_t version = 3,
-                                 DType bank_dtype = DType::kF32) {
+                                 DType bank_dtype = DType::kF32,
+                                 const BankTransforms* transforms = nullptr) {
   TinyPolicy out;
   std::vector<int32_t> text(6 * 64);
   for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<int32_t>((i * 53 + 7) % 500);
@@ -35,7 +37,7 @@ inline TinyPolicy MakeTinyPolicy(Model& model, const std::string& fingerprint, u
   auto fits = FitGroups(model, std::span<const Request>(requests).first(4),
                         std::span<const Request>(requests).subspan(4), *groups);
   EXPECT_TRUE(fits.ok()) << fits.status();
-  auto bank = PredictorBank::FromFits(fingerprint, bank_dtype, *fits);
+  auto bank = PredictorBank::FromFits(fingerprint, bank_dtype, *fits, transforms);
   EXPECT_TRUE(bank.ok()) << bank.status();
   out.bank = std::move(*bank);
   RetentionPolicy& p = out.policy;

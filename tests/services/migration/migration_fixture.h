@@ -43,10 +43,12 @@ struct CountingHandOver : HandOver {
 
 inline SendOptions Options(MigrationMode mode, const std::string& fingerprint,
                            const RetentionPolicy* policy, int64_t max_chunk_bytes,
-                           WireForm wire_form = WireForm::kPlain) {
+                           WireForm wire_form = WireForm::kPlain,
+                           const PredictorBank* bank = nullptr) {
   return {.mode = mode,
           .model_fingerprint = fingerprint,
           .policy = policy,
+          .bank = bank,
           .wire_form = wire_form,
           .max_chunk_bytes = max_chunk_bytes,
           .pace = nullptr};
@@ -132,9 +134,10 @@ class Migration : public ::testing::Test {
   static std::vector<v1::MigrationFrame> Frames(const Session& s, MigrationMode mode,
                                                 int64_t max_chunk_bytes = 1000,
                                                 WireForm wire_form = WireForm::kPlain,
-                                                const RetentionPolicy* policy = policy_) {
+                                                const RetentionPolicy* policy = policy_,
+                                                const PredictorBank* bank = nullptr) {
     MigrationSender sender(
-        s.View(), Options(mode, *fingerprint_, policy, max_chunk_bytes, wire_form), nullptr);
+        s.View(), Options(mode, *fingerprint_, policy, max_chunk_bytes, wire_form, bank), nullptr);
     std::vector<v1::MigrationFrame> frames;
     auto h = sender.Handshake();
     EXPECT_TRUE(h.ok()) << h.status();
