@@ -6,6 +6,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,75 @@ TEST_F(TransformMigration, TheTargetHoldsTheDecodedChunksAndRebuildsFromThem) {
   Session moved = FromResumed(std::move(resumed->session));
   Continue(moved, 5);
   EXPECT_EQ(moved.tokens.size(), source.tokens.size() + 6);
+}
+
+// Live: rounds of any length (rows code independently), and what the target holds at the end is
+// bit for bit what a stop-and-copy of the paused session gives.
+TEST_F(TransformMigration, ALiveMigrationEndsWhereAStopAndCopyOfTheFinalSessionDoes) {
+  Session source = Start(3, {}, DType::kF16);
+  TargetContext ctx = TransformTarget();
+  std::optional<ResumedSession> adopted;
+  ctx.adopt = [&](ResumedSession r) -> absl::StatusOr<std::string> {
+    adopted = std::move(r);
+    return std::string("adopted-1");
+  };
+  MigrationReceiver receiver(ctx);
+  SendOptions options = Options(MigrationMode::kReconstruct, *fingerprint_, tpolicy_, 1500,
+                                WireForm::kPlain, tbank_->get());
+  options.live = true;
+  options.pause_rows = 2;
+  MigrationSender sender(source.View(), options, nullptr);
+  auto deliver = [&](const v1::MigrationFrame& f) {
+    auto reply = receiver.OnFrame(f);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    if (reply->has_value()) {
+      ASSERT_TRUE(sender.OnReply(**reply).ok());
+    }
+  };
+  auto h = sender.Handshake();
+  ASSERT_TRUE(h.ok()) << h.status();
+  deliver(*h);
+  const int growth[] = {37, 5, 1};
+  int round = 0;
+  while (sender.state() != MigrationSender::State::kResumed) {
+    if (sender.state() == MigrationSender::State::kRoundDone) {
+      Continue(source, growth[std::min(round++, 2)]);
+      const auto history = static_cast<int64_t>(source.tokens.size()) - 1;
+      ASSERT_TRUE((sender.ShouldPause(history) ? sender.Pause(source.tokens, *source.sampler)
+                                               : sender.NextRound(source.tokens))
+                      .ok());
+      continue;
+    }
+    auto f = sender.NextFrame();
+    ASSERT_TRUE(f.ok() && f->has_value()) << f.status();
+    deliver(**f);
+  }
+  auto commit = sender.Commit();
+  ASSERT_TRUE(commit.ok());
+  deliver(*commit);
+  ASSERT_TRUE(adopted.has_value());
+  EXPECT_GE(sender.rounds(), 2);
+  // The rounds ended where the session was, not on token groups.
+  EXPECT_EQ(sender.rows_sent(), static_cast<int64_t>(source.tokens.size()) - 1);
+  auto stop = Receive(TransformFrames(source), TransformTarget());
+  ASSERT_TRUE(stop.ok()) << stop.status();
+  const auto n = static_cast<int64_t>(source.tokens.size()) - 1;
+  const ModelConfig& c = model_->config();
+  std::vector<float> a(n * c.kv_width()), b(a.size());
+  for (int32_t layer = 0; layer < c.n_layers; ++layer) {
+    for (bool values : {false, true}) {
+      KvCache& live = CacheOf(*adopted->kv);
+      KvCache& copied = CacheOf(*stop->session.kv);
+      ASSERT_TRUE(
+          (values ? live.ReadValues(layer, 0, n, a.data()) : live.ReadKeys(layer, 0, n, a.data()))
+              .ok());
+      ASSERT_TRUE((values ? copied.ReadValues(layer, 0, n, b.data())
+                          : copied.ReadKeys(layer, 0, n, b.data()))
+                      .ok());
+      EXPECT_EQ(a, b) << "layer " << layer << (values ? " values" : " keys");
+    }
+  }
+  EXPECT_EQ(adopted->logits, stop->session.logits);
 }
 
 TEST_F(TransformMigration, MismatchedHandshakesAndChunksAreRefusedBeforeAnythingIsApplied) {
