@@ -2,15 +2,19 @@
 // records, each a 2-byte little-endian length and that many bytes of a serialized MigrationFrame;
 // the first handshake is given this node's model fingerprint so the fuzzer explores past that
 // check. The target serves the tiny test model (FULL_KV and TOKEN_REPLAY in every wire form, live
-// rounds and trailers); every sequence must end in a status or a resumed session, never a crash.
+// rounds and trailers, and RECONSTRUCT in the transform form under a policy that keeps every
+// layer, with a bank of transforms); every sequence must end in a status or a resumed session,
+// never a crash.
 //
 // Run with a corpus directory, it first writes there the streams a real sender emits for a short
-// session (stop-and-copy plain, int8 and int4, TOKEN_REPLAY, and a live FULL_KV), as seeds.
+// session (stop-and-copy plain, int8 and int4, TOKEN_REPLAY, a live FULL_KV, and RECONSTRUCT in
+// the transform form, stop-and-copy and live), as seeds.
 #include <google/protobuf/stubs/logging.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <array>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -21,6 +25,8 @@
 #include "common/model/model.h"
 #include "common/model/model_fingerprint.h"
 #include "common/model/sampler.h"
+#include "common/recovery/predictor_bank.h"
+#include "common/recovery/retention_policy.h"
 #include "services/migration/migration_receiver.h"
 #include "services/migration/migration_sender.h"
 #include "tests/test_paths.h"
@@ -31,7 +37,47 @@ struct Node {
   std::unique_ptr<riskkv::Model> model;
   std::unique_ptr<riskkv::CpuEngine> engine;
   std::string fingerprint;
+  std::unique_ptr<riskkv::PredictorBank> bank;  // transforms only
+  riskkv::RetentionPolicy policy;               // every layer kept, sent in the transform form
 };
+
+// Transforms of every layer fitted to a 40-token prefill, in a bank of no groups, and a policy
+// that sends every layer in the transform form with it.
+void AddTransformPolicy(Node& n) {
+  const riskkv::ModelConfig& c = n.model->config();
+  auto kv = *n.engine->NewStore(64);
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 40; ++i) tokens.push_back((i * 17 + 3) % 200);
+  if (!n.engine->Prefill(tokens, *kv).ok()) std::abort();
+  riskkv::BankTransforms t;
+  std::vector<float> rows(40 * c.kv_width());
+  const riskkv::KvCache& cache = static_cast<riskkv::CpuKvStore&>(*kv).cache();
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    std::array<riskkv::LayerTransform, 2> layer;
+    for (int v = 0; v < 2; ++v) {
+      if (!(v ? cache.ReadValues(l, 0, 40, rows.data()) : cache.ReadKeys(l, 0, 40, rows.data()))
+               .ok()) {
+        std::abort();
+      }
+      auto fitted = riskkv::FitTransform(riskkv::TransformKind::kPca, rows.data(), 40,
+                                         c.n_kv_heads, c.head_dim);
+      if (!fitted.ok()) std::abort();
+      layer[v] = *std::move(fitted);
+    }
+    t.layers.push_back(std::move(layer));
+  }
+  n.bank = *riskkv::PredictorBank::FromFits(n.fingerprint, riskkv::DType::kF32, {}, &t);
+  riskkv::RetentionPolicy& p = n.policy;
+  p.model_fingerprint = n.fingerprint;
+  p.policy_id = "fuzz";
+  p.version = 1;
+  p.gate = "mean";
+  for (int32_t l = 0; l < c.n_layers; ++l) p.kept_layers.push_back(l);
+  p.predictor_bank_sha256 = n.bank->content_hash();
+  p.wire_form = "transform";
+  p.transform_step = 0.5;
+  if (!p.Validate(static_cast<int32_t>(c.n_layers)).ok()) std::abort();
+}
 
 Node& TheNode() {
   static Node* node = [] {
@@ -42,6 +88,7 @@ Node& TheNode() {
     n->model = *std::move(m);
     n->fingerprint = *riskkv::ModelFingerprint(*n->model);
     n->engine = std::make_unique<riskkv::CpuEngine>(*n->model, riskkv::DType::kF32);
+    AddTransformPolicy(*n);
     return n;
   }();
   return *node;
@@ -52,6 +99,8 @@ riskkv::TargetContext Target(Node& n, int64_t max_chunk_bytes) {
   riskkv::TargetContext ctx;
   ctx.engine = n.engine.get();
   ctx.model_fingerprint = n.fingerprint;
+  ctx.policy = &n.policy;
+  ctx.bank = n.bank.get();
   ctx.capacity = 64;
   ctx.max_chunk_bytes = max_chunk_bytes;
   ctx.adopt = [](riskkv::ResumedSession) { return absl::StatusOr<std::string>("adopted"); };
@@ -80,6 +129,8 @@ std::string SenderStream(riskkv::MigrationMode mode, riskkv::WireForm form, bool
   options.mode = mode;
   options.model_fingerprint = n.fingerprint;
   options.wire_form = form;
+  options.policy = &n.policy;
+  options.bank = n.bank.get();
   options.max_chunk_bytes = 4096;
   options.live = live;
   riskkv::MigrationSender sender({kv.get(), tokens, &sampler}, options, nullptr);
@@ -125,7 +176,10 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
                  {"full_kv_int8", MigrationMode::kFullKv, WireForm::kInt8, false},
                  {"full_kv_int4", MigrationMode::kFullKv, WireForm::kInt4, false},
                  {"token_replay", MigrationMode::kTokenReplay, WireForm::kPlain, false},
-                 {"full_kv_live", MigrationMode::kFullKv, WireForm::kPlain, true}};
+                 {"full_kv_live", MigrationMode::kFullKv, WireForm::kPlain, true},
+                 {"reconstruct_transform", MigrationMode::kReconstruct, WireForm::kPlain, false},
+                 {"reconstruct_transform_live", MigrationMode::kReconstruct, WireForm::kPlain,
+                  true}};
     for (const auto& s : seeds) {
       std::ofstream(arg + "/seed_" + s.name, std::ios::binary)
           << SenderStream(s.mode, s.form, s.live);
