@@ -33,7 +33,8 @@ TEST(ShippedPolicy, LoadsAsANodeLoadsItAndItsFilesAgree) {
   ASSERT_TRUE(model.ok()) << model.status();
   auto fingerprint = ModelFingerprint(**model);
   ASSERT_TRUE(fingerprint.ok());
-  // A policy that rebuilds nothing ships without a bank.
+  // A policy that needs no bank (it rebuilds nothing and its wire form is not the transform
+  // form) ships without one.
   const bool has_bank = fs::exists(dir / "bank.rkvbank");
   auto retention =
       LoadRetention((dir / "policy.pb").string(), has_bank ? (dir / "bank.rkvbank").string() : "",
@@ -41,7 +42,7 @@ TEST(ShippedPolicy, LoadsAsANodeLoadsItAndItsFilesAgree) {
   ASSERT_TRUE(retention.ok()) << retention.status();
   const RetentionPolicy& p = (*retention)->policy;
   EXPECT_EQ(p.policy_id, "smollm2-135m-instruct");
-  EXPECT_EQ(has_bank, !p.rebuilt_groups.empty());
+  EXPECT_EQ(has_bank, PolicyNeedsBank(p));
   // It sends fewer bytes than FULL_KV plain, by omission or by its wire form.
   EXPECT_TRUE(!p.rebuilt_groups.empty() || PolicyWireForm(p) != WireForm::kPlain);
   EXPECT_EQ(p.arithmetic, "int8");  // what nodes serve with by default
