@@ -63,6 +63,14 @@ std::vector<LayerGroup> CalibrationResult::ChosenGroups() const {
   return out;
 }
 
+double Measured::MeanKl() const {
+  return kl.empty() ? 0.0 : std::accumulate(kl.begin(), kl.end(), 0.0) / kl.size();
+}
+
+double Measured::MeanTop1() const {
+  return top1.empty() ? 1.0 : std::accumulate(top1.begin(), top1.end(), 0.0) / top1.size();
+}
+
 const std::vector<GroupFit>& CalibrationResult::FitsFor(WireForm form) const {
   const auto& own = wire_fits[static_cast<size_t>(form)];
   return own.empty() ? fits : own;
@@ -252,8 +260,16 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
     if (!selection) configs.push_back(-1);
     configs.insert(configs.end(), points.begin(), points.end());
     auto b = bar(phase);
-    ASSIGN_OR_RETURN(auto v, MeasureNllWith(model, reqs, configs.size(),
-                                            apply_points(reqs, configs), b->Callback()));
+    // Against exact KV (configuration 0) the divergence comes with the NLL.
+    QualityTable q;
+    if (selection) {
+      ASSIGN_OR_RETURN(q.nll, MeasureNllWith(model, reqs, configs.size(),
+                                             apply_points(reqs, configs), b->Callback()));
+    } else {
+      ASSIGN_OR_RETURN(q, MeasureQualityWith(model, reqs, configs.size(),
+                                             apply_points(reqs, configs), b->Callback()));
+    }
+    std::vector<std::vector<double>>& v = q.nll;
     if (selection) {
       for (size_t i = 0; i < points.size(); ++i) {
         const PathPointResult& p = res.path[points[i]];
@@ -268,7 +284,12 @@ absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& mod
       v.insert(v.begin(), singleton_nll[0]);
     }
     for (size_t i = 0; i < points.size(); ++i) {
-      ASSIGN_OR_RETURN(res.path[points[i]].*field, summarize(v[i + 1], v[0], kinds));
+      Measured& m = res.path[points[i]].*field;
+      ASSIGN_OR_RETURN(m, summarize(v[i + 1], v[0], kinds));
+      if (!selection) {
+        m.kl = std::move(q.kl[i + 1]);
+        m.top1 = std::move(q.top1[i + 1]);
+      }
     }
     return v[0];
   };

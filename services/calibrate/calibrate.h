@@ -112,6 +112,12 @@ struct DeltaSummary {
 struct Measured : DeltaSummary {
   std::vector<double> deltas;
   std::vector<DeltaSummary> by_kind;  // indexed like CalibrationResult::kinds
+  // Per request where measured against exact KV (the test and confirmation splits; empty on the
+  // selection split): mean KL(exact || this) over the scored tokens, a lower bound on the full
+  // KL, and top-1 agreement (request_scorer.h ScoredQuality).
+  std::vector<double> kl, top1;
+  double MeanKl() const;
+  double MeanTop1() const;
 };
 
 struct PathPointResult {

@@ -262,9 +262,11 @@ int main(int argc, char** argv) {
   } else {
     std::printf("nothing passes; every layer kept exact\n");
   }
-  std::printf("held-out test (%zu requests): dNLL %+.5f [%+.5f, %+.5f], dPPL %+.3f%%\n",
-              t.deltas.size(), t.ci95.mean, t.ci95.lo, t.ci95.hi,
-              100.0 * (std::exp(t.ci95.mean) - 1.0));
+  std::printf(
+      "held-out test (%zu requests): dNLL %+.5f [%+.5f, %+.5f], dPPL %+.3f%%, KL %.5f, top-1 "
+      "%.2f%%\n",
+      t.deltas.size(), t.ci95.mean, t.ci95.lo, t.ci95.hi, 100.0 * (std::exp(t.ci95.mean) - 1.0),
+      t.MeanKl(), 100.0 * t.MeanTop1());
   const riskkv::Measured& v = r.chosen >= 0 ? r.path[r.chosen].validation : r.test_exact;
   for (size_t k = 0; k < r.kinds.size() && r.kinds.size() > 1; ++k) {
     const riskkv::DeltaSummary& kt = t.by_kind[k];

@@ -201,26 +201,33 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
 
   h += "<h2>Table I: held-out test split</h2><p class='note'>Paired 95% bootstrap intervals over " +
        F("%zu", r.test_exact.deltas.size()) +
-       " test requests. PPL = exp(mean NLL); &#916;PPL from the mean paired &#916;NLL. Gate "
+       " test requests. PPL = exp(mean NLL); &#916;PPL from the mean paired &#916;NLL; KL: mean "
+       "KL(exact &#8214; configuration) of the next-token distribution over the scored tokens "
+       "(the 64 likeliest tokens of the exact pass each on its own, the rest as one: a lower "
+       "bound); top-1: the share of scored tokens whose likeliest token is exact KV's. Gate "
        "columns: the decision on validation data.</p>";
   h += "<table><tr><th>k</th><th class='l'>wire</th><th class='l'>group added</th><th>layers</th>"
        "<th>KV omitted</th><th>bytes sent</th><th>&#916;NLL mean [95% CI]</th><th>PPL "
        "exact</th><th>PPL "
-       "rebuilt</th><th>&#916;PPL</th><th>requests &gt; &#949;</th><th>val mean</th><th>val "
+       "rebuilt</th><th>&#916;PPL</th><th>KL</th><th>top-1</th><th>requests &gt; &#949;</th><th>"
+       "val mean</th><th>val "
        "upper 90%</th><th>mean</th><th>upper90</th><th>stable-split</th></tr>";
   h +=
       F("<tr><td>0</td><td class='l'>plain</td><td class='l'>exact KV</td><td>0</td><td>0.0%%</"
         "td><td>100.0%%</td><td>0</td><td>%.4f</"
-        "td><td>%.4f</td><td>0</td><td>0</td><td></td><td></td><td></td><td></td><td></td></tr>",
+        "td><td>%.4f</td><td>0</td><td>0</td><td>100%%</td><td>0</td><td></td><td></td><td></"
+        "td><td></td><td></td></tr>",
         Ppl(r.test_exact.exact_nll), Ppl(r.test_exact.exact_nll));
   for (size_t k = 0; k < r.path.size(); ++k) {
     const PathPointResult& p = r.path[k];
     const std::string test_cells =
         p.on_test()
-            ? F("<td>%s</td><td>%.4f</td><td>%.4f</td><td>%+.3f%%</td><td>%d/%zu</td>",
+            ? F("<td>%s</td><td>%.4f</td><td>%.4f</td><td>%+.3f%%</td><td>%.5f</td><td>%.2f%%</"
+                "td><td>%d/%zu</td>",
                 Ci(p.test).c_str(), Ppl(p.test.exact_nll), Ppl(p.test.rebuilt_nll),
-                DeltaPplPercent(p.test), p.test.violations, p.test.deltas.size())
-            : "<td class='l' colspan='5'>not scored on the test split (--test-points all)</td>";
+                DeltaPplPercent(p.test), p.test.MeanKl(), 100 * p.test.MeanTop1(),
+                p.test.violations, p.test.deltas.size())
+            : "<td class='l' colspan='7'>not scored on the test split (--test-points all)</td>";
     h += F("<tr%s><td>%zu</td><td class='l'>%s</td><td class='l'>%s</td><td>%d</td><td>%.1f%%</"
            "td><td>%.1f%%</td>",
            static_cast<int>(k) == r.chosen ? " class='chosen'" : "", p.groups.size(),

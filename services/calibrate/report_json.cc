@@ -27,6 +27,10 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
   // Over all requests, and by kind of text under "by_kind".
   auto measured = [&](const Measured& m) {
     json j = summary(m);
+    if (!m.kl.empty()) {
+      j["kl"] = m.MeanKl();
+      j["top1"] = m.MeanTop1();
+    }
     for (size_t k = 0; k < m.by_kind.size() && k < r.kinds.size(); ++k) {
       j["by_kind"][r.kinds[k].kind.name] = summary(m.by_kind[k]);
     }

@@ -497,6 +497,21 @@ TEST_F(CalibrateTiny, TransformFormIsFittedPricedAndShippedInTheBank) {
   EXPECT_NE(own[0].layers[0].a_k, r.fits[0].layers[0].a_k);
   ASSERT_GE(r.chosen, 0);
   EXPECT_EQ(r.path[r.chosen].form, WireForm::kTransform);
+  // The test split reports KL and top-1 agreement against exact KV beside the NLL; the selection
+  // split (scored without a reference pass) does not.
+  for (const PathPointResult& p : r.path) {
+    EXPECT_TRUE(p.validation.kl.empty());
+    if (!p.on_test()) continue;
+    ASSERT_EQ(p.test.kl.size(), p.test.deltas.size());
+    ASSERT_EQ(p.test.top1.size(), p.test.deltas.size());
+    for (size_t i = 0; i < p.test.kl.size(); ++i) {
+      EXPECT_GE(p.test.kl[i], 0.0);
+      EXPECT_GE(p.test.top1[i], 0.0);
+      EXPECT_LE(p.test.top1[i], 1.0);
+    }
+  }
+  EXPECT_GT(r.path[r.chosen].test.MeanKl(), 0.0);  // coarse codes change the distribution
+  EXPECT_LT(r.path[r.chosen].test.MeanTop1(), 1.0 + 1e-12);
 
   const fs::path out = *dir_ / "transform";
   ASSERT_TRUE(WriteOutputs(r, out.string()).ok());
@@ -515,6 +530,9 @@ TEST_F(CalibrateTiny, TransformFormIsFittedPricedAndShippedInTheBank) {
   std::ifstream json(out / "calibration.json");
   const std::string text((std::istreambuf_iterator<char>(json)), {});
   EXPECT_NE(text.find("\"transform\""), std::string::npos);
+  const auto j = nlohmann::json::parse(text);
+  EXPECT_DOUBLE_EQ(j["chosen"]["test"]["kl"].get<double>(), r.path[r.chosen].test.MeanKl());
+  EXPECT_DOUBLE_EQ(j["chosen"]["test"]["top1"].get<double>(), r.path[r.chosen].test.MeanTop1());
 
   o.transform_step = 0.0;
   auto bad = Calibrate(*model_, "tiny", o);
