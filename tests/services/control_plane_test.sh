@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Real riskkv-node processes following a real riskkv-control: a policy put while they run reaches
 # both; with the control plane stopped a restarted node serves RECONSTRUCT from its cache; when
-# the control plane comes back the nodes catch up on the version put meanwhile.
+# the control plane comes back the nodes catch up on the version put meanwhile. The policy sends
+# its kept layers in the transform form (a coarse step makes it the cheapest point the wide budget
+# admits), so its bank carries the transforms and every RECONSTRUCT codes with them.
 #   control_plane_test.sh BIN_DIR MODEL PYTHON
 set -euo pipefail
 BIN=$1 MODEL=$2 PY=$3
 source "$(dirname "$0")/process_test_lib.sh"
 
-"$BIN/riskkv-calibrate" --model "$MODEL" --out "$T/cal" --quick --epsilon 10 --quiet >/dev/null
+"$BIN/riskkv-calibrate" --model "$MODEL" --out "$T/cal" --quick --epsilon 10 --quiet \
+  --wire-forms int4,transform --transform-step 2 >/dev/null
+grep -q 'wire_form: "transform"' "$T/cal/policy.txt" || fail "the policy is not in the transform form"
 ID=tiny-llama-deep
 
 start_control() {  # [port]
@@ -35,6 +39,7 @@ reconstruct() {  # from to: a RECONSTRUCT migration that must run as such
   reply=$(ctl "$1" migrate --session "$s" --to "$(addr "$2")" --mode reconstruct --nofallback) ||
     fail "reconstruct $1 -> $2"
   [ "$(echo "$reply" | json "['mode']")" = RECONSTRUCT ] || fail "reconstruct: $reply"
+  [ "$(echo "$reply" | json "['wireForm']")" = KV_WIRE_TRANSFORM ] || fail "wire form: $reply"
 }
 
 # Flags are checked before the model loads.
