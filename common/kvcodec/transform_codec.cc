@@ -272,7 +272,8 @@ absl::StatusOr<int64_t> RoundTripTransformed(const LayerTransform& t, float step
 }
 
 float TransformStep(const LayerTransform& t, double ratio) {
-  return static_cast<float>(std::max(1e-6, ratio * t.Rms()));
+  const double step = std::max(1e-6, ratio * t.Rms());
+  return static_cast<float>(std::min<double>(step, std::numeric_limits<float>::max()));
 }
 
 namespace {

@@ -40,7 +40,9 @@ constexpr int64_t kMaxDim = int64_t{1} << 24;
 constexpr int32_t kMaxLayerId = 1 << 20;
 constexpr uint64_t kTransformHeadBytes = 16;  // kind, layer count, heads, head_dim
 constexpr uint64_t kTransformRecordBytes = 48;
-constexpr uint32_t kMaxTransformDim = 4096;  // heads, and head_dim, each
+// Heads, and head_dim, each: far above any real model's, and low enough that checking a basis
+// orthonormal on opening stays cheap.
+constexpr uint32_t kMaxTransformDim = 1024;
 
 // A transform kind's code in the file, and back.
 uint32_t TransformKindCode(TransformKind kind) {

@@ -82,13 +82,13 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
   }
   if (transform) {
     // Written as negations so that NaN fails them.
-    if (!(transform_step > 0.0) || !std::isfinite(transform_step)) {
-      return bad(absl::StrCat("the transform wire form needs a finite transform_step > 0, not ",
-                              transform_step));
+    if (!(transform_step > 0.0 && transform_step <= kMaxTransformStep)) {
+      return bad(absl::StrCat("the transform wire form needs a transform_step in (0, ",
+                              kMaxTransformStep, "], not ", transform_step));
     }
-    if (!(transform_bytes_per_token >= 0.0) || !std::isfinite(transform_bytes_per_token)) {
+    if (!(transform_bytes_per_token >= 0.0 && transform_bytes_per_token <= 1e9)) {
       return bad(absl::StrCat("transform_bytes_per_token ", transform_bytes_per_token,
-                              " is not a finite number >= 0"));
+                              " is not within [0, 1e9]"));
     }
     if (PolicyWireForm(*this) == WireForm::kTransform && predictor_bank_sha256.empty()) {
       return bad("the transform wire form needs the predictor bank that holds its transforms");

@@ -15,6 +15,8 @@
 namespace riskkv {
 
 inline constexpr uint32_t kRetentionPolicyFormatVersion = 1;
+// The largest transform step ratio a policy may name (riskkv-calibrate's --transform-step too).
+inline constexpr double kMaxTransformStep = 64.0;
 
 struct RetentionPolicy {
   // Mean per-request NLL increase with a paired 95% bootstrap interval.
@@ -85,8 +87,9 @@ struct RetentionPolicy {
   // (consecutive targets, anchors not rebuilt), kept and rebuilt layers partitioning
   // [0, n_layers), a hex SHA-256 bank hash when groups are rebuilt or a hash is given, a known
   // KV dtype, a known wire form and arithmetic, token counts >= 0 and saved bytes <= total bytes,
-  // and, where the policy or its path names the transform form, a finite transform_step > 0, a
-  // finite transform_bytes_per_token >= 0, and a bank hash when the policy itself sends it.
+  // and, where the policy or its path names the transform form, a transform_step in
+  // (0, kMaxTransformStep], a transform_bytes_per_token in [0, 1e9], and a bank hash when the
+  // policy itself sends it.
   absl::Status Validate(int32_t n_layers) const;
 
   bool operator==(const RetentionPolicy&) const = default;

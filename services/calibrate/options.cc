@@ -65,7 +65,7 @@ absl::Status CalibrateOptions::Validate() const {
   if (bank_dtype != DType::kF16 && bank_dtype != DType::kF32) return bad("bank dtype: f16 or f32");
   if (kv_dtype != DType::kF16 && kv_dtype != DType::kF32) return bad("KV dtype: f16 or f32");
   if (wire_forms.empty()) return bad("--wire-forms names no form");
-  if (!(transform_step > 0.0) || !(transform_step <= 64.0)) {
+  if (!(transform_step > 0.0) || !(transform_step <= kMaxTransformStep)) {
     return bad("--transform-step: a step ratio in (0, 64]");
   }
   for (size_t i = 0; i < wire_forms.size(); ++i) {

@@ -313,11 +313,24 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
   const ModelConfig& c = ctx_.engine->config();
   const int64_t size = static_cast<int64_t>(chunk.data().size());
   if (form_ == WireForm::kTransform) {
-    // Coded sizes vary; the bound keeps a chunk from costing more than its rows could.
+    // Coded sizes vary: a chunk may not carry more than its rows' bound, nor, where this node
+    // bounds chunks, more rows than a chunk within that bound holds, so the rows it decodes to
+    // cost what an honest chunk's would.
     if (const int64_t bound = TransformChunkBound(c.kv_width(), first, n); size > bound) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", chunk.sequence(), " carries ", size, " bytes for ", n,
                        " transform-coded rows, above their bound of ", bound));
+    }
+    if (ctx_.max_chunk_bytes > 0) {
+      const int64_t most =
+          RowsPerChunk(std::max(ctx_.max_chunk_bytes,
+                                MinChunkBytes(form_, c.n_kv_heads, c.head_dim, wire_dtype_)),
+                       form_, c.n_kv_heads, c.head_dim, wire_dtype_);
+      if (n > most) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " holds ", n,
+                                                       " transform-coded rows, above this node's ",
+                                                       most, " rows per chunk"));
+      }
     }
   } else if (size !=
              EncodedBytes(form_, chunk.values(), first, n, c.n_kv_heads, c.head_dim, wire_dtype_)) {
@@ -352,7 +365,8 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
   if (form_ == WireForm::kPlain) {
     RETURN_IF_ERROR(session_.kv->WriteRows(layer, chunk.values(), first, n, wire_dtype_, bytes));
   } else {
-    // Bounded by the chunk's own size: the rows it decodes to are the rows its bytes encode.
+    // Bounded by the chunk's own size (quantized forms) or this node's rows per chunk (the
+    // transform form): the rows it decodes to are no more than an honest chunk's.
     rows_.resize(static_cast<size_t>(n * c.kv_width()));
     const int v = chunk.values() ? 1 : 0;
     if (auto st = form_ == WireForm::kTransform

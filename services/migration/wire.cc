@@ -55,11 +55,18 @@ int64_t MinChunkBytes(WireForm form, int64_t kv_heads, int64_t head_dim, DType d
 int64_t RowsPerChunk(int64_t max_chunk_bytes, WireForm form, int64_t kv_heads, int64_t head_dim,
                      DType dtype) {
   if (form == WireForm::kTransform) {
-    // The bound grows by a little over two bytes a value: start from that and step down.
+    // The most rows whose bound fits (the bound grows with the rows; at least one row).
     const int64_t width = kv_heads * head_dim;
-    int64_t n = std::max<int64_t>(1, max_chunk_bytes / (2 * width + 1));
-    while (n > 1 && TransformBound(n, width) > max_chunk_bytes) n = n * 15 / 16;
-    return n;
+    int64_t lo = 1, hi = std::max<int64_t>(1, max_chunk_bytes / (2 * width) + 1);
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (TransformBound(mid, width) <= max_chunk_bytes) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
   }
   const int64_t unit_bytes = MinChunkBytes(form, kv_heads, head_dim, dtype);
   return ChunkRowUnit(form) * std::max<int64_t>(1, max_chunk_bytes / unit_bytes);

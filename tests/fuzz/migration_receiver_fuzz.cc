@@ -11,10 +11,10 @@
 // the transform form, stop-and-copy and live), as seeds.
 #include <google/protobuf/stubs/logging.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <array>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -59,8 +59,8 @@ void AddTransformPolicy(Node& n) {
                .ok()) {
         std::abort();
       }
-      auto fitted = riskkv::FitTransform(riskkv::TransformKind::kPca, rows.data(), 40,
-                                         c.n_kv_heads, c.head_dim);
+      auto fitted = riskkv::FitTransform(riskkv::TransformKind::kPca, rows.data(), 40, c.n_kv_heads,
+                                         c.head_dim);
       if (!fitted.ok()) std::abort();
       layer[v] = *std::move(fitted);
     }
@@ -172,14 +172,14 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
       MigrationMode mode;
       WireForm form;
       bool live;
-    } seeds[] = {{"full_kv_plain", MigrationMode::kFullKv, WireForm::kPlain, false},
-                 {"full_kv_int8", MigrationMode::kFullKv, WireForm::kInt8, false},
-                 {"full_kv_int4", MigrationMode::kFullKv, WireForm::kInt4, false},
-                 {"token_replay", MigrationMode::kTokenReplay, WireForm::kPlain, false},
-                 {"full_kv_live", MigrationMode::kFullKv, WireForm::kPlain, true},
-                 {"reconstruct_transform", MigrationMode::kReconstruct, WireForm::kPlain, false},
-                 {"reconstruct_transform_live", MigrationMode::kReconstruct, WireForm::kPlain,
-                  true}};
+    } seeds[] = {
+        {"full_kv_plain", MigrationMode::kFullKv, WireForm::kPlain, false},
+        {"full_kv_int8", MigrationMode::kFullKv, WireForm::kInt8, false},
+        {"full_kv_int4", MigrationMode::kFullKv, WireForm::kInt4, false},
+        {"token_replay", MigrationMode::kTokenReplay, WireForm::kPlain, false},
+        {"full_kv_live", MigrationMode::kFullKv, WireForm::kPlain, true},
+        {"reconstruct_transform", MigrationMode::kReconstruct, WireForm::kPlain, false},
+        {"reconstruct_transform_live", MigrationMode::kReconstruct, WireForm::kPlain, true}};
     for (const auto& s : seeds) {
       std::ofstream(arg + "/seed_" + s.name, std::ios::binary)
           << SenderStream(s.mode, s.form, s.live);

@@ -484,7 +484,7 @@ TEST(PredictorBankTest, ResignedBadTransformFieldsAreInvalidArgument) {
       {"layer count", dir + 4, 0, 4, "transform layer count"},
       {"too many layers", dir + 4, 1000, 4, "do not fit the header"},
       {"heads", dir + 8, 0, 4, "0 heads"},
-      {"head_dim", dir + 12, 5000, 4, "outside [1, 4096]"},
+      {"head_dim", dir + 12, 5000, 4, "outside [1, 1024]"},
       {"shape against kv_width", dir + 8, 1, 4, "kv_width"},
       {"mean length", rec + 8, 12, 8, "expected 16"},
       {"basis misaligned", rec + 16, basis0 + 4, 8, "misaligned"},

@@ -182,6 +182,32 @@ const Case kMalformed[] = {
     {"path point 0: KV fractions", [](RetentionPolicy* p) { p->path[0].kv_sent_fraction = 1.5; }},
     {"path point 0: KV fractions",
      [](RetentionPolicy* p) { p->path[0].kv_omitted_fraction = std::nan(""); }},
+    {"transform_step in (0, 64]",
+     [](RetentionPolicy* p) {
+       p->wire_form = "transform";
+       p->transform_step = 0;
+     }},
+    {"transform_step in (0, 64]",
+     [](RetentionPolicy* p) {
+       p->path[0].wire_form = "transform";
+       p->transform_step = 1e38;
+     }},
+    {"transform_bytes_per_token",
+     [](RetentionPolicy* p) {
+       p->wire_form = "transform";
+       p->transform_step = 0.25;
+       p->transform_bytes_per_token = std::nan("");
+     }},
+    {"needs the predictor bank that holds its transforms",
+     [](RetentionPolicy* p) {
+       p->wire_form = "transform";
+       p->transform_step = 0.25;
+       p->rebuilt_groups.clear();
+       p->kept_layers.clear();
+       for (int l = 0; l < 30; ++l) p->kept_layers.push_back(l);
+       p->kv_bytes_saved_per_token = 0;
+       p->predictor_bank_sha256.clear();
+     }},
 };
 
 TEST(RetentionPolicy, StructuralChecks) {
@@ -206,6 +232,20 @@ TEST(RetentionPolicy, StructuralChecks) {
   old.arithmetic.clear();
   EXPECT_TRUE(old.Validate(30).ok());
   EXPECT_EQ(PolicyWireForm(old), WireForm::kPlain);
+  EXPECT_FALSE(PolicyNeedsBank(exact));
+  // The transform form needs its bank even with every layer kept; a path point in it (the
+  // policy itself plain) needs the step only.
+  RetentionPolicy transform = exact;
+  transform.wire_form = "transform";
+  transform.transform_step = 0.25;
+  transform.predictor_bank_sha256 = std::string(64, 'b');
+  EXPECT_TRUE(transform.Validate(30).ok());
+  EXPECT_TRUE(PolicyNeedsBank(transform));
+  RetentionPolicy on_path = Valid();
+  on_path.path[0].wire_form = "transform";
+  on_path.transform_step = 2;
+  EXPECT_TRUE(on_path.Validate(30).ok());
+  EXPECT_EQ(PolicyWireForm(on_path), WireForm::kPlain);
 }
 
 TEST(RetentionPolicy, MalformedPoliciesAreRefusedWhenRead) {

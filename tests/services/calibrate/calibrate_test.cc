@@ -511,7 +511,6 @@ TEST_F(CalibrateTiny, TransformFormIsFittedPricedAndShippedInTheBank) {
     }
   }
   EXPECT_GT(r.path[r.chosen].test.MeanKl(), 0.0);  // coarse codes change the distribution
-  EXPECT_LT(r.path[r.chosen].test.MeanTop1(), 1.0 + 1e-12);
 
   const fs::path out = *dir_ / "transform";
   ASSERT_TRUE(WriteOutputs(r, out.string()).ok());

@@ -4,6 +4,7 @@
 // refused before anything is applied.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <optional>
@@ -275,6 +276,35 @@ TEST_F(TransformMigration, MismatchedHandshakesAndChunksAreRefusedBeforeAnything
   d->resize(d->size() - 3);
   recrc(f[2].mutable_chunk());
   refused(f, absl::StatusCode::kInvalidArgument, "zstd frame", "bad_chunk");
+
+  // A chunk that codes all of a layer's rows as zeros (every row at the mean): a few bytes, within
+  // its bound, but more rows than a chunk within this node's bound holds.
+  {
+    const ModelConfig& c = model_->config();
+    f = good;
+    const int32_t layer = f[1].chunk().layer();
+    const int64_t n = f[0].handshake().history_tokens() - 1;
+    const LayerTransform& t = transforms_->layers[layer][0];
+    std::vector<float> at_mean(n * c.kv_width());
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t h = 0; h < c.n_kv_heads; ++h) {
+        std::copy(t.head[h].mean.begin(), t.head[h].mean.end(),
+                  at_mean.begin() + r * c.kv_width() + h * c.head_dim);
+      }
+    }
+    v1::KvChunk* k = f[1].mutable_chunk();
+    ASSERT_TRUE(
+        EncodeTransformChunk(t, TransformStep(t, 0.5), at_mean.data(), 1, n, 3, k->mutable_data())
+            .ok());
+    ASSERT_LT(k->data().size(), 1500u);
+    k->set_values(false);
+    k->set_first_token(1);
+    k->set_token_count(n);
+    recrc(k);
+    TargetContext bounded = TransformTarget();
+    bounded.max_chunk_bytes = 1500;
+    refused(f, absl::StatusCode::kInvalidArgument, "above this node's", "bad_chunk", bounded);
+  }
 
   // The sender: FULL_KV does not send the transform form, nor RECONSTRUCT without the bank.
   MigrationSender full(s.View(),
