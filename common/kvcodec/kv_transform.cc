@@ -87,6 +87,28 @@ MatrixD Basis(TransformKind kind, const MatrixD& cov, int64_t dim,
   return b;
 }
 
+// The transform of `kind` of one head whose rows have this mean and covariance.
+HeadTransform HeadFromMoments(TransformKind kind, const Eigen::VectorXd& mean, const MatrixD& cov,
+                              int64_t dim) {
+  std::vector<float> eigenvalues;
+  const MatrixD basis = Basis(kind, cov, dim, &eigenvalues);
+  HeadTransform out;
+  out.mean.assign(mean.data(), mean.data() + dim);
+  out.basis.resize(static_cast<size_t>(dim * dim));
+  for (int64_t i = 0; i < dim * dim; ++i) out.basis[i] = static_cast<float>(basis.data()[i]);
+  out.variance = kind == TransformKind::kPca ? eigenvalues : ComponentVariance(basis, cov);
+  return out;
+}
+
+// InvalidArgument for a Hadamard transform of a head_dim that is not a power of two.
+absl::Status CheckKindFits(TransformKind kind, int64_t dim) {
+  if (kind == TransformKind::kHadamard && !std::has_single_bit(static_cast<uint64_t>(dim))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a Hadamard transform needs a power-of-two head_dim, not ", dim));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string_view TransformKindName(TransformKind kind) {
@@ -128,23 +150,14 @@ absl::StatusOr<LayerTransform> FitTransform(TransformKind kind, const float* row
                      "rows or more, not ",
                      heads, " heads of ", dim, " over ", n, " rows"));
   }
-  if (kind == TransformKind::kHadamard && !std::has_single_bit(static_cast<uint64_t>(dim))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a Hadamard transform needs a power-of-two head_dim, not ", dim));
-  }
+  if (absl::Status s = CheckKindFits(kind, dim); !s.ok()) return s;
   LayerTransform t{.heads = heads, .dim = dim, .head = {}};
   t.head.resize(static_cast<size_t>(heads));
   for (int64_t h = 0; h < heads; ++h) {
     Eigen::VectorXd mean;
     MatrixD cov;
     Moments(rows, n, heads, dim, h, &mean, &cov);
-    std::vector<float> eigenvalues;
-    const MatrixD basis = Basis(kind, cov, dim, &eigenvalues);
-    HeadTransform& out = t.head[static_cast<size_t>(h)];
-    out.mean.assign(mean.data(), mean.data() + dim);
-    out.basis.resize(static_cast<size_t>(dim * dim));
-    for (int64_t i = 0; i < dim * dim; ++i) out.basis[i] = static_cast<float>(basis.data()[i]);
-    out.variance = kind == TransformKind::kPca ? eigenvalues : ComponentVariance(basis, cov);
+    t.head[static_cast<size_t>(h)] = HeadFromMoments(kind, mean, cov, dim);
   }
   return t;
 }
@@ -188,10 +201,7 @@ absl::StatusOr<LayerTransform> TransformMoments::Fit(TransformKind kind) const {
         absl::StrCat("a transform needs heads and dim >= 1 and two rows or more, not ", heads_,
                      " heads of ", dim_, " over ", fewest, " rows"));
   }
-  if (kind == TransformKind::kHadamard && !std::has_single_bit(static_cast<uint64_t>(dim_))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a Hadamard transform needs a power-of-two head_dim, not ", dim_));
-  }
+  if (absl::Status s = CheckKindFits(kind, dim_); !s.ok()) return s;
   LayerTransform t{.heads = heads_, .dim = dim_, .head = {}};
   t.head.resize(static_cast<size_t>(heads_));
   for (int64_t h = 0; h < heads_; ++h) {
@@ -205,13 +215,7 @@ absl::StatusOr<LayerTransform> TransformMoments::Fit(TransformKind kind) const {
         cov(j, i) = cov(i, j);
       }
     }
-    std::vector<float> eigenvalues;
-    const MatrixD basis = Basis(kind, cov, dim_, &eigenvalues);
-    HeadTransform& out = t.head[static_cast<size_t>(h)];
-    out.mean.assign(mean.data(), mean.data() + dim_);
-    out.basis.resize(static_cast<size_t>(dim_ * dim_));
-    for (int64_t i = 0; i < dim_ * dim_; ++i) out.basis[i] = static_cast<float>(basis.data()[i]);
-    out.variance = kind == TransformKind::kPca ? eigenvalues : ComponentVariance(basis, cov);
+    t.head[static_cast<size_t>(h)] = HeadFromMoments(kind, mean, cov, dim_);
   }
   return t;
 }
