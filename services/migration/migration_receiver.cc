@@ -268,6 +268,12 @@ absl::Status MigrationReceiver::CheckTransformHandshake(const v1::MigrationHands
     return Refuse(std::string(st.message()));
   }
   refusal_ = "handshake";
+  transform_rows_cap_ =
+      ctx_.max_chunk_bytes > 0
+          ? RowsPerChunk(std::max(ctx_.max_chunk_bytes,
+                                  MinChunkBytes(form_, c.n_kv_heads, c.head_dim, DType::kF32)),
+                         form_, c.n_kv_heads, c.head_dim, DType::kF32)
+          : 0;
   steps_.resize(static_cast<size_t>(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     for (int v = 0; v < 2; ++v) {
@@ -321,16 +327,10 @@ absl::Status MigrationReceiver::OnChunk(const v1::KvChunk& chunk) {
           absl::StrCat("chunk ", chunk.sequence(), " carries ", size, " bytes for ", n,
                        " transform-coded rows, above their bound of ", bound));
     }
-    if (ctx_.max_chunk_bytes > 0) {
-      const int64_t most =
-          RowsPerChunk(std::max(ctx_.max_chunk_bytes,
-                                MinChunkBytes(form_, c.n_kv_heads, c.head_dim, wire_dtype_)),
-                       form_, c.n_kv_heads, c.head_dim, wire_dtype_);
-      if (n > most) {
-        return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " holds ", n,
-                                                       " transform-coded rows, above this node's ",
-                                                       most, " rows per chunk"));
-      }
+    if (transform_rows_cap_ > 0 && n > transform_rows_cap_) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk.sequence(), " holds ", n,
+                                                     " transform-coded rows, above this node's ",
+                                                     transform_rows_cap_, " rows per chunk"));
     }
   } else if (size !=
              EncodedBytes(form_, chunk.values(), first, n, c.n_kv_heads, c.head_dim, wire_dtype_)) {

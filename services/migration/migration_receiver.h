@@ -178,6 +178,8 @@ class MigrationReceiver {
   const char* refusal_ = "handshake";        // the failure reason of a refused handshake
   std::vector<float> rows_;                  // a coded chunk, decoded
   std::vector<std::array<float, 2>> steps_;  // the transform form's step per layer, K and V
+  // The most rows a transform-coded chunk may hold where this node bounds chunks (0: no bound).
+  int64_t transform_rows_cap_ = 0;
   int64_t next_sequence_ = 0;
   uint32_t crc_of_crcs_ = 0;
   std::vector<std::vector<bool>> rows_done_;  // [layer * 2 + values][row]

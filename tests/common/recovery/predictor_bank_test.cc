@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <span>
 
 #include "absl/strings/escaping.h"
 
@@ -93,6 +94,36 @@ T Peek(const std::string& bytes, size_t at) {
   T v;
   std::memcpy(&v, bytes.data() + at, sizeof(T));
   return v;
+}
+
+// A header field set to a bad value (`width` bytes at `at`), and what the error must name.
+struct PokedField {
+  const char* name;
+  size_t at;
+  uint64_t value;
+  int width;
+  const char* expect;
+};
+
+// Each field poked into `file` and the file re-signed (so only the structural checks can tell),
+// written to `path` and opened: InvalidArgument naming the field and its byte offset.
+void ExpectResignedFieldsRefused(const std::string& file, const std::string& path,
+                                 std::span<const PokedField> cases) {
+  for (const PokedField& c : cases) {
+    std::string bytes = file;
+    if (c.width == 4) {
+      Poke<uint32_t>(bytes, c.at, static_cast<uint32_t>(c.value));
+    } else {
+      Poke<uint64_t>(bytes, c.at, c.value);
+    }
+    Resign(bytes);
+    WriteFile(path, bytes);
+    auto opened = PredictorBank::Open(path, "");
+    ASSERT_FALSE(opened.ok()) << c.name;
+    EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(std::string(opened.status().message()), HasSubstr(c.expect)) << c.name;
+    EXPECT_THAT(std::string(opened.status().message()), HasSubstr("byte offset")) << c.name;
+  }
 }
 
 float MatrixValue(const WeightMatrix& w, int64_t r, int64_t c) {
@@ -472,14 +503,7 @@ TEST(PredictorBankTest, ResignedBadTransformFieldsAreInvalidArgument) {
   const size_t dir = Peek<uint32_t>(file, 12) - 16 - 14 * 48, rec = dir + 16;
   ASSERT_EQ(Peek<uint32_t>(file, dir + 4), 7u);
   const uint64_t basis0 = Peek<uint64_t>(file, rec + 16);
-  struct Case {
-    const char* name;
-    size_t at;
-    uint64_t value;
-    int width;
-    const char* expect;
-  };
-  const Case cases[] = {
+  const PokedField cases[] = {
       {"kind", dir, 9, 4, "transform kind"},
       {"layer count", dir + 4, 0, 4, "transform layer count"},
       {"too many layers", dir + 4, 1000, 4, "do not fit the header"},
@@ -492,21 +516,7 @@ TEST(PredictorBankTest, ResignedBadTransformFieldsAreInvalidArgument) {
       {"variance negative", Peek<uint64_t>(file, rec + 32), 0xbf800000u, 4, "varian"},
       {"mean not finite", Peek<uint64_t>(file, rec), 0x7fc00000u, 4, "mean 0 is nan"},
   };
-  for (const Case& c : cases) {
-    std::string bytes = file;
-    if (c.width == 4) {
-      Poke<uint32_t>(bytes, c.at, static_cast<uint32_t>(c.value));
-    } else {
-      Poke<uint64_t>(bytes, c.at, c.value);
-    }
-    Resign(bytes);
-    WriteFile(path, bytes);
-    auto opened = PredictorBank::Open(path, "");
-    ASSERT_FALSE(opened.ok()) << c.name;
-    EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
-    EXPECT_THAT(std::string(opened.status().message()), HasSubstr(c.expect)) << c.name;
-    EXPECT_THAT(std::string(opened.status().message()), HasSubstr("byte offset")) << c.name;
-  }
+  ExpectResignedFieldsRefused(file, path, cases);
 
   // Every byte of the transform directory changed and re-signed: an error or a bank whose
   // transforms have the shape they claim, never a crash.
@@ -569,14 +579,7 @@ TEST(PredictorBankTest, ResignedBadFieldsAreInvalidArgument) {
   ASSERT_EQ(Peek<uint32_t>(file, 80), 2u);
   ASSERT_EQ(Peek<int32_t>(file, 104), 1);
   const size_t rec = 104, kRecord = 96;
-  struct Case {
-    const char* name;
-    size_t at;
-    uint64_t value;
-    int width;
-    const char* expect;
-  };
-  const Case cases[] = {
+  const PokedField cases[] = {
       {"dtype", 56, 7, 4, "dtype"},
       {"group count", 60, 100000, 4, "group count"},
       {"fingerprint length", 64, 5000, 4, "fingerprint length"},
@@ -593,21 +596,7 @@ TEST(PredictorBankTest, ResignedBadFieldsAreInvalidArgument) {
       {"block past the end", rec + 80, uint64_t{1} << 62, 8, "outside"},
       {"block length", rec + 40, 4, 8, "expected 128"},
   };
-  for (const Case& c : cases) {
-    std::string bytes = file;
-    if (c.width == 4) {
-      Poke<uint32_t>(bytes, c.at, static_cast<uint32_t>(c.value));
-    } else {
-      Poke<uint64_t>(bytes, c.at, c.value);
-    }
-    Resign(bytes);
-    WriteFile(path, bytes);
-    auto opened = PredictorBank::Open(path, "");
-    ASSERT_FALSE(opened.ok()) << c.name;
-    EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
-    EXPECT_THAT(std::string(opened.status().message()), HasSubstr(c.expect)) << c.name;
-    EXPECT_THAT(std::string(opened.status().message()), HasSubstr("byte offset")) << c.name;
-  }
+  ExpectResignedFieldsRefused(file, path, cases);
 }
 
 // Every header byte changed and re-signed: Open must return (an error or a consistent bank),

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/crc32c.h"
 #include "common/engine/cpu_engine.h"
 #include "common/model/model_fingerprint.h"
 #include "services/migration/migration_receiver.h"
@@ -182,6 +183,39 @@ class Migration : public ::testing::Test {
     EXPECT_TRUE(r.committed());
     if (!adopted) return absl::InternalError("nothing adopted");
     return Received{*std::move(adopted), r.figures()};
+  }
+
+  // Feeds `frames` and a commit to a fresh receiver and expects the stream refused with `code`,
+  // a message holding `needle` and failure reason `reason`, leaving nothing resumed, adopted or
+  // committed.
+  static void ExpectRefused(std::vector<v1::MigrationFrame> frames, absl::StatusCode code,
+                            const std::string& needle, const std::string& reason,
+                            TargetContext ctx = Target()) {
+    bool adopted = false;
+    ctx.adopt = [&](ResumedSession) -> absl::StatusOr<std::string> {
+      adopted = true;
+      return std::string("x");
+    };
+    MigrationReceiver r(ctx);
+    frames.emplace_back().mutable_commit();
+    absl::Status st;
+    for (const auto& f : frames) {
+      auto reply = r.OnFrame(f);
+      if (!reply.ok()) {
+        st = reply.status();
+        break;
+      }
+    }
+    EXPECT_EQ(st.code(), code) << needle << ": " << st;
+    EXPECT_NE(st.message().find(needle), std::string_view::npos) << st;
+    EXPECT_EQ(r.failure_reason(), reason) << needle;
+    EXPECT_EQ(r.resumed(), nullptr);
+    EXPECT_FALSE(adopted);
+    EXPECT_FALSE(r.committed());
+  }
+  // Sets a chunk's CRC-32C to that of its data, so only the decoder can tell a change.
+  static void Recrc(v1::KvChunk* k) {
+    k->set_crc32c(Crc32c({reinterpret_cast<const uint8_t*>(k->data().data()), k->data().size()}));
   }
 
   static Session FromResumed(ResumedSession r) {

@@ -504,34 +504,12 @@ TEST_F(Migration, BadWireFormsAreRefusedNamingThemAndNothingIsApplied) {
   Session s = Start(60);
   const auto good = Frames(s, MigrationMode::kFullKv, 1 << 20, WireForm::kInt8);
   // Each case runs on a fresh receiver; a failure must leave nothing resumed or adopted.
-  auto expect = [&](std::vector<v1::MigrationFrame> frames, absl::StatusCode code,
-                    const std::string& needle, const std::string& reason,
-                    TargetContext ctx = Target()) {
-    bool adopted = false;
-    ctx.adopt = [&](ResumedSession) -> absl::StatusOr<std::string> {
-      adopted = true;
-      return std::string("x");
-    };
-    MigrationReceiver r(ctx);
-    frames.emplace_back().mutable_commit();
-    absl::Status st;
-    for (const auto& f : frames) {
-      auto reply = r.OnFrame(f);
-      if (!reply.ok()) {
-        st = reply.status();
-        break;
-      }
-    }
-    EXPECT_EQ(st.code(), code) << needle << ": " << st;
-    EXPECT_NE(st.message().find(needle), std::string_view::npos) << st;
-    EXPECT_EQ(r.failure_reason(), reason) << needle;
-    EXPECT_EQ(r.resumed(), nullptr);
-    EXPECT_FALSE(adopted);
-    EXPECT_FALSE(r.committed());
+  auto expect = [](std::vector<v1::MigrationFrame> frames, absl::StatusCode code,
+                   const std::string& needle, const std::string& reason,
+                   TargetContext ctx = Target()) {
+    ExpectRefused(std::move(frames), code, needle, reason, std::move(ctx));
   };
-  auto recrc = [](v1::KvChunk* k) {
-    k->set_crc32c(Crc32c({reinterpret_cast<const uint8_t*>(k->data().data()), k->data().size()}));
-  };
+  auto recrc = Recrc;
   // Key channel 5 of the first chunk: its value in the f16 sink row (bytes 10-11), then its f16
   // scale in the first group after that row, NaN and +inf; the CRC recomputed, so only the
   // decoder can tell.

@@ -214,29 +214,10 @@ TEST_F(TransformMigration, ALiveMigrationEndsWhereAStopAndCopyOfTheFinalSessionD
 TEST_F(TransformMigration, MismatchedHandshakesAndChunksAreRefusedBeforeAnythingIsApplied) {
   Session s = Start(30);
   const auto good = TransformFrames(s);
-  auto refused = [&](std::vector<v1::MigrationFrame> frames, absl::StatusCode code,
-                     const std::string& needle, const std::string& reason,
-                     TargetContext ctx = TransformTarget()) {
-    bool adopted = false;
-    ctx.adopt = [&](ResumedSession) -> absl::StatusOr<std::string> {
-      adopted = true;
-      return std::string("x");
-    };
-    MigrationReceiver r(ctx);
-    frames.emplace_back().mutable_commit();
-    absl::Status st;
-    for (const auto& f : frames) {
-      auto reply = r.OnFrame(f);
-      if (!reply.ok()) {
-        st = reply.status();
-        break;
-      }
-    }
-    EXPECT_EQ(st.code(), code) << needle << ": " << st;
-    EXPECT_NE(st.message().find(needle), std::string_view::npos) << st;
-    EXPECT_EQ(r.failure_reason(), reason) << needle;
-    EXPECT_EQ(r.resumed(), nullptr);
-    EXPECT_FALSE(adopted);
+  auto refused = [](std::vector<v1::MigrationFrame> frames, absl::StatusCode code,
+                    const std::string& needle, const std::string& reason,
+                    TargetContext ctx = TransformTarget()) {
+    ExpectRefused(std::move(frames), code, needle, reason, std::move(ctx));
   };
   auto f = good;
   f[0].mutable_handshake()->set_transform_codec_version(2);
@@ -263,9 +244,7 @@ TEST_F(TransformMigration, MismatchedHandshakesAndChunksAreRefusedBeforeAnything
           no_transforms);
   // A chunk above its bound, and one whose frame is damaged (CRC recomputed: only the decoder
   // can tell).
-  auto recrc = [](v1::KvChunk* k) {
-    k->set_crc32c(Crc32c({reinterpret_cast<const uint8_t*>(k->data().data()), k->data().size()}));
-  };
+  auto recrc = Recrc;
   f = good;
   f[1].mutable_chunk()->mutable_data()->append(200000, 'x');
   recrc(f[1].mutable_chunk());
