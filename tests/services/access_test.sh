@@ -26,7 +26,7 @@ chmod 600 "$T/access"
 
 # A broken access file stops a server at start, naming the line.
 printf 'client alice token short\n' >"$T/bad-access"
-out=$("$BIN/riskkv-control" --store "$T/x" --access-file "$T/bad-access" 2>&1) &&
+out=$("$BIN/riskkv-control" --store "$T/x" --metrics-listen 127.0.0.1:0 --access-file "$T/bad-access" 2>&1) &&
   fail "bad access file accepted: $out"
 grep -q "bad-access:1: the token of 'alice' is shorter than 16" <<<"$out" || fail "bad access: $out"
 out=$("$BIN/riskkv-node" --model "$MODEL" --peer-token-file "$T/missing" 2>&1) &&

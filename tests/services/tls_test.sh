@@ -27,7 +27,7 @@ TLS=(--tls-cert "$T/peer.pem" --tls-key "$T/peer.key" --tls-ca "$T/ca.pem")
 ROGUE=(--tls-cert "$T/rogue.pem" --tls-key "$T/rogue.key" --tls-ca "$T/ca.pem")
 
 # Bad TLS flags stop a server before it loads anything.
-out=$("$BIN/riskkv-control" --store "$T/x" --tls-cert "$T/peer.pem" 2>&1) && fail "cert without key: $out"
+out=$("$BIN/riskkv-control" --store "$T/x" --metrics-listen 127.0.0.1:0 --tls-cert "$T/peer.pem" 2>&1) && fail "cert without key: $out"
 grep -q -- "--tls-cert and --tls-key go together" <<<"$out" || fail "cert without key: $out"
 echo "not a certificate" >"$T/junk.pem"
 out=$("$BIN/riskkv-node" --model "$MODEL" --tls-cert "$T/peer.pem" --tls-key "$T/peer.key" \
