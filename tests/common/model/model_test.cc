@@ -225,7 +225,7 @@ TEST(Model, RejectsBadTokensAndOverlongPrompts) {
 // Model::Forward splits long inputs into micro-batches of 256 tokens and TeacherForcedNll
 // scores one micro-batch at a time: 300 real tokens cross that boundary once. The model and
 // the one-call all-position logits are shared by the tests below (SmolLM2 is slow on 2 threads).
-class MicroBatchTest : public ::testing::Test {
+class SmolLM2MicroBatch : public ::testing::Test {
  protected:
   static constexpr int64_t kTokens = 300;
 
@@ -263,7 +263,7 @@ class MicroBatchTest : public ::testing::Test {
   static inline std::vector<float> logits_;  // [kTokens, vocab] from one Forward call
 };
 
-TEST_F(MicroBatchTest, OneLongForwardEqualsThreeShortOnes) {
+TEST_F(SmolLM2MicroBatch, OneLongForwardEqualsThreeShortOnes) {
   const int64_t vocab = model_->config().vocab;
   auto cache = model_->NewKvCache(kTokens);
   ASSERT_TRUE(cache.ok());
@@ -286,7 +286,7 @@ TEST_F(MicroBatchTest, OneLongForwardEqualsThreeShortOnes) {
   std::printf("300 tokens in one call vs 3 x 100: worst scaled max error %.2e\n", worst);
 }
 
-TEST_F(MicroBatchTest, TeacherForcedNllScoresAcrossTheBoundary) {
+TEST_F(SmolLM2MicroBatch, TeacherForcedNllScoresAcrossTheBoundary) {
   auto cache = model_->NewKvCache(kTokens);
   ASSERT_TRUE(cache.ok());
   auto nll = model_->TeacherForcedNll(tokens_, **cache);
@@ -304,7 +304,7 @@ TEST_F(MicroBatchTest, TeacherForcedNllScoresAcrossTheBoundary) {
   std::printf("teacher-forced NLL vs all-position logits: worst abs error %.2e\n", worst);
 }
 
-TEST_F(MicroBatchTest, TeacherForcedNllScoresFirstTokenFromGivenLogits) {
+TEST_F(SmolLM2MicroBatch, TeacherForcedNllScoresFirstTokenFromGivenLogits) {
   // The history's last logits; any vocab-sized row will do.
   const auto first = Row(kTokens - 1);
   auto cache = model_->NewKvCache(kTokens);
