@@ -69,7 +69,8 @@ absl::StatusOr<RetentionPolicy> PolicyFromProto(const v1::RetentionPolicy& proto
   }
   for (const v1::PathPoint& pt : proto.path()) {
     p.path.push_back({pt.groups(), pt.kv_omitted_fraction(), FromProto(pt.delta_nll()),
-                      pt.gate_statistic(), pt.passed(), pt.wire_form(), pt.kv_sent_fraction()});
+                      pt.gate_statistic(), pt.passed(), pt.wire_form(), pt.kv_sent_fraction(),
+                      pt.in_bank()});
   }
   p.kv_bytes_per_token = proto.kv_bytes_per_token();
   p.kv_bytes_saved_per_token = proto.kv_bytes_saved_per_token();
@@ -118,6 +119,7 @@ v1::RetentionPolicy PolicyToProto(const RetentionPolicy& p) {
     point->set_passed(pt.passed);
     point->set_wire_form(pt.wire_form);
     point->set_kv_sent_fraction(pt.kv_sent_fraction);
+    point->set_in_bank(pt.in_bank);
   }
   out.set_kv_bytes_per_token(p.kv_bytes_per_token);
   out.set_kv_bytes_saved_per_token(p.kv_bytes_saved_per_token);

@@ -34,7 +34,12 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
   }
   if (!(epsilon >= 0.0)) return bad(absl::StrCat("epsilon ", epsilon, " is negative"));
   const std::string& sha = predictor_bank_sha256;
-  if ((!rebuilt_groups.empty() || !sha.empty()) &&
+  if (sha.empty() && PolicyNeedsBank(*this)) {
+    return bad(
+        "predictor_bank_sha256 is empty, and rebuilt layers and the transform wire form (the "
+        "policy's own or a rung's of its ladder) need the predictor bank");
+  }
+  if (!sha.empty() &&
       (sha.size() != 64 || sha.find_first_not_of("0123456789abcdef") != std::string::npos)) {
     return bad("predictor_bank_sha256 is not a SHA-256 in hex");
   }
@@ -79,6 +84,18 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
       return bad(absl::StrCat("path point ", i, ": KV fractions ", pt.kv_omitted_fraction, " and ",
                               pt.kv_sent_fraction, " must be within [0, 1]"));
     }
+    if (pt.groups < 0 || (pt.in_bank && pt.groups > static_cast<int32_t>(singleton_risks.size()))) {
+      return bad(absl::StrCat("path point ", i, " rebuilds ", pt.groups, " groups of a ranking of ",
+                              singleton_risks.size()));
+    }
+    if (pt.in_bank && pt.groups > 0) {
+      // A rung rebuilds the first `groups` ranked groups: they must make a valid retention.
+      std::vector<LayerGroup> prefix;
+      for (int32_t g = 0; g < pt.groups; ++g) prefix.push_back(singleton_risks[g].group);
+      if (auto s = ValidateGroups(prefix, n_layers, {}); !s.ok()) {
+        return bad(absl::StrCat("path point ", i, ": ", s.message()));
+      }
+    }
   }
   if (transform) {
     // Written as negations so that NaN fails them.
@@ -89,9 +106,6 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
     if (!(transform_bytes_per_token >= 0.0 && transform_bytes_per_token <= 1e9)) {
       return bad(absl::StrCat("transform_bytes_per_token ", transform_bytes_per_token,
                               " is not within [0, 1e9]"));
-    }
-    if (PolicyWireForm(*this) == WireForm::kTransform && predictor_bank_sha256.empty()) {
-      return bad("the transform wire form needs the predictor bank that holds its transforms");
     }
   }
   if (!arithmetic.empty() && arithmetic != "int8" && arithmetic != "f32") {
@@ -115,7 +129,14 @@ WireForm PolicyWireForm(const RetentionPolicy& policy) {
 }
 
 bool PolicyNeedsBank(const RetentionPolicy& policy) {
-  return !policy.rebuilt_groups.empty() || PolicyWireForm(policy) == WireForm::kTransform;
+  if (!policy.rebuilt_groups.empty() || PolicyWireForm(policy) == WireForm::kTransform) return true;
+  for (const RetentionPolicy::PathPoint& pt : policy.path) {
+    if (pt.in_bank && (pt.groups > 0 || ParseWireForm(pt.wire_form).value_or(WireForm::kPlain) ==
+                                            WireForm::kTransform)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 absl::Status WritePolicy(const RetentionPolicy& policy, const std::string& path) {

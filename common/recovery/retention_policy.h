@@ -46,6 +46,9 @@ struct RetentionPolicy {
     bool passed = false;            // within the gate's budget
     std::string wire_form;          // "plain", "int8", "int4" or "transform"; empty: plain
     double kv_sent_fraction = 0.0;  // bytes sent, as a share of every layer's KV in the KV dtype
+    // A rung of the policy's ladder: the bank holds the predictors (and transforms) this point
+    // was measured with, so a node can migrate at it (policy_ladder.h).
+    bool in_bank = false;
 
     bool operator==(const PathPoint&) const = default;
   };
@@ -85,11 +88,11 @@ struct RetentionPolicy {
   // Structural checks against a model of `n_layers` layers (InvalidArgument naming the field):
   // format version, non-empty fingerprint and id, a known gate, epsilon >= 0, groups valid
   // (consecutive targets, anchors not rebuilt), kept and rebuilt layers partitioning
-  // [0, n_layers), a hex SHA-256 bank hash when groups are rebuilt or a hash is given, a known
-  // KV dtype, a known wire form and arithmetic, token counts >= 0 and saved bytes <= total bytes,
-  // and, where the policy or its path names the transform form, a transform_step in
-  // (0, kMaxTransformStep], a transform_bytes_per_token in [0, 1e9], and a bank hash when the
-  // policy itself sends it.
+  // [0, n_layers), a hex SHA-256 bank hash when PolicyNeedsBank or a hash is given, a known KV
+  // dtype, a known wire form and arithmetic, token counts >= 0 and saved bytes <= total bytes,
+  // path points with fractions in [0, 1] and groups >= 0 (a rung's at most the ranking's, its
+  // first groups a valid set), and, where the policy or its path names the transform form, a
+  // transform_step in (0, kMaxTransformStep] and a transform_bytes_per_token in [0, 1e9].
   absl::Status Validate(int32_t n_layers) const;
 
   bool operator==(const RetentionPolicy&) const = default;
@@ -99,8 +102,9 @@ struct RetentionPolicy {
 // have passed Validate.
 WireForm PolicyWireForm(const RetentionPolicy& policy);
 
-// Whether a node needs the policy's predictor bank to migrate under it: the policy rebuilds
-// layers, or sends the kept layers in the transform form (whose transforms the bank holds).
+// Whether a node needs the policy's predictor bank to migrate under it: the policy, or a rung of
+// its ladder (a path point in_bank), rebuilds layers or sends the kept layers in the transform
+// form (whose transforms the bank holds).
 bool PolicyNeedsBank(const RetentionPolicy& policy);
 
 // A policy id names files and directories: 1-128 characters of [A-Za-z0-9._-], not starting

@@ -245,12 +245,20 @@ absl::StatusOr<std::vector<LayerGroup>> ParseGroupList(const std::string& text);
 absl::StatusOr<CalibrationResult> Calibrate(Model& model, const std::string& model_path,
                                             const CalibrateOptions& options);
 
-// The retention policy for the chosen configuration; bank_sha256 is the content hash of the
-// bank of its groups (empty when nothing is rebuilt).
+// The retention policy for the chosen configuration, its path points marked in_bank when they are
+// rungs (InBank); bank_sha256 is the content hash of MakePolicyBank's bank (empty without one).
 RetentionPolicy MakePolicy(const CalibrationResult& result, const std::string& bank_sha256);
 
-// The bank of the chosen configuration's groups, or nullptr when nothing is rebuilt.
-absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationResult& result);
+// Whether path point k is a rung of the policy's ladder (policy_ladder.h): measured on the
+// selection requests, and its predictors and transforms are those the bank holds. The bank holds
+// one set of fits, the chosen configuration's form's (the exact anchors' when exact KV is
+// chosen): a point rebuilding groups in a form fitted on other anchors is not a rung.
+bool InBank(const CalibrationResult& result, size_t k);
+
+// The bank of the ladder: the groups of every rung (the ranking's first groups, as many as the
+// longest rung rebuilds) in the chosen form's fits, and the transforms when the transform form
+// was calibrated; nullptr when neither.
+absl::StatusOr<std::unique_ptr<PredictorBank>> MakePolicyBank(const CalibrationResult& result);
 
 // Writes into `dir` (created when missing): policy.pb (binary), policy.txt (text format),
 // bank.rkvbank (when something is rebuilt), report.html, calibration.json and the report's

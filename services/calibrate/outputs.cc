@@ -1,5 +1,5 @@
-// What riskkv-calibrate hands on: the chosen configuration's predictor bank and retention policy,
-// and the files of WriteOutputs.
+// What riskkv-calibrate hands on: the retention policy with its ladder, the predictor bank of the
+// ladder's rungs, and the files of WriteOutputs.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -12,21 +12,43 @@
 
 namespace riskkv {
 
-absl::StatusOr<std::unique_ptr<PredictorBank>> MakeChosenBank(const CalibrationResult& res) {
-  // Exact KV, or a quantized form without reconstruction: nothing to rebuild. The transform form
-  // needs its transforms all the same.
-  const bool transform = res.chosen >= 0 && res.path[res.chosen].form == WireForm::kTransform;
-  if (res.chosen < 0 || (res.path[res.chosen].groups.empty() && !transform)) {
-    return std::unique_ptr<PredictorBank>();
+namespace {
+
+// The fits the bank holds: those of the chosen configuration's form (the exact anchors' when exact
+// KV is chosen).
+const std::vector<GroupFit>& BankFits(const CalibrationResult& res) {
+  return res.FitsFor(res.chosen >= 0 ? res.path[res.chosen].form : WireForm::kPlain);
+}
+
+}  // namespace
+
+bool InBank(const CalibrationResult& res, size_t k) {
+  const PathPointResult& pt = res.path[k];
+  if (!pt.on_selection()) return false;
+  if (pt.form == WireForm::kTransform && !res.transforms) return false;
+  return pt.groups.empty() || &res.FitsFor(pt.form) == &BankFits(res);
+}
+
+absl::StatusOr<std::unique_ptr<PredictorBank>> MakePolicyBank(const CalibrationResult& res) {
+  // The rungs rebuild prefixes of one ranking: the longest holds every group the others do.
+  size_t longest = 0;
+  for (size_t k = 0; k < res.path.size(); ++k) {
+    if (InBank(res, k)) longest = std::max(longest, res.path[k].groups.size());
   }
+  const bool transforms = res.transforms.has_value();
+  if (longest == 0 && !transforms) return std::unique_ptr<PredictorBank>();
+  std::vector<int> ranked(res.ranking.begin(), res.ranking.begin() + static_cast<long>(longest));
+  std::sort(ranked.begin(), ranked.end(), [&](int a, int b) {
+    return res.groups[a].targets.front() < res.groups[b].targets.front();
+  });
   std::vector<GroupFit> fits;
-  for (const LayerGroup& g : res.ChosenGroups()) {
-    for (const GroupFit& f : res.FitsFor(res.path[res.chosen].form)) {
-      if (f.group == g) fits.push_back(f);
+  for (int g : ranked) {
+    for (const GroupFit& f : BankFits(res)) {
+      if (f.group == res.groups[g]) fits.push_back(f);
     }
   }
   return PredictorBank::FromFits(res.fingerprint, res.options.bank_dtype, fits,
-                                 transform ? &res.transforms->transforms : nullptr);
+                                 transforms ? &res.transforms->transforms : nullptr);
 }
 
 RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank_sha256) {
@@ -59,6 +81,7 @@ RetentionPolicy MakePolicy(const CalibrationResult& res, const std::string& bank
     pt.wire_form = std::string(WireFormName(res.path[k].form));
     pt.kv_sent_fraction = res.path[k].sent_fraction;
     pt.delta_nll = delta(res.path[k].validation);
+    pt.in_bank = InBank(res, k);
     if (k < d.statistic.size()) {
       pt.gate_statistic = d.statistic[k];
       pt.passed = d.passed[k];
@@ -104,7 +127,7 @@ absl::Status WriteOutputs(const CalibrationResult& res, const std::string& dir) 
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError("cannot create " + dir + ": " + ec.message());
   const std::filesystem::path out(dir);
-  ASSIGN_OR_RETURN(auto bank, MakeChosenBank(res));
+  ASSIGN_OR_RETURN(auto bank, MakePolicyBank(res));
   std::string hash;
   if (bank) {
     RETURN_IF_ERROR(bank->Write((out / "bank.rkvbank").string()));

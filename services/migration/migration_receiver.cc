@@ -189,21 +189,46 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
       return Refuse("predictor bank " + h.predictor_bank_sha256() + " is not this node's " +
                     (mine.empty() ? std::string("(none)") : mine));
     }
-    if (form_ != PolicyWireForm(*p)) {
+    // The rung the handshake names, by its form and layers: the policy's own configuration or
+    // another of its ladder.
+    std::vector<int32_t> got(h.layers().begin(), h.layers().end());
+    std::sort(got.begin(), got.end());
+    auto sends = [&](const RetentionPolicy& rung) {
+      std::vector<int32_t> layers = SendOrder(MigrationMode::kReconstruct, c.n_layers, &rung);
+      std::sort(layers.begin(), layers.end());
+      return layers == got;
+    };
+    policy_ = p;
+    const std::vector<const FoldedGroup*>* groups = ctx_.groups;
+    bool form_listed = form_ == PolicyWireForm(*p);
+    if (!(form_listed && sends(*p))) {
+      for (const TargetRung& rung : ctx_.rungs) {
+        if (PolicyWireForm(*rung.policy) != form_) continue;
+        form_listed = true;
+        if (sends(*rung.policy) && rung.groups != nullptr &&
+            rung.groups->size() == rung.policy->rebuilt_groups.size()) {
+          policy_ = rung.policy;
+          groups = rung.groups;
+          break;
+        }
+      }
+    }
+    if (!form_listed) {
       refusal_ = "wire_form";
       return Refuse(absl::StrCat("wire form ", std::string(WireFormName(form_)), " is not the ",
                                  std::string(WireFormName(PolicyWireForm(*p))), " that policy ",
-                                 p->Name(), " was calibrated for"));
+                                 p->Name(),
+                                 " was calibrated for, nor that of a rung of its ladder"));
     }
-    if (form_ == WireForm::kTransform) RETURN_IF_ERROR(CheckTransformHandshake(h, *p));
-    if (ctx_.groups != nullptr) pending_.assign(ctx_.groups->begin(), ctx_.groups->end());
+    if (form_ == WireForm::kTransform) RETURN_IF_ERROR(CheckTransformHandshake(h, *policy_));
+    if (groups != nullptr) pending_.assign(groups->begin(), groups->end());
     if (!pending_.empty() &&
         (ctx_.predictors == nullptr || &ctx_.predictors->bank() != ctx_.bank)) {
       return Refuse("this node's predictor bank is not loaded on its " +
                     std::string(ctx_.engine->backend()) + " engine");
     }
   }
-  const std::vector<int32_t> expected = SendOrder(session_.mode, c.n_layers, ctx_.policy);
+  const std::vector<int32_t> expected = SendOrder(session_.mode, c.n_layers, policy_);
   const std::vector<int32_t> got(h.layers().begin(), h.layers().end());
   std::vector<int32_t> got_sorted = got, expected_sorted = expected;
   std::sort(got_sorted.begin(), got_sorted.end());

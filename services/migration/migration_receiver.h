@@ -50,6 +50,14 @@ struct ResumedSession {
   std::string owner;               // the handshake's: whose session it is
 };
 
+// Another configuration of the policy's ladder the target accepts RECONSTRUCT at
+// (policy_ladder.h): the policy at that rung, and the bank's predictor for each of its rebuilt
+// groups, in its order.
+struct TargetRung {
+  const RetentionPolicy* policy = nullptr;
+  const std::vector<const FoldedGroup*>* groups = nullptr;
+};
+
 // What the target needs to accept migrations.
 struct TargetContext {
   Engine* engine = nullptr;
@@ -60,7 +68,10 @@ struct TargetContext {
   // when the policy and bank were paired).
   const std::vector<const FoldedGroup*>* groups = nullptr;
   const EnginePredictors* predictors = nullptr;  // `bank` prepared for `engine`
-  int64_t capacity = 0;                          // KV rows of the resumed session (0: context)
+  // The other rungs of the policy's ladder (their predictors in `bank` too): a RECONSTRUCT
+  // handshake may name any of them by its wire form and layers.
+  std::vector<TargetRung> rungs;
+  int64_t capacity = 0;  // KV rows of the resumed session (0: context)
   // The largest chunk payload accepted (0: no bound); a chunk of one row (plain) or one token
   // group (quantized) is always accepted, as the sender's MinChunkBytes.
   int64_t max_chunk_bytes = 0;
@@ -85,7 +96,8 @@ class MigrationReceiver {
   // The next frame of the stream, and the reply to send for it, if any:
   // - handshake: checked before any KV moves; replies `accepted`. FailedPrecondition names what
   //   does not match (protocol version, model fingerprint, policy id or version, bank, layer
-  //   list, a wire form this node cannot decode or, for RECONSTRUCT, other than the policy's);
+  //   list, a wire form this node cannot decode or, for RECONSTRUCT, a wire form and layers that
+  //   are not the policy's nor those of a rung of its ladder);
   //   InvalidArgument for a malformed handshake (session state, sizes, dtype, mode, a wire form
   //   with TOKEN_REPLAY) or a session that does not fit. A first frame of another kind is
   //   InvalidArgument.
@@ -186,6 +198,8 @@ class MigrationReceiver {
   std::vector<int64_t> rows_left_;            // per layer: K and V rows still missing
   std::vector<bool> announced_;               // per layer
   std::vector<const FoldedGroup*> pending_;   // groups not yet rebuilt
+  // RECONSTRUCT: the configuration the handshake named (the policy's own or one of ctx_.rungs).
+  const RetentionPolicy* policy_ = nullptr;
   bool live_ = false;
   int64_t capacity_ = 0;
   int64_t closed_ = 0;  // live: rows of the rounds applied

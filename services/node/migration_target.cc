@@ -107,6 +107,10 @@ grpc::Status ReceiveMigration(
       side.planner->MeasureRebuild(fig.rebuild_seconds, fig.history_tokens);
     }
   };
+  std::vector<TargetRung> rungs;
+  if (r != nullptr) {
+    for (const RetentionRung& rung : r->rungs) rungs.push_back({&rung.policy, &rung.groups});
+  }
   MigrationReceiver rx({
       .engine = side.engine,
       .model_fingerprint = side.model_fingerprint,
@@ -114,6 +118,7 @@ grpc::Status ReceiveMigration(
       .bank = r ? r->bank.get() : nullptr,
       .groups = r ? &r->groups : nullptr,
       .predictors = r ? r->predictors.get() : nullptr,
+      .rungs = std::move(rungs),
       .capacity = side.capacity,
       .max_chunk_bytes = side.max_chunk_bytes,
       .scheduler = side.scheduler,

@@ -374,17 +374,42 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   }
   MigrationMode mode = MigrationMode::kFullKv;
   std::string reason = "requested";
-  const absl::StatusOr<WireForm> full_kv_form = WireFormFromProto(req->wire_form());
-  if (!full_kv_form.ok()) return ToGrpc(full_kv_form.status());
-  if (*full_kv_form == WireForm::kTransform) {
-    return Bad(
-        "wire_form: FULL_KV sends plain, int8 or int4; the transform form comes with a retention "
-        "policy (RECONSTRUCT)");
-  }
+  const absl::StatusOr<WireForm> requested_form = WireFormFromProto(req->wire_form());
+  if (!requested_form.ok()) return ToGrpc(requested_form.status());
   if (req->mode() != v1::AUTO) {
     auto m = FromProto(req->mode());
     if (!m.ok()) return ToGrpc(m.status());
     mode = *m;
+  }
+  // One snapshot of the policy for the whole call, and the rung RECONSTRUCT runs at: the one the
+  // request names, or the policy's own.
+  const std::shared_ptr<const Retention> retention = this->retention();
+  const RetentionRung* rung = nullptr;
+  WireForm full_kv_form = *requested_form;
+  const bool names_rung = req->mode() == v1::RECONSTRUCT;
+  if (req->has_rebuilt_groups() && !names_rung) {
+    return Bad(
+        "rebuilt_groups names a rung of the policy's ladder, which only RECONSTRUCT runs at");
+  }
+  if (retention != nullptr) {
+    const RetentionPolicy& own = retention->policy;
+    // Without rebuilt_groups, wire_form is only the form of a FULL_KV fallback.
+    const bool named =
+        names_rung && req->has_rebuilt_groups() && req->wire_form() != v1::KV_WIRE_FORM_UNSPECIFIED;
+    auto found = retention->FindRung(named ? *requested_form : PolicyWireForm(own),
+                                     req->has_rebuilt_groups()
+                                         ? req->rebuilt_groups()
+                                         : static_cast<int32_t>(own.rebuilt_groups.size()));
+    if (!found.ok()) return Bad(std::string(found.status().message()));
+    rung = *found;
+  }
+  if (full_kv_form == WireForm::kTransform) {
+    if (!names_rung) {
+      return Bad(
+          "wire_form: FULL_KV sends plain, int8 or int4; the transform form comes with a "
+          "retention policy (RECONSTRUCT)");
+    }
+    full_kv_form = WireForm::kPlain;  // what a FULL_KV fallback sends
   }
   auto out = sessions_.BeginMigration(req->session_id(), mine);
   if (!out.ok()) return ToGrpc(out.status());
@@ -416,17 +441,17 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   std::vector<MigrationMode> attempts;
   double estimate = 0;
   if (req->mode() == v1::AUTO) {
-    const std::shared_ptr<const Retention> r = retention();
     const ModelConfig& c = engine_.config();
     auto bytes = [&](WireForm form, int64_t layers) {
-      return EstimateKvBytes(form, r ? &r->policy : nullptr, history, layers, c, out->kv().dtype());
+      return EstimateKvBytes(form, rung ? &rung->policy : nullptr, history, layers, c,
+                             out->kv().dtype());
     };
     ModePlan plan = planner_.Rank(
         {.history_tokens = history,
-         .full_kv_bytes = bytes(*full_kv_form, c.n_layers),
-         .reconstruct_bytes = r ? bytes(PolicyWireForm(r->policy),
-                                        static_cast<int64_t>(r->policy.kept_layers.size()))
-                                : -1,
+         .full_kv_bytes = bytes(full_kv_form, c.n_layers),
+         .reconstruct_bytes =
+             rung ? bytes(rung->rung.form, static_cast<int64_t>(rung->policy.kept_layers.size()))
+                  : -1,
          .target = req->target_address()});
     attempts = std::move(plan.modes);
     reason = std::move(plan.reason);
@@ -451,7 +476,8 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   absl::Status status;
   for (MigrationMode m : attempts) {
     bool refused = false;
-    status = MigrateOnce(caller, *out, *req, m, *full_kv_form, live, deadline, reply, &refused);
+    status = MigrateOnce(caller, *out, *req, m, full_kv_form, retention.get(), rung, live, deadline,
+                         reply, &refused);
     if (status.ok()) {
       reply->set_mode(ToProto(m));
       reply->set_mode_reason(reason);
@@ -479,12 +505,12 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
 
 absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable::Outbound& out,
                                       const v1::MigrateRequest& req, MigrationMode mode,
-                                      WireForm full_kv_form, bool live,
+                                      WireForm full_kv_form, const Retention* retention,
+                                      const RetentionRung* rung, bool live,
                                       std::chrono::system_clock::time_point deadline,
                                       v1::MigrateReply* reply, bool* refused) {
   *refused = false;
-  const std::shared_ptr<const Retention> retention = this->retention();
-  if (mode == MigrationMode::kReconstruct && retention == nullptr) {
+  if (mode == MigrationMode::kReconstruct && rung == nullptr) {
     *refused = true;  // nothing moved; a fallback may still run
     return absl::FailedPreconditionError(
         "this node has no retention policy for RECONSTRUCT (start it with --policy or --control)");
@@ -507,7 +533,7 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
                           .model_fingerprint = options_.model_fingerprint,
                           .migration_id = RandomId(),
                           .owner = out.session().owner,
-                          .policy = retention ? &retention->policy : nullptr,
+                          .policy = rung ? &rung->policy : nullptr,
                           .bank = retention ? retention->bank.get() : nullptr,
                           .wire_form = full_kv_form,
                           .max_chunk_bytes = options_.max_chunk_bytes,
@@ -569,9 +595,11 @@ absl::Status NodeService::MigrateOnce(grpc::ServerContext* caller, SessionTable:
     reply->set_kv_bytes_after_pause(sender.bytes_sent() - sender.bytes_before_pause());
     if (mode == MigrationMode::kReconstruct) {
       // In the form the kept layers went in: what the policy saved, the form's own share aside.
-      reply->set_kv_bytes_omitted(EstimateKvBytes(sender.wire_form(), &retention->policy,
+      reply->set_kv_bytes_omitted(EstimateKvBytes(sender.wire_form(), &rung->policy,
                                                   sender.rows_sent(), c.n_layers - h.layers_size(),
                                                   c, out.kv().dtype()));
+      reply->set_rebuilt_groups(rung->rung.groups);
+      reply->set_rung_delta_nll(rung->rung.delta_nll.mean);
     }
     reply->set_rebuild_seconds(sender.resumed().rebuild_seconds());
     reply->set_recovery_seconds(sender.resumed().recovery_seconds());

@@ -130,12 +130,14 @@ class NodeService final : public v1::Node::Service {
   // Who calls and whether it may do `action`; *owner is then the sessions it may touch.
   absl::StatusOr<Principal> Authorize(grpc::ServerContext* ctx, Action action,
                                       OwnerFilter* owner = nullptr) const;
-  // One attempt in `mode` over `out`'s session, FULL_KV in `full_kv_form`, live or
-  // stop-and-copy. *refused when the target turned the handshake down (nothing moved).
+  // One attempt in `mode` over `out`'s session, FULL_KV in `full_kv_form`, RECONSTRUCT at `rung`
+  // of `retention` (null without one), live or stop-and-copy. *refused when the target turned
+  // the handshake down (nothing moved).
   absl::Status MigrateOnce(grpc::ServerContext* caller, SessionTable::Outbound& out,
                            const v1::MigrateRequest& req, MigrationMode mode, WireForm full_kv_form,
-                           bool live, std::chrono::system_clock::time_point deadline,
-                           v1::MigrateReply* reply, bool* refused);
+                           const Retention* retention, const RetentionRung* rung, bool live,
+                           std::chrono::system_clock::time_point deadline, v1::MigrateReply* reply,
+                           bool* refused);
 
   Engine& engine_;
   NodeOptions options_;  // its retention is moved out at construction

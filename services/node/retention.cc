@@ -14,40 +14,57 @@ absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
   if (bank == nullptr) {
     if (PolicyNeedsBank(policy)) {
       return absl::InvalidArgumentError(
-          name +
-          (policy.rebuilt_groups.empty() ? " sends the transform form" : " rebuilds layers") +
-          " and comes without its bank " + policy.predictor_bank_sha256);
+          name + " rebuilds layers or sends the transform form (itself or at a rung of its " +
+          "ladder) and comes without its bank " + policy.predictor_bank_sha256);
     }
   } else if (bank->content_hash() != policy.predictor_bank_sha256) {
     return absl::InvalidArgumentError(name + " needs bank " + policy.predictor_bank_sha256 +
                                       ", got " + bank->content_hash());
   }
-  for (const LayerGroup& g : policy.rebuilt_groups) {
-    const FoldedGroup* fg = bank->FindGroupForLayer(g.targets.front());
-    if (fg == nullptr || fg->group != g) {
-      return absl::InvalidArgumentError(name + ": bank " + bank->content_hash() +
-                                        " has no predictor for group " + g.ToString());
+  const auto n_layers = static_cast<int32_t>(policy.kept_layers.size()) + [&] {
+    int32_t n = 0;
+    for (const LayerGroup& g : policy.rebuilt_groups) n += static_cast<int32_t>(g.targets.size());
+    return n;
+  }();
+  const std::string hash = bank ? bank->content_hash() : std::string("(none)");
+  for (const Rung& rung : PolicyRungs(policy)) {
+    ASSIGN_OR_RETURN(RetentionPolicy at, PolicyAtRung(policy, rung.form, rung.groups));
+    const std::string which = absl::StrCat(name, " at ", RungName(rung));
+    RetentionRung rr{.rung = rung, .policy = std::move(at), .groups = {}};
+    for (const LayerGroup& g : rr.policy.rebuilt_groups) {
+      const FoldedGroup* fg = bank ? bank->FindGroupForLayer(g.targets.front()) : nullptr;
+      if (fg == nullptr || fg->group != g) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(which, ": bank ", hash, " has no predictor for group ", g.ToString()));
+      }
+      rr.groups.push_back(fg);
     }
-    r->groups.push_back(fg);
-  }
-  if (PolicyWireForm(policy) == WireForm::kTransform) {
-    const size_t n_layers = policy.kept_layers.size() + [&] {
-      size_t n = 0;
-      for (const LayerGroup& g : policy.rebuilt_groups) n += g.targets.size();
-      return n;
-    }();
-    if (bank->transforms() == nullptr || bank->transforms()->layers.size() != n_layers) {
+    if (rung.form == WireForm::kTransform &&
+        (bank == nullptr || bank->transforms() == nullptr ||
+         bank->transforms()->layers.size() != static_cast<size_t>(n_layers))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, " sends the transform form, and bank ", bank->content_hash(), " holds ",
-          bank->transforms()
+          which, " sends the transform form, and bank ", hash, " holds ",
+          bank && bank->transforms()
               ? absl::StrCat("transforms of ", bank->transforms()->layers.size(), " layers")
               : std::string("no transforms"),
           " for a model of ", n_layers));
     }
+    if (rung.form == PolicyWireForm(policy) &&
+        rung.groups == static_cast<int32_t>(policy.rebuilt_groups.size())) {
+      r->groups = rr.groups;
+    }
+    r->rungs.push_back(std::move(rr));
   }
   r->policy = std::move(policy);
   r->bank = std::move(bank);
   return std::shared_ptr<const Retention>(std::move(r));
+}
+
+absl::StatusOr<const RetentionRung*> Retention::FindRung(WireForm form, int32_t groups) const {
+  for (const RetentionRung& r : rungs) {
+    if (r.rung.form == form && r.rung.groups == groups) return &r;
+  }
+  return PolicyAtRung(policy, form, groups).status();  // NotFound, naming the ladder
 }
 
 absl::StatusOr<std::shared_ptr<const Retention>> LoadRetention(const std::string& policy_path,

@@ -10,10 +10,19 @@
 
 #include "absl/status/statusor.h"
 #include "common/engine/engine.h"
+#include "common/recovery/policy_ladder.h"
 #include "common/recovery/predictor_bank.h"
 #include "common/recovery/retention_policy.h"
 
 namespace riskkv {
+
+// One rung of the policy's ladder as a migration runs it.
+struct RetentionRung {
+  Rung rung;
+  RetentionPolicy policy;  // PolicyAtRung
+  std::vector<const FoldedGroup*>
+      groups;  // the bank's predictor for each of policy's rebuilt groups
+};
 
 struct Retention {
   RetentionPolicy policy;
@@ -23,13 +32,18 @@ struct Retention {
   std::vector<const FoldedGroup*> groups;
   // The bank prepared for the node's engine (set by NodeService::SetRetention).
   std::shared_ptr<const EnginePredictors> predictors;
+  // Every rung of the policy's ladder (PolicyRungs), its own configuration among them.
+  std::vector<RetentionRung> rungs;
+
+  // The rung (form, groups), or NotFound naming the ladder.
+  absl::StatusOr<const RetentionRung*> FindRung(WireForm form, int32_t groups) const;
 };
 
 // Pairs a policy, validated for the node's model when it was read (ReadPolicy, PolicyFromProto),
-// with its bank: the same content hash, and a predictor for each rebuilt group exactly as the
-// policy names it, and for a policy in the transform form the transforms of every layer
-// (InvalidArgument otherwise). A policy that needs no bank (PolicyNeedsBank) may come without
-// one.
+// with its bank: the same content hash, and for every rung of its ladder (its own configuration
+// among them) a predictor for each rebuilt group exactly as the rung names it and, for a rung in
+// the transform form, the transforms of every layer (InvalidArgument otherwise). A policy that
+// needs no bank (PolicyNeedsBank) may come without one.
 absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
     RetentionPolicy policy, std::shared_ptr<const PredictorBank> bank);
 

@@ -198,7 +198,7 @@ const Case kMalformed[] = {
        p->transform_step = 0.25;
        p->transform_bytes_per_token = std::nan("");
      }},
-    {"needs the predictor bank that holds its transforms",
+    {"the transform wire form (the policy's own or a rung's of its ladder) need the predictor bank",
      [](RetentionPolicy* p) {
        p->wire_form = "transform";
        p->transform_step = 0.25;

@@ -16,6 +16,7 @@
 #include "common/kvcodec/kv_codec.h"
 #include "common/model/model_fingerprint.h"
 #include "common/recovery/calibration.h"
+#include "common/recovery/policy_ladder.h"
 #include "common/recovery/retention_policy.h"
 #include "tests/test_paths.h"
 
@@ -224,6 +225,13 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   ASSERT_TRUE(int4_bank.ok() && plain_bank.ok());
   EXPECT_EQ((*int4_bank)->content_hash(), policy->predictor_bank_sha256);
   EXPECT_NE((*plain_bank)->content_hash(), policy->predictor_bank_sha256);
+  // The ladder: every int4 point and the k = 0 points of the other forms are rungs (the bank
+  // holds the int4 fits); the plain and int8 points that rebuild used other fits.
+  for (size_t k = 0; k < policy->path.size(); ++k) {
+    const RetentionPolicy::PathPoint& pt = policy->path[k];
+    EXPECT_EQ(pt.in_bank, pt.wire_form == "int4" || pt.groups == 0) << "path point " << k;
+  }
+  EXPECT_EQ(PolicyRungs(*policy).size(), static_cast<size_t>(G + 1 + 2));  // int4, int8, exact
   // Table III's f16 figure is what the bank really stores.
   int64_t f16 = 0;
   for (const StorageResult& s : r.storage) f16 += s.folded_f16_bytes;
@@ -448,7 +456,11 @@ TEST_F(CalibrateTiny, ExactAnchorFitsServeEveryForm) {
   EXPECT_EQ(res->path[res->chosen].form, WireForm::kInt4);
   auto fp = ModelFingerprint(*model_);
   ASSERT_TRUE(fp.ok());
-  auto chosen = MakeChosenBank(*res);
+  // Every form rebuilds with the same fits: every measured point is a rung.
+  for (size_t k = 0; k < res->path.size(); ++k) {
+    EXPECT_EQ(InBank(*res, k), res->path[k].on_selection()) << "path point " << k;
+  }
+  auto chosen = MakePolicyBank(*res);
   auto plain = PredictorBank::FromFits(*fp, o.bank_dtype, res->fits);
   ASSERT_TRUE(chosen.ok() && plain.ok());
   ASSERT_NE(*chosen, nullptr);
@@ -562,26 +574,42 @@ TEST_F(CalibrateTiny, GateDecidesAndExactFallbackWritesNoBank) {
   EXPECT_EQ(res->chosen, expect);
   EXPECT_EQ(res->gates[static_cast<int>(Gate::kStableSplit)].decision.chosen, expect);
 
-  // Whatever this data gives, an exact fallback writes a policy that keeps every layer and no
-  // bank (a stale one from an earlier run is removed).
+  // Whatever this data gives, an exact fallback writes a policy that keeps every layer; its
+  // ladder still rebuilds, with the exact anchors' fits: the plain points and every form's
+  // k = 0 point are rungs, and the bank holds the groups of the longest.
   CalibrationResult exact = *std::move(res);
   exact.chosen = -1;
   const fs::path out = *dir_ / "exact";
   fs::create_directories(out);
-  std::ofstream(out / "bank.rkvbank") << "stale";
   std::ofstream(out / "noise-control.svg") << "stale";
   ASSERT_TRUE(WriteOutputs(exact, out.string()).ok());
-  EXPECT_FALSE(fs::exists(out / "bank.rkvbank"));
   EXPECT_FALSE(fs::exists(out / "noise-control.svg"));
   auto policy = ReadPolicy((out / "policy.pb").string(), 8, "");
   ASSERT_TRUE(policy.ok()) << policy.status();
   EXPECT_EQ(policy->rebuilt_groups.size(), 0u);
   EXPECT_EQ(policy->kept_layers.size(), 8u);
   EXPECT_EQ(policy->kv_bytes_saved_per_token, 0);
-  EXPECT_TRUE(policy->predictor_bank_sha256.empty());
   EXPECT_EQ(policy->gate, "stable-split");
   EXPECT_EQ(policy->test_delta_nll.mean, 0.0);
   EXPECT_EQ(policy->test_delta_nll.requests, 3);
+  int32_t longest = 0;
+  for (const RetentionPolicy::PathPoint& pt : policy->path) {
+    EXPECT_EQ(pt.in_bank, pt.wire_form == "plain" || pt.groups == 0);
+    if (pt.in_bank) longest = std::max(longest, pt.groups);
+  }
+  auto bank = PredictorBank::Open((out / "bank.rkvbank").string(), "");
+  ASSERT_TRUE(bank.ok()) << bank.status();
+  EXPECT_EQ((*bank)->content_hash(), policy->predictor_bank_sha256);
+  EXPECT_EQ((*bank)->groups().size(), static_cast<size_t>(longest));
+
+  // With no point measured there is no ladder: no bank (a stale one is removed).
+  for (PathPointResult& pt : exact.path) pt.validation = {};
+  ASSERT_TRUE(WriteOutputs(exact, out.string()).ok());
+  EXPECT_FALSE(fs::exists(out / "bank.rkvbank"));
+  policy = ReadPolicy((out / "policy.pb").string(), 8, "");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_TRUE(policy->predictor_bank_sha256.empty());
+  EXPECT_TRUE(policy->path.empty());
 }
 
 TEST_F(CalibrateTiny, BadOptionsFailBeforeAnyWork) {

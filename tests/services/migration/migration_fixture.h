@@ -161,6 +161,7 @@ class Migration : public ::testing::Test {
             .bank = bank_->get(),
             .groups = groups_,
             .predictors = predictors_->get(),
+            .rungs = {},
             .capacity = 128,
             .adopt = nullptr,
             .on_resumed = nullptr};

@@ -933,7 +933,8 @@ TEST_F(Nodes, QuantizedWireFormsMoveFewerBytesAndTheSessionDecodesOn) {
     req.set_session_id(move);
     req.set_target_address(b->address);
     req.set_mode(mode);
-    // FULL_KV's form; RECONSTRUCT sends the policy's int8 whatever the request says.
+    // FULL_KV's form; RECONSTRUCT sends the policy's int8 whatever the request says, unless
+    // rebuilt_groups names another rung of its ladder.
     req.set_wire_form(mode == v1::FULL_KV ? v1::KV_WIRE_INT8 : v1::KV_WIRE_INT4);
     const grpc::Status s = a->stub->Migrate(&ctx, req, &reply);
     ASSERT_TRUE(s.ok()) << s.error_message();
@@ -964,6 +965,114 @@ TEST_F(Nodes, QuantizedWireFormsMoveFewerBytesAndTheSessionDecodesOn) {
                               "outcome=\"ok\",role=\"source\"} 1"),
             std::string::npos)
       << a->Metrics();
+}
+
+// A policy whose ladder holds rungs: the ranking is the tiny policy's two groups in its order,
+// and the bank (which holds both) serves int4 with none, one or both rebuilt and int8 with none;
+// its own configuration rebuilds both in int4. int8 with one group rebuilt was measured with
+// other fits: not a rung.
+std::shared_ptr<const Retention> LadderRetention(const std::shared_ptr<const Retention>& r) {
+  RetentionPolicy p = r->policy;
+  p.wire_form = "int4";
+  p.singleton_risks.clear();
+  for (const LayerGroup& g : p.rebuilt_groups) p.singleton_risks.push_back({g, {}});
+  auto point = [](const char* form, int32_t groups, double sent, double mean, bool in_bank) {
+    return RetentionPolicy::PathPoint{.groups = groups,
+                                      .delta_nll = {.mean = mean, .requests = 8},
+                                      .wire_form = form,
+                                      .kv_sent_fraction = sent,
+                                      .in_bank = in_bank};
+  };
+  p.path = {point("int4", 0, 0.30, 0.002, true), point("int4", 1, 0.22, 0.004, true),
+            point("int4", 2, 0.15, 0.009, true), point("int8", 0, 0.55, 0.0005, true),
+            point("int8", 1, 0.41, 0.001, false)};
+  auto made = MakeRetention(std::move(p), r->bank);
+  EXPECT_TRUE(made.ok()) << made.status();
+  return *made;
+}
+
+TEST_F(Nodes, ASessionMigratesAtAnyRungOfThePolicysLadder) {
+  const std::shared_ptr<const Retention> ladder = LadderRetention(*retention_);
+  ASSERT_EQ(ladder->rungs.size(), 5u);  // int4 k=2,1,0; int8 k=0; exact
+  auto with_ladder = [&](NodeOptions& o) { o.retention = ladder; };
+  auto a = Start(false, 0, 3e-3, with_ladder), b = Start(false, 0, 3e-3, with_ladder);
+  const ModelConfig& c = a->engine->config();
+  const int64_t history = 30 + 4 - 1;
+  for (const RetentionRung& rung : ladder->rungs) {
+    SCOPED_TRACE(RungName(rung.rung));
+    const std::string stay = StartSession(*a), move = StartSession(*a);
+    ASSERT_TRUE(Generate(*a, stay, 4).ok());
+    ASSERT_TRUE(Generate(*a, move, 4).ok());
+    grpc::ClientContext ctx;
+    v1::MigrateRequest req;
+    req.set_session_id(move);
+    req.set_target_address(b->address);
+    req.set_mode(v1::RECONSTRUCT);
+    req.set_wire_form(static_cast<v1::KvWireForm>(WireFormToProto(rung.rung.form)));
+    req.set_rebuilt_groups(rung.rung.groups);
+    v1::MigrateReply reply;
+    const grpc::Status s = a->stub->Migrate(&ctx, req, &reply);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(reply.mode(), v1::RECONSTRUCT);
+    EXPECT_EQ(reply.wire_form(), WireFormToProto(rung.rung.form));
+    EXPECT_EQ(reply.rebuilt_groups(), rung.rung.groups);
+    EXPECT_EQ(reply.rung_delta_nll(), rung.rung.delta_nll.mean);
+    // Exactly the rung's kept layers went, in its form.
+    const auto kept = static_cast<int64_t>(rung.policy.kept_layers.size());
+    EXPECT_EQ(kept, c.n_layers - 2 * rung.rung.groups);
+    EXPECT_EQ(reply.kv_bytes_sent(),
+              StreamKvBytes(rung.rung.form, history, kept, c.n_kv_heads, c.head_dim, DType::kF32));
+    EXPECT_EQ(Tokens(*b, reply.target_session_id()), Tokens(*a, stay));
+    auto more = Generate(*b, reply.target_session_id(), 6);
+    ASSERT_TRUE(more.ok()) << more.status();
+    EXPECT_EQ(more->size(), 6u);
+  }
+  // Unset, the rung is the policy's own configuration.
+  const std::string id = StartSession(*a);
+  v1::MigrateReply reply;
+  grpc::Status s = Migrate(*a, id, *b, v1::RECONSTRUCT, &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.rebuilt_groups(), 2);
+  EXPECT_EQ(reply.wire_form(), v1::KV_WIRE_INT4);
+
+  // A rung the ladder lacks, and rebuilt_groups outside RECONSTRUCT: refused before anything
+  // starts, the session untouched.
+  const std::string other = StartSession(*a);
+  const std::vector<int32_t> before = Tokens(*a, other);
+  for (auto [mode, form, groups, needle] :
+       {std::tuple{v1::RECONSTRUCT, v1::KV_WIRE_INT8, 1, "int8 k=1 is not a rung of policy tiny"},
+        std::tuple{v1::RECONSTRUCT, v1::KV_WIRE_INT4, 3, "int4 k=3 is not a rung"},
+        std::tuple{v1::FULL_KV, v1::KV_WIRE_INT4, 1, "only RECONSTRUCT runs at"}}) {
+    grpc::ClientContext ctx;
+    v1::MigrateRequest req;
+    req.set_session_id(other);
+    req.set_target_address(b->address);
+    req.set_mode(mode);
+    req.set_wire_form(form);
+    req.set_rebuilt_groups(groups);
+    s = a->stub->Migrate(&ctx, req, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << needle;
+    EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
+  }
+  EXPECT_EQ(Tokens(*a, other), before);
+
+  // A target whose policy (the same version) has no such rung refuses the handshake: the
+  // session stays.
+  auto plain = Start(false, 0, 3e-3,
+                     [&](NodeOptions& o) { o.retention = RetentionIn(*retention_, "int4"); });
+  grpc::ClientContext ctx;
+  v1::MigrateRequest req;
+  req.set_session_id(other);
+  req.set_target_address(plain->address);
+  req.set_mode(v1::RECONSTRUCT);
+  req.set_wire_form(v1::KV_WIRE_INT4);
+  req.set_rebuilt_groups(1);
+  s = a->stub->Migrate(&ctx, req, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("reconstruct should send layers"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(Tokens(*a, other), before);
+  ASSERT_TRUE(Generate(*a, other, 1).ok());
 }
 
 TEST_F(Nodes, AHandshakeInAFormThePolicyDoesNotAllowIsRefusedAndCounted) {
