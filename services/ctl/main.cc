@@ -55,7 +55,11 @@ ABSL_FLAG(std::string, to, "", "migrate: target node address");
 ABSL_FLAG(std::string, mode, "auto", "migrate: reconstruct, full_kv, token_replay or auto");
 ABSL_FLAG(std::string, wire_form, "plain",
           "migrate: the form FULL_KV sends the KV in: plain, int8 or int4 (RECONSTRUCT sends its "
-          "policy's)");
+          "policy's; with --rebuilt-groups, the form of the rung: plain, int8, int4 or transform)");
+ABSL_FLAG(int, rebuilt_groups, -1,
+          "migrate: RECONSTRUCT at the rung of the policy's ladder that rebuilds this many groups "
+          "of its ranking, in --wire-form (the policy's form when not given); -1: the policy's "
+          "own configuration");
 ABSL_FLAG(bool, fallback, true, "migrate: fall back to full_kv / token_replay when refused");
 ABSL_FLAG(double, timeout, 0, "migrate: deadline in seconds (0: the node's default)");
 ABSL_FLAG(bool, live, false,
@@ -258,7 +262,14 @@ int main(int argc, char** argv) {
     req.set_mode(m);
     auto form = riskkv::ParseWireForm(absl::GetFlag(FLAGS_wire_form));
     if (!form.ok()) return Fail("--wire-form: " + std::string(form.status().message()));
-    req.set_wire_form(riskkv::WireFormToProto(*form));
+    const int rebuilt = absl::GetFlag(FLAGS_rebuilt_groups);
+    if (rebuilt < -1) return Fail("--rebuilt-groups must be -1 or a number of groups");
+    if (rebuilt >= 0) {
+      req.set_rebuilt_groups(rebuilt);
+      if (riskkv::FlagGiven(store, "wire_form")) req.set_wire_form(riskkv::WireFormToProto(*form));
+    } else {
+      req.set_wire_form(riskkv::WireFormToProto(*form));
+    }
     req.set_allow_fallback(absl::GetFlag(FLAGS_fallback));
     req.set_timeout_seconds(absl::GetFlag(FLAGS_timeout));
     if (riskkv::FlagGiven(store, "live")) {

@@ -72,6 +72,19 @@ rebuilt=$(ctl b score --session "$(echo "$reply" | json "['targetSessionId']")" 
   json "['meanNll']")
 "$PY" -c "print('reconstruct: continuation dNLL %+.5f nats/token' % ($rebuilt - $exact))"
 
+# Another rung of the policy's ladder (the quick calibration chooses int4 with every group
+# rebuilt; int4 with one group is a rung too): more layers sent, the rung named in the reply.
+s=$(start)
+reply=$(ctl a migrate --session "$s" --to "$(addr b)" --mode reconstruct --nofallback \
+  --rebuilt-groups 1)
+[ "$(echo "$reply" | json "['rebuiltGroups']")" = 1 ] || fail "rung k=1: $reply"
+[ "$(echo "$reply" | json "['wireForm']")" = KV_WIRE_INT4 ] || fail "rung k=1's form: $reply"
+ctl b generate --session "$(echo "$reply" | json "['targetSessionId']")" -n 2 >/dev/null ||
+  fail "the session moved at rung k=1 does not decode"
+out=$(ctl a migrate --session "$(start)" --to "$(addr b)" --mode reconstruct --nofallback \
+  --rebuilt-groups 1 --wire-form int8 2>&1) && fail "a rung outside the ladder ran: $out"
+grep -q "int8 k=1 is not a rung of policy" <<<"$out" || fail "no rung named: $out"
+
 # C has no policy: RECONSTRUCT is refused at the handshake; with fallback FULL_KV runs, without
 # it the session stays on A.
 s=$(start)
@@ -143,19 +156,19 @@ out=$("$BIN/riskkvctl" --control "$CONTROL" policy-put --policy "$T/bad.pb" 2>&1
 grep -q '"latestVersion":"2"' <<<"$("$BIN/riskkvctl" --control "$CONTROL" policy-list)" ||
   fail "policy-list: $("$BIN/riskkvctl" --control "$CONTROL" policy-list)"
 
-# The counters moved.
+# The counters moved (B received two RECONSTRUCT sessions: the policy's own rung and k=1).
 ma=$(metrics a) mb=$(metrics b) mc=$(metrics c)
 grep -q 'riskkv_migrations_total{mode="full_kv",model="tiny_llama_deep",outcome="ok",role="source"} 2' <<<"$ma" ||
   fail "A's full_kv count: $(grep migrations_total <<<"$ma")"
-grep -q 'riskkv_migrations_total{mode="reconstruct",model="tiny_llama_deep",outcome="ok",role="target"} 1' <<<"$mb" ||
+grep -q 'riskkv_migrations_total{mode="reconstruct",model="tiny_llama_deep",outcome="ok",role="target"} 2' <<<"$mb" ||
   fail "B's reconstruct count: $(grep migrations_total <<<"$mb")"
 grep -q 'riskkv_migrations_total{mode="token_replay",model="tiny_llama_deep",outcome="ok",role="target"} 2' <<<"$mb" ||
   fail "B's token_replay count"
 grep -q 'riskkv_migration_failures_total{model="tiny_llama_deep",reason="handshake",role="target"} 2' <<<"$mc" ||
   fail "C's refusals: $(grep failures <<<"$mc")"
-grep -q '^riskkv_recovery_seconds_count{mode="reconstruct",model="tiny_llama_deep"} 1' <<<"$mb" ||
+grep -q '^riskkv_recovery_seconds_count{mode="reconstruct",model="tiny_llama_deep"} 2' <<<"$mb" ||
   fail "B's recovery histogram"
-grep -q '^riskkv_active_sessions{model="tiny_llama_deep"} 5' <<<"$mb" || fail "B's sessions: $(grep active <<<"$mb")"
+grep -q '^riskkv_active_sessions{model="tiny_llama_deep"} 6' <<<"$mb" || fail "B's sessions: $(grep active <<<"$mb")"
 grep -q 'riskkv_migration_failures_total{model="tiny_llama_deep",reason="transfer_failed",role="source"} 1' <<<"$(metrics slow)" ||
   fail "the slow source's failure count: $(metrics slow | grep failures)"
 echo "two-node test passed"
