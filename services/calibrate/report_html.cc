@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/recovery/policy_ladder.h"
 #include "services/calibrate/report.h"
 #include "services/calibrate/report_format.h"
 
@@ -332,6 +333,32 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
     for (const BudgetResult& b : r.budgets) {
       h += F("<tr><td>%g</td>", b.epsilon) + cells(b.with_reconstruction) +
            cells(b.without_reconstruction) + "</tr>";
+    }
+    h += "</table>";
+  }
+
+  {
+    // The ladder the policy carries, and its hull.
+    const std::vector<Rung> rungs = PolicyRungs(policy), hull = LowerHull(rungs);
+    h += "<h2>The policy's ladder</h2><p class='note'>The configurations a node can migrate a "
+         "session at under this policy (<code>riskkvctl migrate --mode reconstruct "
+         "--rebuilt-groups K --wire-form F</code>): exact FULL_KV, the chosen configuration and "
+         "every measured point whose predictors and transforms the bank holds. Bytes as a share "
+         "of FULL_KV plain; &#916;NLL on the selection requests (the chosen configuration's "
+         "own point, or its test figures when the path lacks it). Rungs on the lower convex hull "
+         "of &#916;NLL against bytes are what an allocation over many sessions picks from.</p>";
+    h += "<table><tr><th class='l'>wire form</th><th>groups rebuilt</th><th>bytes "
+         "sent</th><th>&#916;NLL [95% CI]</th><th class='l'>hull</th></tr>";
+    for (const Rung& rung : rungs) {
+      const bool on_hull = std::find(hull.begin(), hull.end(), rung) != hull.end();
+      const bool own = rung.form == PolicyWireForm(policy) &&
+                       rung.groups == static_cast<int32_t>(policy.rebuilt_groups.size());
+      h +=
+          F("<tr%s><td class='l'>%s</td><td>%d</td><td>%.1f%%</td><td>%+.5f [%+.5f, "
+            "%+.5f]</td><td class='l'>%s</td></tr>",
+            own ? " class='chosen'" : "", std::string(WireFormName(rung.form)).c_str(), rung.groups,
+            100 * rung.sent_fraction, rung.delta_nll.mean, rung.delta_nll.ci_low,
+            rung.delta_nll.ci_high, on_hull ? "on the hull" : "");
     }
     h += "</table>";
   }

@@ -1,8 +1,10 @@
 // The calibration's figures as JSON, for scripts: the same numbers as the HTML report, at full
 // precision.
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "common/recovery/policy_ladder.h"
 #include "services/calibrate/report.h"
 #include "services/calibrate/report_format.h"
 
@@ -99,7 +101,23 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
                                        {"passed", static_cast<bool>(g.decision.passed[k])},
                                        {"worst_kind", r.kinds[g.decision.worst_kind[k]].kind.name}};
     }
+    pt["rung"] = InBank(r, k);
     j["path"].push_back(pt);
+  }
+  // The policy's ladder (policy_ladder.h) and which of its rungs are on the lower convex hull.
+  const std::vector<Rung> rungs = PolicyRungs(policy), hull = LowerHull(rungs);
+  j["ladder"] = json::array();
+  for (const Rung& rung : rungs) {
+    j["ladder"].push_back({{"wire_form", std::string(WireFormName(rung.form))},
+                           {"groups", rung.groups},
+                           {"sent_fraction", rung.sent_fraction},
+                           {"delta_nll",
+                            {{"mean", rung.delta_nll.mean},
+                             {"ci_low", rung.delta_nll.ci_low},
+                             {"ci_high", rung.delta_nll.ci_high},
+                             {"requests", rung.delta_nll.requests}}},
+                           {"path_index", rung.path_index},
+                           {"hull", std::find(hull.begin(), hull.end(), rung) != hull.end()}});
   }
   for (const GateResult& g : r.gates) {
     if (!g.decision.passed.empty()) j["gates"][GateName(g.gate)] = g.decision.chosen;

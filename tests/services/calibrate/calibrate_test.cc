@@ -244,7 +244,8 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
   EXPECT_EQ(svgs, 4u);  // layer strip, singleton risk, ordered path, noise control
   for (const char* part : {"Table I", "Table III", "Quality gates", "Bytes sent at each budget",
-                           "Gaussian noise", "Exhaustive search", "</html>"}) {
+                           "The policy's ladder", "Gaussian noise", "Exhaustive search",
+                           "</html>"}) {
     EXPECT_NE(html.find(part), std::string::npos) << part;
   }
 
@@ -267,6 +268,21 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   EXPECT_EQ(j["chosen"]["fit_anchors"], "wire");
   ASSERT_EQ(j["budgets"].size(), 3u);
   EXPECT_EQ(j["budgets"][0]["without_reconstruction"]["wire_form"], "int4");
+  // The ladder as the policy carries it: its rungs by bytes, the chosen one among them, the
+  // hull's ends the fewest bytes and the least damage.
+  const std::vector<Rung> rungs = PolicyRungs(*policy), hull = LowerHull(rungs);
+  ASSERT_EQ(j["ladder"].size(), rungs.size());
+  for (size_t i = 0; i < rungs.size(); ++i) {
+    EXPECT_EQ(j["ladder"][i]["groups"], rungs[i].groups);
+    EXPECT_EQ(j["ladder"][i]["sent_fraction"], rungs[i].sent_fraction);
+    EXPECT_EQ(j["ladder"][i]["hull"],
+              std::find(hull.begin(), hull.end(), rungs[i]) != hull.end());
+  }
+  EXPECT_EQ(j["ladder"][0]["path_index"], n_points - 1);  // the chosen point sends the least
+  EXPECT_EQ(j["ladder"][0]["hull"], true);
+  for (size_t k = 0; k < j["path"].size(); ++k) {
+    EXPECT_EQ(j["path"][k]["rung"], policy->path[k].in_bank) << k;
+  }
 
   std::ifstream text_in(out / "policy.txt");
   const std::string text((std::istreambuf_iterator<char>(text_in)), {});
