@@ -155,12 +155,13 @@ absl::StatusOr<std::vector<float>> Scheduler::Prefill(WorkKind kind,
 
 absl::StatusOr<NllResult> Scheduler::Score(std::span<const int32_t> continuation, KvStore& store,
                                            std::span<const float> first_logits,
-                                           const CheckFn& check) {
-  return ScoreContinuation(continuation, vocab_, first_logits,
-                           [&](std::span<const int32_t> batch, std::vector<float>* logits) {
-                             return Forward(WorkKind::kScore, store, batch, /*all_logits=*/true,
-                                            logits, check);
-                           });
+                                           const CheckFn& check, const PositionFn& on_position) {
+  return ScoreContinuation(
+      continuation, vocab_, first_logits,
+      [&](std::span<const int32_t> batch, std::vector<float>* logits) {
+        return Forward(WorkKind::kScore, store, batch, /*all_logits=*/true, logits, check);
+      },
+      on_position);
 }
 
 absl::Status Scheduler::Exclusive(WorkKind kind, const std::function<absl::Status()>& task,

@@ -107,11 +107,13 @@ class Scheduler {
                                             const CheckFn& check = nullptr) {
     return Prefill(kind, std::span<const int32_t>(&token, 1), store, check);
   }
-  // Engine::Score's teacher-forced NLL, at scoring's priority. The caller has checked the
-  // continuation's ids and that it fits the store.
+  // Engine::Score's teacher-forced NLL, at scoring's priority, each position's logits shown to
+  // `on_position` (ScoreContinuation). The caller has checked the continuation's ids and that it
+  // fits the store.
   absl::StatusOr<NllResult> Score(std::span<const int32_t> continuation, KvStore& store,
                                   std::span<const float> first_logits,
-                                  const CheckFn& check = nullptr);
+                                  const CheckFn& check = nullptr,
+                                  const PositionFn& on_position = nullptr);
   // Runs `task` alone between two steps (a RISK-KV rebuild), at `kind`'s priority, and waits.
   absl::Status Exclusive(WorkKind kind, const std::function<absl::Status()>& task,
                          const CheckFn& check = nullptr);

@@ -296,14 +296,18 @@ absl::StatusOr<NllResult> Model::TeacherForcedNll(std::span<const int32_t> conti
 
 absl::StatusOr<NllResult> ScoreContinuation(std::span<const int32_t> continuation, int64_t vocab,
                                             std::span<const float> first_logits,
-                                            const AllLogitsFn& forward) {
+                                            const AllLogitsFn& forward,
+                                            const PositionFn& on_position) {
   if (continuation.empty()) return absl::InvalidArgumentError("empty continuation");
   if (!first_logits.empty() && static_cast<int64_t>(first_logits.size()) != vocab) {
     return absl::InvalidArgumentError(
         absl::StrCat("first_logits has ", first_logits.size(), " values, expected ", vocab));
   }
   NllResult result;
-  if (!first_logits.empty()) result.nll.push_back(TokenNll(first_logits, continuation[0]));
+  if (!first_logits.empty()) {
+    if (on_position) on_position(0, first_logits);
+    result.nll.push_back(TokenNll(first_logits, continuation[0]));
+  }
   // Batch by batch, so logits never exceed kMicroBatch x vocab.
   const int64_t n = static_cast<int64_t>(continuation.size());
   std::vector<float> logits;
@@ -311,8 +315,9 @@ absl::StatusOr<NllResult> ScoreContinuation(std::span<const int32_t> continuatio
     const int64_t m = std::min(kMicroBatch, n - start);
     RETURN_IF_ERROR(forward(continuation.subspan(start, m), &logits));
     for (int64_t i = 0; i < m && start + i + 1 < n; ++i) {
-      result.nll.push_back(TokenNll(std::span<const float>(logits).subspan(i * vocab, vocab),
-                                    continuation[start + i + 1]));
+      const auto row = std::span<const float>(logits).subspan(i * vocab, vocab);
+      if (on_position) on_position(static_cast<int64_t>(result.nll.size()), row);
+      result.nll.push_back(TokenNll(row, continuation[start + i + 1]));
     }
   }
   double sum = 0.0;

@@ -181,11 +181,14 @@ double TokenNll(std::span<const float> logits, int32_t target);
 // `forward` (which appends a batch to the session and returns every position's logits) in
 // batches of at most 256 tokens, and scores each next token; token 0 is scored from
 // `first_logits` when given. The caller has checked the tokens against its session; an empty
-// continuation or first_logits of the wrong size are refused here.
+// continuation or first_logits of the wrong size are refused here. `on_position`, when given,
+// sees the logits each scored token i (the index into NllResult::nll) was scored from.
 using AllLogitsFn =
     std::function<absl::Status(std::span<const int32_t> batch, std::vector<float>* logits)>;
+using PositionFn = std::function<void(int64_t i, std::span<const float> logits)>;
 absl::StatusOr<NllResult> ScoreContinuation(std::span<const int32_t> continuation, int64_t vocab,
                                             std::span<const float> first_logits,
-                                            const AllLogitsFn& forward);
+                                            const AllLogitsFn& forward,
+                                            const PositionFn& on_position = nullptr);
 
 }  // namespace riskkv

@@ -10,6 +10,7 @@
 
 #include "common/base/status_macros.h"
 #include "common/model/sampler.h"
+#include "common/model/top_logprobs.h"
 #include "common/recovery/parallel_for.h"
 #include "kernels/cpu/fixed_order.h"
 
@@ -115,20 +116,7 @@ void RequestScorer::ScorePosition(std::span<const float> logits, int32_t target,
   int32_t* ids = reference_ids_.data() + i * k;
   float* logp = reference_logp_.data() + i * k;
   if (reference) {
-    std::vector<int32_t> order(static_cast<size_t>(vocab));
-    std::iota(order.begin(), order.end(), 0);
-    // NaN ranks below every number, so the order stays strict whatever the logits hold.
-    const auto key = [&](int32_t a) {
-      const float v = logits[a];
-      return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v;
-    };
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return key(a) > key(b) || (key(a) == key(b) && a < b);
-    });
-    for (int64_t j = 0; j < k; ++j) {
-      ids[j] = order[j];
-      logp[j] = static_cast<float>(logits[order[j]] - lse);
-    }
+    TopLogProbs(logits, k, ids, logp);
     *kl = 0.0;
     *top1 = 1.0;
     return;
@@ -138,19 +126,9 @@ void RequestScorer::ScorePosition(std::span<const float> logits, int32_t target,
     *top1 = 0.0;
     return;
   }
-  *top1 = Argmax(logits) == ids[0] ? 1.0 : 0.0;  // the greedy sampler's token
-  double divergence = 0.0, p_top = 0.0, q_top = 0.0;
-  for (int64_t j = 0; j < k; ++j) {
-    const double p = std::exp(static_cast<double>(logp[j]));
-    const double log_q = logits[ids[j]] - lse;
-    divergence += p * (logp[j] - log_q);
-    p_top += p;
-    q_top += std::exp(log_q);
-  }
-  // The rest of the vocabulary as one outcome.
-  const double p_rest = std::max(0.0, 1.0 - p_top), q_rest = std::max(1e-300, 1.0 - q_top);
-  if (p_rest > 0.0) divergence += p_rest * std::log(p_rest / q_rest);
-  *kl = std::max(0.0, divergence);
+  // The greedy sampler's token.
+  *top1 = TopAgrees(std::span<const int32_t>(ids, k), logits) ? 1.0 : 0.0;
+  *kl = TopKl(std::span<const int32_t>(ids, k), std::span<const float>(logp, k), logits);
 }
 
 absl::StatusOr<ScoredQuality> RequestScorer::Run(KvCache& cache, int64_t first,

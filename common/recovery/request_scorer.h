@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/kv_cache.h"
 #include "common/model/model.h"
+#include "common/model/top_logprobs.h"
 
 namespace riskkv {
 
@@ -30,8 +31,8 @@ struct Request {
 };
 
 // The exact distribution's most likely tokens ScoredQuality::kl keeps apart (the vocabulary's
-// size where it is smaller).
-inline constexpr int64_t kKlTopTokens = 64;
+// size where it is smaller): the same as a node's Score reference (top_logprobs.h).
+inline constexpr int64_t kKlTopTokens = kTopTokens;
 
 // A configuration's eval tokens against the exact configuration's (llama.cpp's perplexity tool
 // reports the same two divergences):

@@ -65,6 +65,12 @@ ABSL_FLAG(double, timeout, 0, "migrate: deadline in seconds (0: the node's defau
 ABSL_FLAG(bool, live, false,
           "migrate: pre-copy while the session keeps serving (--nolive: stop-and-copy; neither: "
           "the node decides, live for AUTO when the transfer would be long)");
+ABSL_FLAG(bool, top, false,
+          "score: also print each position's 64 most likely tokens (the reply's `top`), for "
+          "--reference on another copy of the session");
+ABSL_FLAG(std::string, reference, "",
+          "score: a file holding another copy's `score --top` reply: adds the KL divergence from "
+          "its distributions and the top-1 agreement");
 ABSL_FLAG(std::string, control, "127.0.0.1:7000", "policy-*: the control plane to talk to");
 ABSL_FLAG(std::string, policy, "", "policy-put: the policy file (riskkv-calibrate's policy.pb)");
 ABSL_FLAG(std::string, bank, "", "policy-put: the bank file it names (omit if already stored)");
@@ -286,6 +292,19 @@ int main(int argc, char** argv) {
     riskkv::v1::ScoreRequest req;
     req.set_session_id(session);
     for (int32_t id : *ids) req.add_token_ids(id);
+    req.set_return_top(absl::GetFlag(FLAGS_top));
+    if (const std::string path = absl::GetFlag(FLAGS_reference); !path.empty()) {
+      auto text = riskkv::ReadFileToString(path);
+      if (!text.ok()) return Fail("--reference: " + std::string(text.status().message()));
+      riskkv::v1::ScoreReply reference;
+      google::protobuf::util::JsonParseOptions lenient;
+      lenient.ignore_unknown_fields = true;
+      if (!google::protobuf::util::JsonStringToMessage(*text, &reference, lenient).ok() ||
+          reference.top_size() == 0) {
+        return Fail("--reference: " + path + " is not a `riskkvctl score --top` reply");
+      }
+      *req.mutable_reference() = reference.top();
+    }
     grpc::ClientContext ctx;
     riskkv::v1::ScoreReply reply;
     return Print(stub->Score(Deadline(&ctx, 600), req, &reply), reply);

@@ -7,6 +7,7 @@
 #include "common/base/random_id.h"
 #include "common/base/status_macros.h"
 #include "common/base/stopwatch.h"
+#include "common/model/top_logprobs.h"
 #include "services/grpc_status.h"
 #include "services/migration/migration_sender.h"
 #include "services/migration/wire.h"
@@ -332,6 +333,25 @@ grpc::Status NodeService::Score(grpc::ServerContext* ctx, const v1::ScoreRequest
   if (req->token_ids_size() == 0) return Bad("Score needs token_ids");
   const std::vector<int32_t> ids(req->token_ids().begin(), req->token_ids().end());
   if (auto ok = engine_.CheckTokenIds(ids); !ok.ok()) return ToGrpc(ok);
+  const int64_t vocab = engine_.config().vocab;
+  auto ids_of = [](const v1::TopLogProbs& r) {
+    return std::span<const int32_t>(r.token_ids().data(), r.token_ids_size());
+  };
+  auto logp_of = [](const v1::TopLogProbs& r) {
+    return std::span<const float>(r.logprobs().data(), r.logprobs_size());
+  };
+  if (req->reference_size() > 0) {
+    if (req->reference_size() != req->token_ids_size()) {
+      return Bad(absl::StrCat("reference holds ", req->reference_size(), " positions for ",
+                              req->token_ids_size(), " token_ids"));
+    }
+    for (int i = 0; i < req->reference_size(); ++i) {
+      const v1::TopLogProbs& r = req->reference(i);
+      if (auto ok = CheckTopLogProbs(ids_of(r), logp_of(r), vocab); !ok.ok()) {
+        return Bad(absl::StrCat("reference position ", i, ": ", ok.message()));
+      }
+    }
+  }
   auto lease = sessions_.Acquire(req->session_id(), mine);
   if (!lease.ok()) return ToGrpc(lease.status());
   const NodeSession& s = lease->session();
@@ -346,6 +366,23 @@ grpc::Status NodeService::Score(grpc::ServerContext* ctx, const v1::ScoreRequest
       !charged.ok()) {
     return ToGrpc(charged);
   }
+  // Each position against its reference, and its own most likely tokens when asked.
+  double kl = 0.0, agree = 0.0;
+  const int64_t k = std::min(kTopTokens, vocab);
+  const PositionFn on_position = [&](int64_t i, std::span<const float> logits) {
+    if (req->reference_size() > 0) {
+      const v1::TopLogProbs& r = req->reference(static_cast<int>(i));
+      kl += TopKl(ids_of(r), logp_of(r), logits);
+      agree += TopAgrees(ids_of(r), logits) ? 1.0 : 0.0;
+    }
+    if (req->return_top()) {
+      v1::TopLogProbs* top = reply->add_top();
+      top->mutable_token_ids()->Resize(static_cast<int>(k), 0);
+      top->mutable_logprobs()->Resize(static_cast<int>(k), 0.0f);
+      TopLogProbs(logits, k, top->mutable_token_ids()->mutable_data(),
+                  top->mutable_logprobs()->mutable_data());
+    }
+  };
   auto nll = [&]() -> absl::StatusOr<NllResult> {
     ASSIGN_OR_RETURN(std::unique_ptr<KvStore> work, engine_.CopyStore(*s.kv));
     std::vector<float> first = s.pending_logits;
@@ -353,11 +390,15 @@ grpc::Status NodeService::Score(grpc::ServerContext* ctx, const v1::ScoreRequest
       ASSIGN_OR_RETURN(first,
                        scheduler_.Decode(WorkKind::kScore, s.tokens.back(), *work, Cancelled(ctx)));
     }
-    return scheduler_.Score(ids, *work, first, Cancelled(ctx));
+    return scheduler_.Score(ids, *work, first, Cancelled(ctx), on_position);
   }();
   if (!nll.ok()) return ToGrpc(nll.status());
   reply->set_mean_nll(nll->mean);
   reply->set_tokens(req->token_ids_size());
+  if (req->reference_size() > 0) {
+    reply->set_mean_kl(kl / static_cast<double>(req->reference_size()));
+    reply->set_top1_agreement(agree / static_cast<double>(req->reference_size()));
+  }
   return grpc::Status::OK;
 }
 

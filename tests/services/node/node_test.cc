@@ -12,6 +12,7 @@
 
 #include "common/engine/cpu_engine.h"
 #include "common/model/model_fingerprint.h"
+#include "common/model/top_logprobs.h"
 #include "services/grpc_status.h"
 #include "services/migration/wire.h"
 #include "services/node/node_service.h"
@@ -965,6 +966,89 @@ TEST_F(Nodes, QuantizedWireFormsMoveFewerBytesAndTheSessionDecodesOn) {
                               "outcome=\"ok\",role=\"source\"} 1"),
             std::string::npos)
       << a->Metrics();
+}
+
+// Score compares two copies of a session as llama.cpp's perplexity tool compares two models: one
+// copy's top tokens per position (return_top) are the reference the other is scored against,
+// giving the KL divergence and the top-1 agreement beside the NLL. A FULL_KV copy matches its
+// source exactly; a rebuilt one differs a little; bad references are refused.
+TEST_F(Nodes, ScoreGivesKlAndTopOneAgreementAgainstAnotherCopysReference) {
+  auto a = Start(true), b = Start(true);
+  std::vector<int32_t> x;
+  for (int i = 0; i < 12; ++i) x.push_back((i * 89 + 5) % 500);
+  const std::string stay = StartSession(*a);
+  ASSERT_TRUE(Generate(*a, stay, 4).ok());
+  auto score = [&](TestNode& n, const std::string& id, bool top,
+                   const google::protobuf::RepeatedPtrField<v1::TopLogProbs>* reference,
+                   v1::ScoreReply* reply) {
+    grpc::ClientContext ctx;
+    v1::ScoreRequest req;
+    req.set_session_id(id);
+    for (int32_t t : x) req.add_token_ids(t);
+    req.set_return_top(top);
+    if (reference != nullptr) *req.mutable_reference() = *reference;
+    return n.stub->Score(&ctx, req, reply);
+  };
+  const int64_t vocab = a->engine->config().vocab;
+  v1::ScoreReply ref;
+  ASSERT_TRUE(score(*a, stay, true, nullptr, &ref).ok());
+  ASSERT_EQ(ref.top_size(), static_cast<int>(x.size()));
+  for (const v1::TopLogProbs& t : ref.top()) {
+    ASSERT_EQ(t.token_ids_size(), static_cast<int>(kTopTokens));
+    EXPECT_TRUE(CheckTopLogProbs(std::span<const int32_t>(t.token_ids().data(), kTopTokens),
+                                 std::span<const float>(t.logprobs().data(), kTopTokens), vocab)
+                    .ok());
+  }
+  EXPECT_EQ(ref.mean_kl(), 0.0);  // no reference given: no comparison
+  // Against itself: the same NLL, no divergence, every top token agreeing.
+  v1::ScoreReply self;
+  ASSERT_TRUE(score(*a, stay, false, &ref.top(), &self).ok());
+  EXPECT_EQ(self.mean_nll(), ref.mean_nll());
+  EXPECT_LT(self.mean_kl(), 1e-6);
+  EXPECT_EQ(self.top1_agreement(), 1.0);
+  EXPECT_EQ(self.top_size(), 0);
+  for (auto [mode, exact] : {std::pair{v1::FULL_KV, true}, std::pair{v1::RECONSTRUCT, false}}) {
+    SCOPED_TRACE(v1::MigrationMode_Name(mode));
+    const std::string move = StartSession(*a);
+    ASSERT_TRUE(Generate(*a, move, 4).ok());
+    v1::MigrateReply moved;
+    ASSERT_TRUE(Migrate(*a, move, *b, mode, &moved).ok());
+    v1::ScoreReply there;
+    ASSERT_TRUE(score(*b, moved.target_session_id(), false, &ref.top(), &there).ok());
+    std::fprintf(stderr, "%s: dNLL %+.5f, KL %.6f, top-1 %.3f\n",
+                 v1::MigrationMode_Name(mode).c_str(), there.mean_nll() - ref.mean_nll(),
+                 there.mean_kl(), there.top1_agreement());
+    if (exact) {
+      EXPECT_EQ(there.mean_nll(), ref.mean_nll());
+      EXPECT_LT(there.mean_kl(), 1e-6);
+      EXPECT_EQ(there.top1_agreement(), 1.0);
+    } else {
+      EXPECT_NE(there.mean_nll(), ref.mean_nll());
+      EXPECT_GT(there.mean_kl(), 1e-6);
+      EXPECT_GE(there.top1_agreement(), 0.0);
+      EXPECT_LE(there.top1_agreement(), 1.0);
+    }
+  }
+  // Bad references: refused, the session scored on as before.
+  auto bad = [&](const char* needle, auto mutate) {
+    auto reference = ref.top();
+    mutate(reference);
+    v1::ScoreReply reply;
+    const grpc::Status s = score(*a, stay, false, &reference, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << needle;
+    EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
+  };
+  using Ref = google::protobuf::RepeatedPtrField<v1::TopLogProbs>;
+  bad("reference holds 11 positions for 12 token_ids", [](Ref& r) { r.RemoveLast(); });
+  bad("reference position 3: reference token -1 is outside the vocabulary",
+      [](Ref& r) { r[3].set_token_ids(1, -1); });
+  bad("is outside the vocabulary", [&](Ref& r) { r[4].set_token_ids(2, static_cast<int>(vocab)); });
+  bad("reference position 0: a reference token is listed twice",
+      [](Ref& r) { r[0].set_token_ids(1, r[0].token_ids(0)); });
+  bad("reference position 5: 64 reference tokens with 63",
+      [](Ref& r) { r[5].mutable_logprobs()->RemoveLast(); });
+  bad("is not a finite value <= 0", [](Ref& r) { r[2].set_logprobs(0, 3.0f); });
+  EXPECT_EQ(Score(*a, stay, x), ref.mean_nll());
 }
 
 // A policy whose ladder holds rungs: the ranking is the tiny policy's two groups in its order,
