@@ -14,8 +14,12 @@
 namespace riskkv {
 
 void TopLogProbs(std::span<const float> logits, int64_t k, int32_t* ids, float* logp) {
+  TopLogProbs(logits, k, ids, logp,
+              cpu::LogSumExp(logits.data(), static_cast<int64_t>(logits.size())));
+}
+
+void TopLogProbs(std::span<const float> logits, int64_t k, int32_t* ids, float* logp, double lse) {
   const auto vocab = static_cast<int64_t>(logits.size());
-  const double lse = cpu::LogSumExp(logits.data(), vocab);
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
   // NaN ranks below every number, so the order stays strict whatever the logits hold.
@@ -34,7 +38,12 @@ void TopLogProbs(std::span<const float> logits, int64_t k, int32_t* ids, float* 
 
 double TopKl(std::span<const int32_t> ids, std::span<const float> logp,
              std::span<const float> logits) {
-  const double lse = cpu::LogSumExp(logits.data(), static_cast<int64_t>(logits.size()));
+  return TopKl(ids, logp, logits,
+               cpu::LogSumExp(logits.data(), static_cast<int64_t>(logits.size())));
+}
+
+double TopKl(std::span<const int32_t> ids, std::span<const float> logp,
+             std::span<const float> logits, double lse) {
   double divergence = 0.0, p_top = 0.0, q_top = 0.0;
   for (size_t j = 0; j < ids.size(); ++j) {
     const double p = std::exp(static_cast<double>(logp[j]));
@@ -49,7 +58,7 @@ double TopKl(std::span<const int32_t> ids, std::span<const float> logp,
   if (p_rest > 1e-7 * static_cast<double>(ids.size())) {
     divergence += p_rest * std::log(p_rest / q_rest);
   }
-  return std::max(0.0, divergence);
+  return std::isnan(divergence) ? divergence : std::max(0.0, divergence);
 }
 
 bool TopAgrees(std::span<const int32_t> ids, std::span<const float> logits) {
@@ -77,10 +86,16 @@ absl::Status CheckTopLogProbs(std::span<const int32_t> ids, std::span<const floa
     return absl::InvalidArgumentError("a reference token is listed twice");
   }
   double total = 0.0;
-  for (float v : logp) {
+  for (size_t j = 0; j < logp.size(); ++j) {
+    const float v = logp[j];
     if (!std::isfinite(v) || v > 1e-3f) {
       return absl::InvalidArgumentError(
           absl::StrCat("reference log-probability ", v, " is not a finite value <= 0"));
+    }
+    if (j > 0 && v > logp[j - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reference log-probabilities are not most likely first (", logp[j - 1],
+                       " then ", v, ")"));
     }
     total += std::exp(static_cast<double>(v));
   }

@@ -116,7 +116,7 @@ void RequestScorer::ScorePosition(std::span<const float> logits, int32_t target,
   int32_t* ids = reference_ids_.data() + i * k;
   float* logp = reference_logp_.data() + i * k;
   if (reference) {
-    TopLogProbs(logits, k, ids, logp);
+    TopLogProbs(logits, k, ids, logp, lse);
     *kl = 0.0;
     *top1 = 1.0;
     return;
@@ -128,7 +128,7 @@ void RequestScorer::ScorePosition(std::span<const float> logits, int32_t target,
   }
   // The greedy sampler's token.
   *top1 = TopAgrees(std::span<const int32_t>(ids, k), logits) ? 1.0 : 0.0;
-  *kl = TopKl(std::span<const int32_t>(ids, k), std::span<const float>(logp, k), logits);
+  *kl = TopKl(std::span<const int32_t>(ids, k), std::span<const float>(logp, k), logits, lse);
 }
 
 absl::StatusOr<ScoredQuality> RequestScorer::Run(KvCache& cache, int64_t first,

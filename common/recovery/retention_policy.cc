@@ -72,6 +72,14 @@ absl::Status RetentionPolicy::Validate(int32_t n_layers) const {
     if (!f.ok()) return bad(std::string(f.status().message()));
     transform = *f == WireForm::kTransform;
   }
+  // One point per form and number of groups at most, one risk per candidate group: a policy's
+  // size stays proportional to its model's.
+  if (path.size() > static_cast<size_t>(kWireFormCount) * (static_cast<size_t>(n_layers) + 1) ||
+      singleton_risks.size() > static_cast<size_t>(n_layers)) {
+    return bad(absl::StrCat(path.size(), " path points and ", singleton_risks.size(),
+                            " singleton risks for ", n_layers, " layers: at most ",
+                            kWireFormCount * (n_layers + 1), " and ", n_layers));
+  }
   for (size_t i = 0; i < path.size(); ++i) {
     const PathPoint& pt = path[i];
     if (!pt.wire_form.empty()) {

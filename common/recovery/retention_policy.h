@@ -90,8 +90,9 @@ struct RetentionPolicy {
   // (consecutive targets, anchors not rebuilt), kept and rebuilt layers partitioning
   // [0, n_layers), a hex SHA-256 bank hash when PolicyNeedsBank or a hash is given, a known KV
   // dtype, a known wire form and arithmetic, token counts >= 0 and saved bytes <= total bytes,
-  // path points with fractions in [0, 1] and groups >= 0 (a rung's at most the ranking's, its
-  // first groups a valid set), and, where the policy or its path names the transform form, a
+  // at most kWireFormCount * (n_layers + 1) path points and n_layers singleton risks, path points
+  // with fractions in [0, 1] and groups >= 0 (a rung's at most the ranking's, its first groups a
+  // valid set), and, where the policy or its path names the transform form, a
   // transform_step in (0, kMaxTransformStep] and a transform_bytes_per_token in [0, 1e9].
   absl::Status Validate(int32_t n_layers) const;
 

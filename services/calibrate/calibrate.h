@@ -261,9 +261,9 @@ bool InBank(const CalibrationResult& result, size_t k);
 absl::StatusOr<std::unique_ptr<PredictorBank>> MakePolicyBank(const CalibrationResult& result);
 
 // Writes into `dir` (created when missing): policy.pb (binary), policy.txt (text format),
-// bank.rkvbank (when something is rebuilt), report.html, calibration.json and the report's
-// charts as layers.svg, singleton-risk.svg, ordered-path.svg and, when the control ran,
-// noise-control.svg.
+// bank.rkvbank (when a rung of the ladder rebuilds or sends the transform form), report.html,
+// calibration.json and the report's charts as layers.svg, singleton-risk.svg, ordered-path.svg and,
+// when the control ran, noise-control.svg.
 absl::Status WriteOutputs(const CalibrationResult& result, const std::string& dir);
 
 // Whether WriteOutputs can write into `dir`: creates it when missing and writes and removes a

@@ -380,9 +380,9 @@ std::string RenderReport(const CalibrationResult& r, const RetentionPolicy& poli
   h +=
       F("<p class='note'>Per target layer: ridge map [hidden %lld &times; F] plus intercept; "
         "folded maps 2 &times; [KV width %lld &times; F] plus two offsets, F = 2 &times; anchors "
-        "&times; KV width. The chosen bank holds %.3f MiB of maps%s.</p>",
+        "&times; KV width. The policy's bank (every rung's groups) holds %.3f MiB of maps%s.</p>",
         static_cast<long long>(c.hidden), static_cast<long long>(c.kv_width()),
-        bank ? Mib(bank->bytes()) : 0.0, bank ? "" : " (no bank: nothing rebuilt)");
+        bank ? Mib(bank->bytes()) : 0.0, bank ? "" : " (no bank: no rung rebuilds)");
 
   if (!r.noise.empty()) {
     h +=

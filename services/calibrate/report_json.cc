@@ -104,20 +104,30 @@ std::string ResultToJson(const CalibrationResult& r, const RetentionPolicy& poli
     pt["rung"] = InBank(r, k);
     j["path"].push_back(pt);
   }
-  // The policy's ladder (policy_ladder.h) and which of its rungs are on the lower convex hull.
+  // The policy's ladder (policy_ladder.h) and which of its rungs are on the lower convex hull;
+  // path_index as everywhere in this file, into the path above (the policy's path holds only the
+  // measured points).
   const std::vector<Rung> rungs = PolicyRungs(policy), hull = LowerHull(rungs);
+  std::vector<int> measured_points;
+  for (size_t k = 0; k < r.path.size(); ++k) {
+    if (r.path[k].on_selection()) measured_points.push_back(static_cast<int>(k));
+  }
   j["ladder"] = json::array();
   for (const Rung& rung : rungs) {
-    j["ladder"].push_back({{"wire_form", std::string(WireFormName(rung.form))},
-                           {"groups", rung.groups},
-                           {"sent_fraction", rung.sent_fraction},
-                           {"delta_nll",
-                            {{"mean", rung.delta_nll.mean},
-                             {"ci_low", rung.delta_nll.ci_low},
-                             {"ci_high", rung.delta_nll.ci_high},
-                             {"requests", rung.delta_nll.requests}}},
-                           {"path_index", rung.path_index},
-                           {"hull", std::find(hull.begin(), hull.end(), rung) != hull.end()}});
+    j["ladder"].push_back(
+        {{"wire_form", std::string(WireFormName(rung.form))},
+         {"groups", rung.groups},
+         {"sent_fraction", rung.sent_fraction},
+         {"delta_nll",
+          {{"mean", rung.delta_nll.mean},
+           {"ci_low", rung.delta_nll.ci_low},
+           {"ci_high", rung.delta_nll.ci_high},
+           {"requests", rung.delta_nll.requests}}},
+         {"path_index",
+          rung.path_index >= 0 && rung.path_index < static_cast<int>(measured_points.size())
+              ? measured_points[rung.path_index]
+              : -1},
+         {"hull", std::find(hull.begin(), hull.end(), rung) != hull.end()}});
   }
   for (const GateResult& g : r.gates) {
     if (!g.decision.passed.empty()) j["gates"][GateName(g.gate)] = g.decision.chosen;

@@ -340,6 +340,14 @@ grpc::Status NodeService::Score(grpc::ServerContext* ctx, const v1::ScoreRequest
   auto logp_of = [](const v1::TopLogProbs& r) {
     return std::span<const float>(r.logprobs().data(), r.logprobs_size());
   };
+  // Top tokens cost about 600 bytes a position each way: bounded so that a reply (and the
+  // reference made of it) fits the 4 MiB a gRPC client takes by default.
+  constexpr int kMaxTopPositions = 4096;
+  if ((req->return_top() || req->reference_size() > 0) &&
+      req->token_ids_size() > kMaxTopPositions) {
+    return Bad(absl::StrCat("return_top and reference score at most ", kMaxTopPositions,
+                            " tokens, not ", req->token_ids_size()));
+  }
   if (req->reference_size() > 0) {
     if (req->reference_size() != req->token_ids_size()) {
       return Bad(absl::StrCat("reference holds ", req->reference_size(), " positions for ",
@@ -431,6 +439,10 @@ grpc::Status NodeService::Migrate(grpc::ServerContext* caller, const v1::Migrate
   if (req->has_rebuilt_groups() && !names_rung) {
     return Bad(
         "rebuilt_groups names a rung of the policy's ladder, which only RECONSTRUCT runs at");
+  }
+  if (req->has_rebuilt_groups() && retention == nullptr) {
+    return Bad(
+        "rebuilt_groups names a rung of a retention policy's ladder, and this node has none");
   }
   if (retention != nullptr) {
     const RetentionPolicy& own = retention->policy;

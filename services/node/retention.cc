@@ -29,6 +29,10 @@ absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
   const std::string hash = bank ? bank->content_hash() : std::string("(none)");
   for (const Rung& rung : PolicyRungs(policy)) {
     ASSIGN_OR_RETURN(RetentionPolicy at, PolicyAtRung(policy, rung.form, rung.groups));
+    // A migration needs the rung's layers, form and ids, not the measurements: each rung holds
+    // no copy of the path and the ranking.
+    at.path.clear();
+    at.singleton_risks.clear();
     const std::string which = absl::StrCat(name, " at ", RungName(rung));
     RetentionRung rr{.rung = rung, .policy = std::move(at), .groups = {}};
     for (const LayerGroup& g : rr.policy.rebuilt_groups) {
@@ -64,7 +68,10 @@ absl::StatusOr<const RetentionRung*> Retention::FindRung(WireForm form, int32_t 
   for (const RetentionRung& r : rungs) {
     if (r.rung.form == form && r.rung.groups == groups) return &r;
   }
-  return PolicyAtRung(policy, form, groups).status();  // NotFound, naming the ladder
+  const absl::StatusOr<RetentionPolicy> at = PolicyAtRung(policy, form, groups);
+  if (!at.ok()) return at.status();  // NotFound, naming the ladder
+  return absl::NotFoundError(absl::StrCat(std::string(WireFormName(form)), " k=", groups,
+                                          " is not a rung of ", policy.Name()));
 }
 
 absl::StatusOr<std::shared_ptr<const Retention>> LoadRetention(const std::string& policy_path,

@@ -19,9 +19,11 @@ namespace riskkv {
 // One rung of the policy's ladder as a migration runs it.
 struct RetentionRung {
   Rung rung;
-  RetentionPolicy policy;  // PolicyAtRung
-  std::vector<const FoldedGroup*>
-      groups;  // the bank's predictor for each of policy's rebuilt groups
+  // PolicyAtRung, without the path and the ranking: a migration needs the rung's layers, form
+  // and ids, not the measurements.
+  RetentionPolicy policy;
+  // The bank's predictor for each of policy's rebuilt groups, in its order.
+  std::vector<const FoldedGroup*> groups;
 };
 
 struct Retention {

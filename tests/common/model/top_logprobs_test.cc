@@ -81,6 +81,8 @@ TEST(TopLogProbs, KlIsTheFullKlWithTheWholeVocabularyAndALowerBoundWithout) {
   TopLogProbs(a, 1, ids.data(), logp.data());
   EXPECT_FALSE(TopAgrees(ids, b));
   EXPECT_GT(TopKl(ids, logp, b), 4.0);
+  // Logits that hold NaN give a NaN divergence, never a reassuring 0.
+  EXPECT_TRUE(std::isnan(TopKl(ids, logp, std::vector<float>{0.0f, std::nanf(""), 1.0f})));
 }
 
 TEST(TopLogProbs, ReferencesFromOutsideAreChecked) {
@@ -104,6 +106,7 @@ TEST(TopLogProbs, ReferencesFromOutsideAreChecked) {
       {{5, 2}, {0.5f, -1.0f}, "0.5 is not a finite value <= 0"},
       {{5, 2}, {std::nanf(""), -1.0f}, "is not a finite value"},
       {{5, 2}, {-0.1f, -0.2f}, "sum to"},
+      {{5, 2}, {-2.0f, -1.0f}, "not most likely first (-2 then -1)"},
   };
   for (const Case& c : cases) {
     const absl::Status s = CheckTopLogProbs(c.ids, c.logp, 10);

@@ -174,6 +174,10 @@ const Case kMalformed[] = {
        p->rebuilt_groups[1].targets = {3, 4};
      }},  // rebuilds 3
     {"KV byte counts", [](RetentionPolicy* p) { p->kv_bytes_saved_per_token = 1 << 30; }},
+    {"125 path points and 1 singleton risks for 30 layers: at most 124 and 30",
+     [](RetentionPolicy* p) { p->path.resize(125, p->path[0]); }},
+    {"singleton risks for 30 layers",
+     [](RetentionPolicy* p) { p->singleton_risks.resize(31, p->singleton_risks[0]); }},
     {"kv_dtype", [](RetentionPolicy* p) { p->kv_dtype = "bf16"; }},
     {"history_tokens", [](RetentionPolicy* p) { p->history_tokens = -1; }},
     {"wire form 'int2'", [](RetentionPolicy* p) { p->wire_form = "int2"; }},

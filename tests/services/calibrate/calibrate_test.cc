@@ -243,9 +243,9 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   size_t svgs = 0;
   for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
   EXPECT_EQ(svgs, 4u);  // layer strip, singleton risk, ordered path, noise control
-  for (const char* part : {"Table I", "Table III", "Quality gates", "Bytes sent at each budget",
-                           "The policy's ladder", "Gaussian noise", "Exhaustive search",
-                           "</html>"}) {
+  for (const char* part :
+       {"Table I", "Table III", "Quality gates", "Bytes sent at each budget", "The policy's ladder",
+        "Gaussian noise", "Exhaustive search", "</html>"}) {
     EXPECT_NE(html.find(part), std::string::npos) << part;
   }
 
@@ -275,13 +275,12 @@ TEST_F(CalibrateTiny, QuickRunWritesOutputsThatLoadBack) {
   for (size_t i = 0; i < rungs.size(); ++i) {
     EXPECT_EQ(j["ladder"][i]["groups"], rungs[i].groups);
     EXPECT_EQ(j["ladder"][i]["sent_fraction"], rungs[i].sent_fraction);
-    EXPECT_EQ(j["ladder"][i]["hull"],
-              std::find(hull.begin(), hull.end(), rungs[i]) != hull.end());
+    EXPECT_EQ(j["ladder"][i]["hull"], std::find(hull.begin(), hull.end(), rungs[i]) != hull.end());
   }
   EXPECT_EQ(j["ladder"][0]["path_index"], n_points - 1);  // the chosen point sends the least
   EXPECT_EQ(j["ladder"][0]["hull"], true);
   for (size_t k = 0; k < j["path"].size(); ++k) {
-    EXPECT_EQ(j["path"][k]["rung"], policy->path[k].in_bank) << k;
+    EXPECT_EQ(j["path"][k]["rung"], InBank(r, k)) << k;
   }
 
   std::ifstream text_in(out / "policy.txt");
@@ -446,6 +445,19 @@ TEST_F(CalibrateTiny, PathSkipsOnlyPointsNoGateCanChoose) {
   std::ifstream json_in(out / "calibration.json");
   const auto j = nlohmann::json::parse(json_in);
   EXPECT_EQ(j["options"]["path_points"], "needed");
+  // The ladder's path_index counts in this file's path, which lists the unmeasured points too.
+  int indexed = 0;
+  for (const auto& rung : j["ladder"]) {
+    const int k = rung["path_index"];
+    if (k < 0) continue;
+    ++indexed;
+    ASSERT_LT(k, n_points);
+    EXPECT_TRUE(r.path[k].on_selection()) << k;
+    EXPECT_EQ(j["path"][k]["groups"], rung["groups"]) << k;
+    EXPECT_EQ(j["path"][k]["wire_form"], rung["wire_form"]) << k;
+    EXPECT_EQ(j["path"][k]["rung"], true) << k;
+  }
+  EXPECT_GT(indexed, 1);
   for (int k = 0; k < n_points; ++k) {
     EXPECT_EQ(j["path"][k].contains("validation"), r.path[k].on_selection()) << k;
     EXPECT_EQ(j["path"][k].contains("gates"), r.path[k].on_selection()) << k;

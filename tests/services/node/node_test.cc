@@ -1048,6 +1048,20 @@ TEST_F(Nodes, ScoreGivesKlAndTopOneAgreementAgainstAnotherCopysReference) {
   bad("reference position 5: 64 reference tokens with 63",
       [](Ref& r) { r[5].mutable_logprobs()->RemoveLast(); });
   bad("is not a finite value <= 0", [](Ref& r) { r[2].set_logprobs(0, 3.0f); });
+  bad("not most likely first", [](Ref& r) { r[6].set_logprobs(3, 0.0f); });
+  {
+    // Top tokens for more positions than a reply can carry: refused before any work.
+    grpc::ClientContext ctx;
+    v1::ScoreRequest req;
+    req.set_session_id(stay);
+    for (int i = 0; i < 4097; ++i) req.add_token_ids(i % 500);
+    req.set_return_top(true);
+    v1::ScoreReply reply;
+    const grpc::Status s = a->stub->Score(&ctx, req, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("at most 4096 tokens, not 4097"), std::string::npos)
+        << s.error_message();
+  }
   EXPECT_EQ(Score(*a, stay, x), ref.mean_nll());
 }
 
@@ -1157,6 +1171,19 @@ TEST_F(Nodes, ASessionMigratesAtAnyRungOfThePolicysLadder) {
       << s.error_message();
   EXPECT_EQ(Tokens(*a, other), before);
   ASSERT_TRUE(Generate(*a, other, 1).ok());
+
+  // A node without a policy has no ladder: a named rung is refused, never run as something else.
+  auto bare = Start(false);
+  const std::string mine = StartSession(*bare);
+  grpc::ClientContext bare_ctx;
+  req.set_session_id(mine);
+  req.set_target_address(b->address);
+  req.set_allow_fallback(true);
+  s = bare->stub->Migrate(&bare_ctx, req, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("and this node has none"), std::string::npos)
+      << s.error_message();
+  ASSERT_TRUE(Generate(*bare, mine, 1).ok());
 }
 
 TEST_F(Nodes, AHandshakeInAFormThePolicyDoesNotAllowIsRefusedAndCounted) {
