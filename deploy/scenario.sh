@@ -45,7 +45,8 @@ import json,sys; h=$history; t=json.load(sys.stdin)['tokenIds']; print(json.dump
     reply=$(ctl_a migrate --session "$s" --to "$target" --mode $mode --wire-form $wire)
     [ "$run" = full_kv:plain ] && full_bytes=$(echo "$reply" | _scenario_field "['kvBytesSent']")
     moved=$(echo "$reply" | _scenario_field "['targetSessionId']")
-    scored=$(ctl_b score --session "$moved" --tokens "$continuation" --reference "$ref_top")
+    # The reference goes on standard input: riskkvctl may run where this host's files are not.
+    scored=$(ctl_b score --session "$moved" --tokens "$continuation" --reference - <"$ref_top")
     echo "$reply" | SCORED="$scored" python3 -c "
 import json,os,sys; r=json.load(sys.stdin); q=json.loads(os.environ['SCORED'])
 dnll, kl, top1 = q['meanNll'] - $ref_nll, q.get('meanKl', 0), q.get('top1Agreement', 0)

@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
+#include <iterator>
 #include <optional>
 #include <string>
 
@@ -69,8 +71,8 @@ ABSL_FLAG(bool, top, false,
           "score: also print each position's 64 most likely tokens (the reply's `top`), for "
           "--reference on another copy of the session");
 ABSL_FLAG(std::string, reference, "",
-          "score: a file holding another copy's `score --top` reply: adds the KL divergence from "
-          "its distributions and the top-1 agreement");
+          "score: a file holding another copy's `score --top` reply (- reads it from standard "
+          "input): adds the KL divergence from its distributions and the top-1 agreement");
 ABSL_FLAG(std::string, control, "127.0.0.1:7000", "policy-*: the control plane to talk to");
 ABSL_FLAG(std::string, policy, "", "policy-put: the policy file (riskkv-calibrate's policy.pb)");
 ABSL_FLAG(std::string, bank, "", "policy-put: the bank file it names (omit if already stored)");
@@ -294,7 +296,12 @@ int main(int argc, char** argv) {
     for (int32_t id : *ids) req.add_token_ids(id);
     req.set_return_top(absl::GetFlag(FLAGS_top));
     if (const std::string path = absl::GetFlag(FLAGS_reference); !path.empty()) {
-      auto text = riskkv::ReadFileToString(path);
+      absl::StatusOr<std::string> text;
+      if (path == "-") {
+        text = std::string(std::istreambuf_iterator<char>(std::cin), {});
+      } else {
+        text = riskkv::ReadFileToString(path);
+      }
       if (!text.ok()) return Fail("--reference: " + std::string(text.status().message()));
       riskkv::v1::ScoreReply reference;
       google::protobuf::util::JsonParseOptions lenient;

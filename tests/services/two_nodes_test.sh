@@ -71,6 +71,22 @@ exact=$(ctl a score --session "$stay" --tokens "$cont" | json "['meanNll']")
 rebuilt=$(ctl b score --session "$(echo "$reply" | json "['targetSessionId']")" --tokens "$cont" |
   json "['meanNll']")
 "$PY" -c "print('reconstruct: continuation dNLL %+.5f nats/token' % ($rebuilt - $exact))"
+# The KL divergence and top-1 agreement against the unmoved copy's top tokens, given as a file
+# or on standard input.
+ctl a score --session "$stay" --tokens "$cont" --top >"$T/top.json"
+moved_id=$(echo "$reply" | json "['targetSessionId']")
+ctl b score --session "$moved_id" --tokens "$cont" --reference "$T/top.json" >"$T/scored.json"
+"$PY" - "$T/scored.json" <<'PY' || fail "KL against the unmoved copy: $(cat "$T/scored.json")"
+import json, sys
+q = json.load(open(sys.argv[1]))
+assert 0 < q["meanKl"] < 5 and 0 <= q.get("top1Agreement", 0) <= 1, q
+print("reconstruct: KL %.5f, top-1 %.3f" % (q["meanKl"], q.get("top1Agreement", 0)))
+PY
+self=$(ctl a score --session "$stay" --tokens "$cont" --reference - <"$T/top.json")
+[ "$(echo "$self" | json "['top1Agreement']")" = 1 ] || fail "against itself: $self"
+out=$(ctl a score --session "$stay" --tokens "$cont" --reference "$T/no-such.json" 2>&1) &&
+  fail "a missing reference was accepted: $out"
+grep -q -- "--reference" <<<"$out" || fail "no reason for a missing reference: $out"
 
 # Another rung of the policy's ladder (the quick calibration chooses int4 with every group
 # rebuilt; int4 with one group is a rung too): more layers sent, the rung named in the reply.
