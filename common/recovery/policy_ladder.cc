@@ -95,24 +95,29 @@ std::vector<Rung> LowerHull(std::vector<Rung> rungs) {
 absl::StatusOr<RetentionPolicy> PolicyAtRung(const RetentionPolicy& policy, WireForm form,
                                              int32_t groups) {
   const std::vector<Rung> rungs = PolicyRungs(policy);
-  const bool listed = std::any_of(rungs.begin(), rungs.end(), [&](const Rung& r) {
-    return r.form == form && r.groups == groups;
-  });
-  if (!listed) {
+  const auto it = std::find_if(rungs.begin(), rungs.end(),
+                               [&](const Rung& r) { return r.form == form && r.groups == groups; });
+  if (it == rungs.end()) {
     std::vector<std::string> names;
     for (const Rung& r : rungs) names.push_back(RungName(r));
     return absl::NotFoundError(absl::StrCat(std::string(WireFormName(form)), " k=", groups,
                                             " is not a rung of policy ", policy.Name(), " (",
                                             absl::StrJoin(names, "; "), ")"));
   }
+  return PolicyAtRung(policy, *it);
+}
+
+RetentionPolicy PolicyAtRung(const RetentionPolicy& policy, const Rung& rung) {
   RetentionPolicy at = policy;
-  at.wire_form = std::string(WireFormName(form));
-  if (form == PolicyWireForm(policy) &&
-      groups == static_cast<int32_t>(policy.rebuilt_groups.size())) {
+  at.wire_form = std::string(WireFormName(rung.form));
+  if (rung.form == PolicyWireForm(policy) &&
+      rung.groups == static_cast<int32_t>(policy.rebuilt_groups.size())) {
     return at;  // its own configuration, layers as it names them
   }
   at.rebuilt_groups.clear();
-  for (int32_t g = 0; g < groups; ++g) at.rebuilt_groups.push_back(policy.singleton_risks[g].group);
+  for (int32_t g = 0; g < rung.groups; ++g) {
+    at.rebuilt_groups.push_back(policy.singleton_risks[g].group);
+  }
   std::sort(at.rebuilt_groups.begin(), at.rebuilt_groups.end(),
             [](const LayerGroup& a, const LayerGroup& b) { return a.targets < b.targets; });
   // Validate made kept and rebuilt layers partition the model's.
@@ -128,13 +133,9 @@ absl::StatusOr<RetentionPolicy> PolicyAtRung(const RetentionPolicy& policy, Wire
   for (int32_t l = 0; l < n_layers; ++l) {
     if (!rebuilt[l]) at.kept_layers.push_back(l);
   }
-  for (const Rung& r : rungs) {
-    if (r.form == form && r.groups == groups) {
-      at.kv_bytes_saved_per_token = std::clamp<int64_t>(
-          std::llround(static_cast<double>(policy.kv_bytes_per_token) * (1.0 - r.sent_fraction)), 0,
-          policy.kv_bytes_per_token);
-    }
-  }
+  at.kv_bytes_saved_per_token = std::clamp<int64_t>(
+      std::llround(static_cast<double>(policy.kv_bytes_per_token) * (1.0 - rung.sent_fraction)), 0,
+      policy.kv_bytes_per_token);
   return at;
 }
 

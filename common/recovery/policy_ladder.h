@@ -44,6 +44,8 @@ std::vector<Rung> LowerHull(std::vector<Rung> rungs);
 // NotFound naming the ladder when (form, groups) is none of PolicyRungs.
 absl::StatusOr<RetentionPolicy> PolicyAtRung(const RetentionPolicy& policy, WireForm form,
                                              int32_t groups);
+// The same for a rung PolicyRungs(policy) listed.
+RetentionPolicy PolicyAtRung(const RetentionPolicy& policy, const Rung& rung);
 
 // "int4 k=3 (12.4% of the KV, ΔNLL +0.0021)" for messages and tables.
 std::string RungName(const Rung& rung);

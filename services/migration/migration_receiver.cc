@@ -171,7 +171,16 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
         "session of ", history_ + 1, " tokens does not fit this node's ", capacity, "-row cache"));
   }
   rows_reached_ = history_ + 1;
-  // The layers must be exactly what this node expects for the mode.
+  // The layers must be exactly what this node expects for the mode (and, for RECONSTRUCT, the
+  // rung).
+  const std::vector<int32_t> got(h.layers().begin(), h.layers().end());
+  std::vector<int32_t> got_sorted = got;
+  std::sort(got_sorted.begin(), got_sorted.end());
+  auto expected_layers = [&](const RetentionPolicy* policy) {
+    std::vector<int32_t> layers = SendOrder(session_.mode, c.n_layers, policy);
+    std::sort(layers.begin(), layers.end());
+    return layers;
+  };
   if (session_.mode == MigrationMode::kReconstruct) {
     const RetentionPolicy* p = ctx_.policy;
     // A policy that rebuilds nothing (its gate fell back to exact KV) needs no bank.
@@ -191,13 +200,7 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
     }
     // The rung the handshake names, by its form and layers: the policy's own configuration or
     // another of its ladder.
-    std::vector<int32_t> got(h.layers().begin(), h.layers().end());
-    std::sort(got.begin(), got.end());
-    auto sends = [&](const RetentionPolicy& rung) {
-      std::vector<int32_t> layers = SendOrder(MigrationMode::kReconstruct, c.n_layers, &rung);
-      std::sort(layers.begin(), layers.end());
-      return layers == got;
-    };
+    auto sends = [&](const RetentionPolicy& rung) { return expected_layers(&rung) == got_sorted; };
     policy_ = p;
     const std::vector<const FoldedGroup*>* groups = ctx_.groups;
     bool form_listed = form_ == PolicyWireForm(*p);
@@ -228,12 +231,8 @@ absl::Status MigrationReceiver::OnHandshake(const v1::MigrationHandshake& h) {
                     std::string(ctx_.engine->backend()) + " engine");
     }
   }
-  const std::vector<int32_t> expected = SendOrder(session_.mode, c.n_layers, policy_);
-  const std::vector<int32_t> got(h.layers().begin(), h.layers().end());
-  std::vector<int32_t> got_sorted = got, expected_sorted = expected;
-  std::sort(got_sorted.begin(), got_sorted.end());
-  std::sort(expected_sorted.begin(), expected_sorted.end());
-  if (got_sorted != expected_sorted) {
+  if (const std::vector<int32_t> expected_sorted = expected_layers(policy_);
+      got_sorted != expected_sorted) {
     return Refuse(absl::StrCat(MigrationModeName(session_.mode), " should send layers [",
                                absl::StrJoin(expected_sorted, ","), "], the handshake lists [",
                                absl::StrJoin(got_sorted, ","), "]"));

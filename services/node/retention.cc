@@ -28,7 +28,7 @@ absl::StatusOr<std::shared_ptr<const Retention>> MakeRetention(
   }();
   const std::string hash = bank ? bank->content_hash() : std::string("(none)");
   for (const Rung& rung : PolicyRungs(policy)) {
-    ASSIGN_OR_RETURN(RetentionPolicy at, PolicyAtRung(policy, rung.form, rung.groups));
+    RetentionPolicy at = PolicyAtRung(policy, rung);
     // A migration needs the rung's layers, form and ids, not the measurements: each rung holds
     // no copy of the path and the ranking.
     at.path.clear();

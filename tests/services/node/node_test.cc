@@ -1096,20 +1096,28 @@ TEST_F(Nodes, ASessionMigratesAtAnyRungOfThePolicysLadder) {
   auto a = Start(false, 0, 3e-3, with_ladder), b = Start(false, 0, 3e-3, with_ladder);
   const ModelConfig& c = a->engine->config();
   const int64_t history = 30 + 4 - 1;
+  // Migrate `id` from `from` to `to` in `mode`, naming the rung (form, groups).
+  auto migrate_at = [](TestNode& from, const std::string& id, const TestNode& to,
+                       v1::MigrationMode mode, v1::KvWireForm form, int32_t groups,
+                       v1::MigrateReply* reply) {
+    grpc::ClientContext ctx;
+    v1::MigrateRequest req;
+    req.set_session_id(id);
+    req.set_target_address(to.address);
+    req.set_mode(mode);
+    req.set_wire_form(form);
+    req.set_rebuilt_groups(groups);
+    req.set_allow_fallback(true);
+    return from.stub->Migrate(&ctx, req, reply);
+  };
   for (const RetentionRung& rung : ladder->rungs) {
     SCOPED_TRACE(RungName(rung.rung));
     const std::string stay = StartSession(*a), move = StartSession(*a);
     ASSERT_TRUE(Generate(*a, stay, 4).ok());
     ASSERT_TRUE(Generate(*a, move, 4).ok());
-    grpc::ClientContext ctx;
-    v1::MigrateRequest req;
-    req.set_session_id(move);
-    req.set_target_address(b->address);
-    req.set_mode(v1::RECONSTRUCT);
-    req.set_wire_form(static_cast<v1::KvWireForm>(WireFormToProto(rung.rung.form)));
-    req.set_rebuilt_groups(rung.rung.groups);
     v1::MigrateReply reply;
-    const grpc::Status s = a->stub->Migrate(&ctx, req, &reply);
+    const grpc::Status s = migrate_at(*a, move, *b, v1::RECONSTRUCT,
+                                      WireFormToProto(rung.rung.form), rung.rung.groups, &reply);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(reply.mode(), v1::RECONSTRUCT);
     EXPECT_EQ(reply.wire_form(), WireFormToProto(rung.rung.form));
@@ -1134,52 +1142,34 @@ TEST_F(Nodes, ASessionMigratesAtAnyRungOfThePolicysLadder) {
   EXPECT_EQ(reply.wire_form(), v1::KV_WIRE_INT4);
 
   // A rung the ladder lacks, and rebuilt_groups outside RECONSTRUCT: refused before anything
-  // starts, the session untouched.
+  // starts (no fallback runs instead), the session untouched.
   const std::string other = StartSession(*a);
   const std::vector<int32_t> before = Tokens(*a, other);
   for (auto [mode, form, groups, needle] :
        {std::tuple{v1::RECONSTRUCT, v1::KV_WIRE_INT8, 1, "int8 k=1 is not a rung of policy tiny"},
         std::tuple{v1::RECONSTRUCT, v1::KV_WIRE_INT4, 3, "int4 k=3 is not a rung"},
         std::tuple{v1::FULL_KV, v1::KV_WIRE_INT4, 1, "only RECONSTRUCT runs at"}}) {
-    grpc::ClientContext ctx;
-    v1::MigrateRequest req;
-    req.set_session_id(other);
-    req.set_target_address(b->address);
-    req.set_mode(mode);
-    req.set_wire_form(form);
-    req.set_rebuilt_groups(groups);
-    s = a->stub->Migrate(&ctx, req, &reply);
+    s = migrate_at(*a, other, *b, mode, form, groups, &reply);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << needle;
     EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
   }
   EXPECT_EQ(Tokens(*a, other), before);
 
-  // A target whose policy (the same version) has no such rung refuses the handshake: the
-  // session stays.
+  // A target whose policy (the same version) has no such rung refuses the handshake; the
+  // fallback then runs FULL_KV in the named form, and the session moves whole.
   auto plain = Start(false, 0, 3e-3,
                      [&](NodeOptions& o) { o.retention = RetentionIn(*retention_, "int4"); });
-  grpc::ClientContext ctx;
-  v1::MigrateRequest req;
-  req.set_session_id(other);
-  req.set_target_address(plain->address);
-  req.set_mode(v1::RECONSTRUCT);
-  req.set_wire_form(v1::KV_WIRE_INT4);
-  req.set_rebuilt_groups(1);
-  s = a->stub->Migrate(&ctx, req, &reply);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(s.error_message().find("reconstruct should send layers"), std::string::npos)
-      << s.error_message();
-  EXPECT_EQ(Tokens(*a, other), before);
-  ASSERT_TRUE(Generate(*a, other, 1).ok());
+  s = migrate_at(*a, other, *plain, v1::RECONSTRUCT, v1::KV_WIRE_INT4, 1, &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.mode(), v1::FULL_KV);
+  EXPECT_NE(reply.mode_reason().find("reconstruct should send layers"), std::string::npos)
+      << reply.mode_reason();
+  EXPECT_EQ(Tokens(*plain, reply.target_session_id()), before);
 
   // A node without a policy has no ladder: a named rung is refused, never run as something else.
   auto bare = Start(false);
   const std::string mine = StartSession(*bare);
-  grpc::ClientContext bare_ctx;
-  req.set_session_id(mine);
-  req.set_target_address(b->address);
-  req.set_allow_fallback(true);
-  s = bare->stub->Migrate(&bare_ctx, req, &reply);
+  s = migrate_at(*bare, mine, *b, v1::RECONSTRUCT, v1::KV_WIRE_INT4, 1, &reply);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("and this node has none"), std::string::npos)
       << s.error_message();
